@@ -1,0 +1,254 @@
+"""Command line (the only click importer). Subcommands import their modules only when they run, so
+`ncclprobe --help` loads neither torch nor NVML."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ncclprobe.findings import EXIT_UNEXAMINABLE, EXIT_USAGE
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _version() -> str:
+    from ncclprobe import __version__
+    return __version__
+
+
+def _emit(result, as_json: bool, strict: bool = False, code: int | None = None):
+    from ncclprobe import render
+    if as_json:
+        render.render_json(result)
+    else:
+        render.render_text(result)
+    sys.exit(result.exit_code(strict) if code is None else code)
+
+
+def _unexaminable(exc, command: str, as_json: bool):
+    from ncclprobe import render
+    from ncclprobe.doc import Result
+    if as_json:
+        res = Result(command, data={"error": {"message": str(exc), "reason": exc.reason, **exc.data}})
+        render.render_json(res)
+    else:
+        render.error(str(exc), exc.data.get("hint", ""))
+    sys.exit(EXIT_UNEXAMINABLE)
+
+
+def _assignments(items, what: str) -> dict[str, str]:
+    from ncclprobe.envfile import AssignmentError, parse_assignments
+    try:
+        return parse_assignments(items, what)
+    except AssignmentError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _guarded(command: str, as_json: bool, fn, *args, **kwargs):
+    from ncclprobe.doc import Unexaminable
+    from ncclprobe.envfile import AssignmentError
+    try:
+        return fn(*args, **kwargs)
+    except Unexaminable as exc:
+        _unexaminable(exc, command, as_json)
+    except AssignmentError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema ncclprobe/1).")
+strict_option = click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(version=None, package_name="ncclprobe", message="ncclprobe %(version)s")
+def main():
+    """Which NCCL tuning each communicator of a running multi-process GPU server actually got,
+    where each value came from, what NCCL then ran, and which setting is worth having here.
+
+    \b
+    Exit codes: 0 nothing at error level; 1 error-level findings (--strict: warnings too);
+    2 usage error; 3 the target could not be examined.
+    """
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("pids", nargs=-1, type=int)
+@click.option("--pgrep", metavar="PATTERN", help="Inspect every process whose command line matches PATTERN (a regex).")
+@click.option("--expect", "expects", multiple=True, metavar="K=V", help="Expected value of a variable (repeatable).")
+@click.option("--expect-file", type=click.Path(dir_okay=False), help="Expected values from a .env file.")
+@click.option("--scope", type=click.Choice(["nccl", "all"]), default="nccl", show_default=True,
+              help="Check expectations on processes that map libnccl or use a GPU (nccl), or on all.")
+@click.option("--all-vars", is_flag=True, help="Show every variable, not only the watched set (secrets redacted).")
+@click.option("--no-redact", is_flag=True, help="With --all-vars, do not redact secret-looking names.")
+@click.option("--dir", "dirs", multiple=True, type=click.Path(file_okay=False),
+              help="Merge the in-process events of this log directory (default: NCCLPROBE_DIR of the target).")
+@click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(dir_okay=False),
+              help="Also read this NCCL_DEBUG=INFO log (repeatable).")
+@json_option
+@strict_option
+def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs, nccl_logs, as_json, strict):
+    """The exec-time view of the process tree under each PID: environment, NCCL libraries, GPUs,
+    nccl.conf files, and where that view cannot be trusted."""
+    if not pids and not pgrep:
+        raise click.UsageError("give at least one PID or --pgrep PATTERN")
+    from ncclprobe.envfile import read_env_file
+    expect = {}
+    if expect_file:
+        expect.update(_guarded("inspect", as_json, read_env_file, expect_file))
+    expect.update(_assignments(expects, "--expect"))
+    from ncclprobe import inspection
+    result = _guarded("inspect", as_json, inspection.inspect_processes, list(pids), pgrep=pgrep,
+                      expect=expect, scope=scope, all_vars=all_vars, redact=not no_redact,
+                      log_dirs=list(dirs), nccl_logs=list(nccl_logs))
+    _emit(result, as_json, strict)
+
+
+@main.command(context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--set", "sets", multiple=True, metavar="K=V", help="Set a variable for CMD and its whole tree (repeatable).")
+@click.option("--set-default", "defaults", multiple=True, metavar="K=V", help="Set it only where it is absent (repeatable).")
+@click.option("--pin", "pins", multiple=True, metavar="K", help="Refuse in-process writes to K (the value stays).")
+@click.option("--dir", "log_dir", type=click.Path(file_okay=False), help="Log directory (default: a fresh private one).")
+@click.option("--no-preload", is_flag=True, help="Do not LD_PRELOAD the probe library.")
+@click.option("--no-plugins", is_flag=True, help="Do not set NCCL_PROFILER_PLUGIN / NCCL_ENV_PLUGIN.")
+@click.option("--no-boot", is_flag=True, help="Do not wire the Python boot probe in.")
+@click.option("--expect", "expects", multiple=True, metavar="K=V", help="Expected value, checked in the report.")
+@click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
+@json_option
+@click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(sets, defaults, pins, log_dir, no_preload, no_plugins, no_boot, expects, quiet, as_json, cmd):
+    """Run CMD with the probes wired in, then print the report. Exits with CMD's exit code.
+
+    \b
+    Example: ncclprobe run --set NCCL_PROTO=LL -- python serve.py --tp 8
+    """
+    from ncclprobe import launch, profile as profile_mod
+    profile = _guarded("run", as_json, profile_mod.from_cli, sets, defaults, pins)
+    expect = _assignments(expects, "--expect")
+    result, code = _guarded("run", as_json, launch.run_command, list(cmd), profile=profile, log_dir=log_dir,
+                            preload=not no_preload, plugins=not no_plugins, boot=not no_boot,
+                            expect=expect)
+    if quiet:
+        sys.exit(code)
+    _emit(result, as_json, code=code)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("dirs", nargs=-1, required=True, type=click.Path())
+@click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(dir_okay=False),
+              help="Also read this NCCL_DEBUG=INFO log (repeatable).")
+@click.option("--expect", "expects", multiple=True, metavar="K=V", help="Expected value of a variable (repeatable).")
+@json_option
+@strict_option
+def report(dirs, nccl_logs, expects, as_json, strict):
+    """Per process and per communicator: what NCCL got, read and ran, from one or more log
+    directories (several hosts' directories merge)."""
+    from ncclprobe import report as report_mod
+    result = _guarded("report", as_json, report_mod.build_report, list(dirs), nccl_logs=list(nccl_logs),
+                      expect=_assignments(expects, "--expect"))
+    _emit(result, as_json, strict)
+
+
+@main.group(context_settings=CONTEXT)
+def inject():
+    """Install a persistent boot probe into a Python interpreter's site-packages."""
+
+
+@inject.command("install", context_settings=CONTEXT)
+@click.option("--python", "python", default=None, help="Interpreter to install into (default: this one).")
+@click.option("--set", "sets", multiple=True, metavar="K=V", help="Set a variable at interpreter start.")
+@click.option("--set-default", "defaults", multiple=True, metavar="K=V", help="Set it only where absent.")
+@click.option("--pin", "pins", multiple=True, metavar="K", help="Refuse in-process writes to K.")
+@click.option("--dir", "log_dir", type=click.Path(file_okay=False), help="Log directory for the events.")
+@json_option
+def inject_install(python, sets, defaults, pins, log_dir, as_json):
+    """Write the boot probe (.pth, module, PEP 829 .start) into the interpreter's site-packages."""
+    from ncclprobe import inject as inject_mod, profile as profile_mod
+    profile = _guarded("inject install", as_json, profile_mod.from_cli, sets, defaults, pins)
+    _emit(_guarded("inject install", as_json, inject_mod.install, python, profile=profile, log_dir=log_dir),
+          as_json)
+
+
+@inject.command("status", context_settings=CONTEXT)
+@click.option("--python", "python", default=None, help="Interpreter to look at (default: this one).")
+@json_option
+def inject_status(python, as_json):
+    """Where the boot probe is installed, its profile and log directory, and what it saw."""
+    from ncclprobe import inject as inject_mod
+    _emit(_guarded("inject status", as_json, inject_mod.status, python), as_json)
+
+
+@inject.command("uninstall", context_settings=CONTEXT)
+@click.option("--python", "python", default=None, help="Interpreter to remove it from (default: this one).")
+@json_option
+def inject_uninstall(python, as_json):
+    """Remove the boot probe, restoring site-packages exactly (idempotent)."""
+    from ncclprobe import inject as inject_mod
+    _emit(_guarded("inject uninstall", as_json, inject_mod.uninstall, python), as_json)
+
+
+@main.command(context_settings=CONTEXT)
+@click.argument("var", required=False)
+@click.option("--list", "list_all", is_flag=True, help="List every variable the catalog knows.")
+@json_option
+def explain(var, list_all, as_json):
+    """What NCCL does with VAR: cached per process or re-read per communicator, default, values."""
+    from ncclprobe import catalog
+    if not var and not list_all:
+        raise click.UsageError("give a variable name or --list")
+    result = catalog.explain_list() if list_all else catalog.explain(var)
+    _emit(result, as_json)
+
+
+@main.command(context_settings=CONTEXT)
+@json_option
+def topo(as_json):
+    """The GPU interconnect as NCCL will see it (NVML): links, P2P status, PCIe, NUMA."""
+    from ncclprobe import topo as topo_mod
+    _emit(_guarded("topo", as_json, topo_mod.topo_command), as_json)
+
+
+@main.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
+@click.option("--gpus", type=int, default=None, help="GPUs (one worker process each). Default: all visible.")
+@click.option("--backend", type=click.Choice(["nccl", "gloo"]), default="nccl", show_default=True)
+@click.option("--ranks", type=int, default=None, help="Ranks for --backend gloo (CPU).")
+@click.option("--proto", default="LL,LL128,Simple", show_default=True, help="Protocols to force, comma-separated ('' for none).")
+@click.option("--algo", default="Ring,Tree", show_default=True, help="Algorithms to force, comma-separated ('' for none).")
+@click.option("--config", "configs", multiple=True, metavar="NAME:K=V,K=V", help="An extra configuration (repeatable).")
+@click.option("--env", "envs", multiple=True, metavar="K=V", help="Set for every configuration (repeatable).")
+@click.option("-b", "--minbytes", default="1K", show_default=True, help="Smallest size (K/M/G suffixes are powers of 1024).")
+@click.option("-e", "--maxbytes", default="64M", show_default=True, help="Largest size.")
+@click.option("-f", "--stepfactor", type=int, default=4, show_default=True, help="Multiply the size by this each step.")
+@click.option("--hidden", type=int, default=None, help="Model hidden size: sizes become tokens x hidden x dtype bytes.")
+@click.option("--tokens", default="1,2,3,4", show_default=True, help="Tokens per step for --hidden (decode, verify k).")
+@click.option("--layers", type=int, default=None, help="Layers, for the per-forward communication projection.")
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("-n", "--iters", type=int, default=20, show_default=True, help="Timed iterations per size.")
+@click.option("-w", "--warmup", type=int, default=5, show_default=True, help="Warm-up iterations per size.")
+@click.option("--graph/--no-graph", default=True, show_default=True, help="Also time under CUDA graph capture.")
+@click.option("--check/--no-check", default=True, show_default=True, help="Check every result for correctness.")
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds per configuration before it is marked hang.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG plot (needs matplotlib).")
+@click.option("--basis", type=click.Choice(["graph", "eager"]), default=None, help="Mode the recommendation is based on.")
+@json_option
+def bench(as_json, **opts):
+    """All-reduce latency per NCCL configuration on this machine, with nccl-tests semantics; each
+    configuration in a fresh set of worker processes."""
+    from ncclprobe import bench as bench_mod
+    _emit(_guarded("bench", as_json, bench_mod.bench_command, **opts), as_json)
+
+
+@main.command(context_settings=CONTEXT)
+@click.option("--real", is_flag=True, help="Use torch with the real NCCL on the GPUs present.")
+@click.option("--keep", is_flag=True, help="Keep the demo's log directory and say where it is.")
+@json_option
+def demo(real, keep, as_json):
+    """Replay the 'did my workers get NCCL_PROTO=LL?' story on a miniature server and diagnose it.
+
+    Without --real it runs on ncclprobe's simulated NCCL (no GPU needed; labelled as simulated)."""
+    from ncclprobe import demo as demo_mod
+    result = _guarded("demo", as_json, demo_mod.run_demo, real=real, keep=keep)
+    _emit(result, as_json)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,126 @@
+"""The event log: JSONL files the probes write, one per process, and how to read them back.
+
+Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix seconds, float), `host`,
+`pid`, `src` (preload | profiler | envplugin | boot). Kinds and their own fields:
+
+  process_start  boot      ppid, argv, exe, env (watched), exec_env_differs, exec_env (watched part of
+                           /proc/self/environ, null if unreadable), python, mode (ephemeral|persistent),
+                           forked_from (pid, for fork children), profile (applied profile), pinned
+  env_write      boot      var, old, new (null = unset), where ("file:line function"), op, blocked
+  probe_error    any       message (a probe failed once and went silent for that part)
+  plugin_load    profiler | envplugin   plugin (e.g. "ncclProfiler_v5"), nccl_version (int), lib
+  nccl_getenv    envplugin var, value (null if unset), lib
+  comm_init      preload   api, call, comm, nranks, rank, parent, color, key, uid, config, env (watched,
+                           as getenv saw it at the call), rc, lib, version, simulated, ms, dev
+  comm_plugin_init profiler comm_hash ("0x..."), comm_name, nnodes, nranks, rank, env, lib, call, plugin
+  coll_summary   profiler  comm_hash, func, algo, proto, nchannels, bytes_min, bytes_max, count
+  comm_plugin_finalize profiler comm_hash
+  comm_destroy   preload   comm, api, rc
+
+`call` joins a profiler init to the preload hook whose real NCCL call it ran inside (same thread).
+`uid` is a 64-bit FNV-1a hash (hex) of the ncclUniqueId bytes: equal across the ranks of one
+communicator created from one id. A log directory may also hold `run.json`, written by
+`ncclprobe run` (the command, what it set, what it left alone, exit status).
+
+Readers never trust the files: torn lines, garbage and unknown kinds are skipped and counted, and
+files are opened without following symlinks.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SOURCES = ("preload", "profiler", "envplugin", "boot")
+KINDS = ("process_start", "env_write", "probe_error", "plugin_load", "nccl_getenv", "comm_init",
+         "comm_plugin_init", "coll_summary", "comm_plugin_finalize", "comm_destroy")
+RUN_META = "run.json"
+MAX_LINE = 1 << 20  # a longer line is not ours (the probes bound every field)
+
+
+@dataclass
+class EventLog:
+    events: list[dict[str, Any]] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
+    skipped: Counter = field(default_factory=Counter)   # reason -> lines
+    unknown: Counter = field(default_factory=Counter)   # unknown kind -> lines
+    runs: list[dict[str, Any]] = field(default_factory=list)  # run.json of each directory
+    dirs: list[str] = field(default_factory=list)
+
+    @property
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values()) + sum(self.unknown.values())
+
+
+def _open_nofollow(path: Path):
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    return os.fdopen(fd, "rb")
+
+
+def _valid(obj: Any) -> str:
+    """'' if obj is a well-formed event, else the reason it is not."""
+    if not isinstance(obj, dict):
+        return "not an object"
+    if not isinstance(obj.get("ev"), str):
+        return "no event kind"
+    if not isinstance(obj.get("pid"), int) or not isinstance(obj.get("t"), (int, float)):
+        return "no pid or time"
+    if obj.get("src") not in SOURCES:
+        return "unknown source"
+    return ""
+
+
+def read_file(path: Path, log: EventLog) -> None:
+    try:
+        fh = _open_nofollow(path)
+    except OSError as exc:
+        log.skipped[f"unreadable file ({exc.strerror})"] += 1
+        return
+    log.files.append(str(path))
+    with fh:
+        for raw in fh:
+            if len(raw) > MAX_LINE or not raw.endswith(b"\n"):
+                log.skipped["torn or oversized line"] += 1
+                continue
+            try:
+                obj = json.loads(raw.decode("utf-8", errors="surrogateescape"))
+            except (ValueError, UnicodeError):
+                log.skipped["malformed line"] += 1
+                continue
+            reason = _valid(obj)
+            if reason:
+                log.skipped[reason] += 1
+                continue
+            if obj["ev"] not in KINDS:
+                log.unknown[obj["ev"]] += 1
+                continue
+            obj.setdefault("host", "?")
+            log.events.append(obj)
+
+
+def read_dirs(dirs) -> EventLog:
+    """Merge every *.jsonl file of each directory (several hosts' directories may be given)."""
+    log = EventLog()
+    for d in dirs:
+        d = Path(d)
+        log.dirs.append(str(d))
+        for path in sorted(d.glob("*.jsonl")):
+            if path.is_symlink() or not path.is_file():
+                log.skipped["symlink or special file"] += 1
+                continue
+            read_file(path, log)
+        meta = d / RUN_META
+        if meta.is_file() and not meta.is_symlink():
+            try:
+                with _open_nofollow(meta) as fh:
+                    run = json.loads(fh.read().decode("utf-8"))
+                if isinstance(run, dict):
+                    run["dir"] = str(d)
+                    log.runs.append(run)
+            except (OSError, ValueError, UnicodeError):
+                log.skipped["malformed run.json"] += 1
+    log.events.sort(key=lambda e: (e["t"], e.get("host", ""), e["pid"]))
+    return log
