@@ -1,0 +1,331 @@
+"""Rules over the in-process model: what each communicator got, who changed it, what NCCL ran.
+
+Pure functions from a Model to findings; every finding carries its evidence and a hint.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ncclprobe import tuning
+from ncclprobe.findings import Finding
+from ncclprobe.model import CommView, Model, ProcessView
+
+# Variables that legitimately differ between processes or communicators, or only steer diagnostics.
+NOT_TUNING_PREFIXES = ("NCCL_DEBUG", "NCCLPROBE_", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN",
+                       "NCCL_TUNER_PLUGIN", "NCCL_COMM_ID", "NCCL_HOSTID", "NCCL_LOCAL_RANK", "NCCL_INSPECTOR")
+
+
+def is_tuning(var: str) -> bool:
+    return var.startswith("NCCL_") and not var.startswith(NOT_TUNING_PREFIXES)
+
+
+def process_cached(var: str, version: int | None = None) -> bool:
+    """Whether NCCL caches var per process at first read (NCCL_PARAM); unknown NCCL_* count as cached,
+    which is what NCCL does with every NCCL_PARAM (src/include/param.h)."""
+    from ncclprobe import catalog
+    cached = catalog.is_process_cached(var, version)
+    return True if cached is None else bool(cached)
+
+
+def _label(c: CommView) -> str:
+    api = c.api or "an API no preload hook saw"
+    return f"comm {c.ident} (pid {c.pid}, {api}, rank {c.rank}/{c.nranks})"
+
+
+def _write_between(p: ProcessView | None, var: str, t0: float, t1: float):
+    if p is None:
+        return None
+    hits = [w for w in p.writes if w.var == var and t0 <= w.t <= t1 and not w.blocked]
+    return hits[-1] if hits else None
+
+
+def comm_tuning_divergent(m: Model) -> list[Finding]:
+    """Communicators of one process created with different values of a variable NCCL re-reads per
+    communicator (NCCL_PROTO, NCCL_ALGO, ...): their collectives run different tunings."""
+    out = []
+    by_proc: dict[tuple[str, int], list[CommView]] = defaultdict(list)
+    for c in m.comms:
+        if c.env is not None and c.ok:
+            by_proc[(c.host, c.pid)].append(c)
+    for (host, pid), comms in by_proc.items():
+        comms.sort(key=lambda c: c.t)
+        p = m.processes.get((host, pid))
+        names = sorted({v for c in comms for v in c.env if is_tuning(v) and not process_cached(v, c.version)})
+        for var in names:
+            values = [(c, c.env.get(var)) for c in comms]
+            if len({v for _, v in values}) < 2:
+                continue
+            first_c, first_v = values[0]
+            for c, v in values[1:]:
+                if v == first_v:
+                    continue
+                w = _write_between(p, var, first_c.t, c.t)
+                ev = {"first": _label(first_c), "first_value": first_v, "then": _label(c), "then_value": v,
+                      "realized_first": _realized(first_c), "realized_then": _realized(c)}
+                culprit = ""
+                if w:
+                    ev["changed_at"] = w.where
+                    culprit = f" after {w.where} set {var}={w.new}"
+                out.append(Finding(
+                    "COMM_TUNING_DIVERGENT", "error",
+                    f"pid {pid}: {_label(c)} was created{culprit} with {var}={v!r}, while "
+                    f"{_label(first_c)} got {var}={first_v!r}",
+                    pids=(pid,), var=var, evidence=ev,
+                    hint=(f"remove or guard the write at {w.where}, or pin it: ncclprobe run --pin {var}"
+                          if w else f"set {var} once before the first communicator and leave it alone")))
+    return out
+
+
+def _realized(c: CommView) -> str:
+    if not c.colls:
+        return "no collective seen"
+    return ", ".join(sorted({f"{s.func} {s.algo}/{s.proto}" for s in c.colls.values()}))
+
+
+def comm_ranks_divergent(m: Model) -> list[Finding]:
+    """Ranks of one communicator (same commHash or unique id) created with different tuning: one
+    finding per communicator, naming every variable that differs."""
+    out = []
+    groups: dict[str, list[CommView]] = defaultdict(list)
+    for c in m.comms:
+        if c.group and c.env is not None:
+            groups[c.group].append(c)
+    for group, comms in groups.items():
+        if len({(c.host, c.pid) for c in comms}) < 2:
+            continue
+        diverging: dict[str, dict[str, list[str]]] = {}
+        for var in sorted({v for c in comms for v in c.env if is_tuning(v)}):
+            by_val: dict[str, list[str]] = defaultdict(list)
+            for c in sorted(comms, key=lambda c: (c.rank is None, c.rank)):
+                by_val["unset" if c.env.get(var) is None else c.env[var]].append(f"rank {c.rank} (pid {c.pid})")
+            if len(by_val) > 1:
+                diverging[var] = dict(by_val)
+        if not diverging:
+            continue
+        parts = ["{}: {}".format(var, "; ".join(f"{val} on {', '.join(who)}" for val, who in vals.items()))
+                 for var, vals in diverging.items()]
+        out.append(Finding(
+            "COMM_RANKS_DIVERGENT", "error",
+            f"ranks of communicator {group} were created with different tuning — " + " | ".join(parts),
+            pids=tuple(sorted({c.pid for c in comms})), var=next(iter(diverging)),
+            evidence={"communicator": group, "values": diverging},
+            hint="give every rank the same NCCL_* environment: check the launcher that started the odd rank(s)"))
+    return out
+
+
+def algo_proto_mismatch(m: Model) -> list[Finding]:
+    """A communicator whose collectives ran an algorithm or protocol its NCCL_ALGO/NCCL_PROTO at
+    creation excludes: the setting did not take effect."""
+    out = []
+    for c in m.comms:
+        for var, universe, pick in (("NCCL_PROTO", tuning.PROTOS, lambda s: s.proto),
+                                    ("NCCL_ALGO", tuning.ALGOS, lambda s: s.algo)):
+            wanted = (c.env or {}).get(var)
+            if not wanted:
+                continue
+            bad = []
+            for s in c.colls.values():
+                allowed = tuning.allowed(wanted, s.func, universe)
+                if allowed is not None and pick(s) not in allowed and pick(s) not in ("", "None", "?"):
+                    bad.append(s)
+            if bad:
+                out.append(Finding(
+                    "ALGO_PROTO_MISMATCH", "error",
+                    f"{_label(c)}: {var}={wanted} asked, but its collectives ran "
+                    + ", ".join(f"{s.func} {s.algo}/{s.proto} ({s.count}x, {s.bytes_min}-{s.bytes_max} B)" for s in bad),
+                    pids=(c.pid,), var=var,
+                    evidence={"communicator": c.ident, "asked": wanted, "env_at_creation": (c.env or {}).get(var),
+                              "realized": [s.__dict__ for s in bad]},
+                    hint=f"make sure {var} is in the environment before this communicator is created "
+                         "(it is read at communicator init), and that the value is valid for this topology"))
+    return out
+
+
+def multiple_libs(m: Model) -> list[Finding]:
+    out = []
+    for p in m.processes.values():
+        if len(p.libs) > 1:
+            out.append(Finding(
+                "NCCL_MULTIPLE_LIBS", "warning",
+                f"pid {p.pid} runs {len(p.libs)} copies of NCCL: {', '.join(sorted(p.libs))}",
+                pids=(p.pid,), evidence={"libs": sorted(p.libs)},
+                hint="each copy has its own parameter cache and its own log; point SGLANG_NCCL_SO_PATH / "
+                     "VLLM_NCCL_SO_PATH at the library torch loads"))
+    versions = {c.version for c in m.comms if c.version}
+    if len(versions) > 1:
+        out.append(Finding("NCCL_MULTIPLE_LIBS", "warning",
+                           f"communicators run different NCCL versions: {', '.join(str(v) for v in sorted(versions))}",
+                           pids=tuple(sorted({c.pid for c in m.comms if c.version})),
+                           evidence={"versions": sorted(versions)},
+                           hint="install one NCCL version across the job"))
+    return out
+
+
+def unhookable(m: Model) -> list[Finding]:
+    """Communicators the profiler saw but no preload hook did, in a process that had the preload."""
+    if not m.preload_active:
+        return []
+    out = []
+    for c in m.comms:
+        if "profiler" in c.seen_by and "preload" not in c.seen_by and c.comm_hash:
+            out.append(Finding(
+                "NCCL_UNHOOKABLE", "warning",
+                f"{_label(c)} was created through a path the preload hook cannot see (a ctypes-loaded "
+                f"NCCL, as SGLang/vLLM PyNccl do); only NCCL's profiler plugin saw it",
+                pids=(c.pid,), evidence={"comm_hash": c.comm_hash, "lib": c.lib, "env_source": c.env_source},
+                hint="its creation API and arguments are unknown; its environment comes from the profiler init"))
+    return out
+
+
+def env_overridden(m: Model) -> list[Finding]:
+    out = []
+    for p in m.processes.values():
+        for w in p.writes:
+            if w.old is None or w.old == w.new:
+                continue
+            what = "tried to change" if w.blocked else "changed"
+            out.append(Finding(
+                "ENV_OVERRIDDEN", "warning",
+                f"pid {p.pid}: {w.where} {what} {w.var} from {w.old!r} to "
+                f"{'unset' if w.new is None else repr(w.new)}" + (" (blocked by --pin)" if w.blocked else ""),
+                pids=(p.pid,), var=w.var,
+                evidence={"where": w.where, "old": w.old, "new": w.new, "op": w.op, "blocked": w.blocked, "t": w.t},
+                hint=(f"the pin kept {w.var}={w.old}" if w.blocked else
+                      f"remove the assignment at {w.where} or make it conditional "
+                      f"(os.environ.setdefault), or pin it: ncclprobe run --pin {w.var}")))
+    return out
+
+
+def env_late(m: Model) -> list[Finding]:
+    """A write to a variable NCCL caches per process, after NCCL first read it in that process."""
+    out = []
+    for p in m.processes.values():
+        comms = sorted(m.comms_of(p.host, p.pid), key=lambda c: c.t)
+        for w in p.writes:
+            if w.blocked or not w.var.startswith("NCCL_") or not process_cached(w.var):
+                continue
+            read = p.first_read(w.var)
+            if read is not None:
+                basis, t_read, seen = "NCCL's first read of it (env plugin)", read.t, read.value
+            elif comms:
+                basis, t_read, seen = "the first communicator init", comms[0].t, (comms[0].env or {}).get(w.var)
+            else:
+                continue
+            if t_read >= w.t or seen == w.new:
+                continue
+            later = [c for c in comms if c.t > w.t]
+            out.append(Finding(
+                "ENV_LATE", "error",
+                f"pid {p.pid}: {w.where} set {w.var}={w.new!r} after NCCL had already read it "
+                f"({'unset' if seen is None else repr(seen)}); NCCL caches it per process, so "
+                f"{len(later) or 'no'} later communicator(s) still use the first value",
+                pids=(p.pid,), var=w.var,
+                evidence={"where": w.where, "written_at": w.t, "read_at": t_read, "basis": basis,
+                          "value_read": seen, "value_written": w.new,
+                          "later_comms": [c.ident for c in later]},
+                hint=f"set {w.var} before the process creates its first communicator (launcher "
+                     f"environment or ncclprobe run --set {w.var}={w.new})"))
+    return out
+
+
+def env_expected(m: Model, expect: dict[str, str]) -> list[Finding]:
+    """ENV_MISSING / ENV_CHANGED against the operator's expectation, per communicator (in-process)."""
+    out = []
+    if not expect:
+        return out
+    for c in m.comms:
+        if c.env is None:
+            continue
+        for var, want in expect.items():
+            have = c.env.get(var)
+            if have == want:
+                continue
+            code = "ENV_MISSING" if have is None else "ENV_CHANGED"
+            out.append(Finding(
+                code, "error",
+                f"{_label(c)} was created with {var} " + ("unset" if have is None else f"= {have!r}")
+                + f" (expected {want!r})",
+                pids=(c.pid,), var=var,
+                evidence={"communicator": c.ident, "expected": want, "at_creation": have, "source": c.env_source},
+                hint=_missing_hint(m, c, var, want)))
+    return out
+
+
+def _missing_hint(m: Model, c: CommView, var: str, want: str) -> str:
+    p = m.processes.get((c.host, c.pid))
+    parent = m.processes.get((c.host, p.ppid)) if p and p.ppid else None
+    if parent and parent.start_env is not None and parent.start_env.get(var) == want and \
+            p.start_env is not None and var not in p.start_env:
+        return (f"pid {c.pid}'s parent {parent.pid} had {var}={want}; the child was started with an "
+                f"environment that drops it (subprocess env= or a launcher's allow-list): pass it through")
+    return f"export {var}={want} where this process is started, before NCCL initializes"
+
+
+def env_vs_parent(m: Model) -> list[Finding]:
+    """Watched variables a process's parent had at its start that the process did not (warning):
+    a launcher handed it a curated environment. One finding per process, listing the variables."""
+    out = []
+    for p in m.processes.values():
+        parent = m.processes.get((p.host, p.ppid)) if p.ppid else None
+        if p.start_env is None or parent is None or parent.start_env is None or p.forked_from:
+            continue
+        missing = sorted(v for v in parent.start_env if v not in p.start_env and v.startswith("NCCL_"))
+        changed = sorted(v for v in parent.start_env if v in p.start_env and v.startswith("NCCL_")
+                         and p.start_env[v] != parent.start_env[v])
+        for code, names in (("ENV_MISSING", missing), ("ENV_CHANGED", changed)):
+            if not names:
+                continue
+            out.append(Finding(
+                code, "warning",
+                f"pid {p.pid} started without {len(names)} NCCL variable(s) its parent {parent.pid} had: "
+                f"{', '.join(names)}" if code == "ENV_MISSING" else
+                f"pid {p.pid} started with different values than its parent {parent.pid} for: {', '.join(names)}",
+                pids=(p.pid, parent.pid),
+                evidence={"vars": {v: {"parent": parent.start_env.get(v), "child": p.start_env.get(v)} for v in names},
+                          "child_argv": (p.argv or [])[:6]},
+                hint="the code that starts this process passes its own environment (subprocess env=, a "
+                     "launcher allow-list): forward the NCCL_* variables explicitly"))
+    return out
+
+
+def exec_env_stale(m: Model) -> list[Finding]:
+    out = []
+    for p in m.processes.values():
+        if not p.exec_env_differs or p.start_env is None or p.exec_env is None:
+            continue
+        diff = sorted(k for k in set(p.start_env) | set(p.exec_env) if p.start_env.get(k) != p.exec_env.get(k))
+        if not diff:
+            continue
+        out.append(Finding(
+            "EXEC_ENV_STALE", "warning",
+            f"pid {p.pid}: /proc/{p.pid}/environ is not its live environment "
+            f"({', '.join(diff)} differ{' — a fork child' if p.forked_from else ''})",
+            pids=(p.pid,), evidence={"vars": diff, "forked_from": p.forked_from},
+            hint="trust the in-process view (boot probe, plugins) for this process, not /proc"))
+    return out
+
+
+def conf_file_values(m: Model) -> list[Finding]:
+    """NCCL read a value the process never had in its environment nor wrote: it came from nccl.conf."""
+    out = []
+    for p in m.processes.values():
+        if p.start_env is None:
+            continue
+        for (lib, var), r in p.reads.items():
+            if r.value is None or p.start_env.get(var) == r.value:
+                continue
+            if any(w.var == var and w.new == r.value for w in p.writes):
+                continue
+            out.append(Finding(
+                "CONF_FILE_VALUE", "info",
+                f"pid {p.pid}: NCCL read {var}={r.value!r}, which the process environment did not have: "
+                f"it came from an nccl.conf file (NCCL_CONF_FILE, ~/.nccl.conf or /etc/nccl.conf)",
+                pids=(p.pid,), var=var, evidence={"value": r.value, "lib": lib, "at_start": p.start_env.get(var)},
+                hint="a real environment variable overrides the conf file; set it there if this value is unwanted"))
+    return out
+
+
+def all_rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
+    return [*comm_tuning_divergent(m), *comm_ranks_divergent(m), *algo_proto_mismatch(m),
+            *multiple_libs(m), *unhookable(m), *env_overridden(m), *env_late(m),
+            *env_expected(m, expect or {}), *env_vs_parent(m), *exec_env_stale(m), *conf_file_values(m)]

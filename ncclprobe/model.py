@@ -1,0 +1,240 @@
+"""One model from every in-process witness: processes and communicators, each observation keeping
+its source and time. Built from the probes' event log and, where given, NCCL's own INFO log."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncclprobe.events import EventLog
+
+
+@dataclass
+class EnvWrite:
+    var: str
+    old: str | None
+    new: str | None
+    where: str
+    op: str
+    blocked: bool
+    t: float
+
+
+@dataclass
+class NcclRead:
+    """The first value NCCL read for a variable in one process through one library copy."""
+    var: str
+    value: str | None
+    lib: str
+    t: float
+    source: str  # "envplugin" or "nccl-log"
+
+
+@dataclass
+class ProcessView:
+    host: str
+    pid: int
+    ppid: int | None = None
+    argv: list[str] | None = None
+    exe: str | None = None
+    start_env: dict[str, str] | None = None      # live environment at interpreter start (boot probe)
+    exec_env: dict[str, str] | None = None       # /proc/self/environ as the boot probe read it
+    exec_env_differs: bool | None = None
+    forked_from: int | None = None
+    t_start: float | None = None
+    mode: str | None = None
+    sources: set[str] = field(default_factory=set)
+    writes: list[EnvWrite] = field(default_factory=list)
+    reads: dict[tuple[str, str], NcclRead] = field(default_factory=dict)   # (lib, var) -> first read
+    libs: set[str] = field(default_factory=set)
+    plugins: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.host, self.pid)
+
+    def first_read(self, var: str) -> NcclRead | None:
+        hits = [r for (lib, v), r in self.reads.items() if v == var]
+        return min(hits, key=lambda r: r.t) if hits else None
+
+
+@dataclass
+class CollStat:
+    func: str
+    algo: str
+    proto: str
+    nchannels: int
+    bytes_min: int
+    bytes_max: int
+    count: int
+
+
+@dataclass
+class CommView:
+    host: str
+    pid: int
+    t: float
+    api: str | None = None            # None: no preload hook saw the creation
+    comm: str | None = None
+    comm_hash: str | None = None
+    call: int | None = None
+    rank: int | None = None
+    nranks: int | None = None
+    parent: str | None = None
+    color: int | None = None
+    key: int | None = None
+    uid: str | None = None
+    config: dict[str, Any] | None = None
+    env: dict[str, str] | None = None           # watched env at creation (preload, else profiler init)
+    env_source: str | None = None
+    rc: int | None = None
+    lib: str | None = None
+    version: int | None = None
+    simulated: bool = False
+    ms: float | None = None
+    dev: int | None = None
+    comm_name: str | None = None
+    seen_by: set[str] = field(default_factory=set)
+    colls: dict[tuple[str, str, str, int], CollStat] = field(default_factory=dict)
+    destroyed: bool = False
+
+    @property
+    def ident(self) -> str:
+        return self.comm_hash or self.comm or f"call{self.call}"
+
+    @property
+    def group(self) -> str | None:
+        """Key shared by the ranks of one communicator across processes."""
+        return self.comm_hash or (f"uid:{self.uid}" if self.uid else None)
+
+    @property
+    def ok(self) -> bool:
+        return self.rc in (None, 0)
+
+
+@dataclass
+class Model:
+    processes: dict[tuple[str, int], ProcessView] = field(default_factory=dict)
+    comms: list[CommView] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+    files: int = 0
+    nccl_log: Any = None
+
+    def process(self, host: str, pid: int) -> ProcessView:
+        key = (host, pid)
+        if key not in self.processes:
+            self.processes[key] = ProcessView(host, pid)
+        return self.processes[key]
+
+    def comms_of(self, host: str, pid: int) -> list[CommView]:
+        return [c for c in self.comms if c.host == host and c.pid == pid]
+
+    @property
+    def preload_active(self) -> bool:
+        return any(r.get("preload") for r in self.runs) or any("preload" in p.sources for p in self.processes.values())
+
+    @property
+    def simulated(self) -> bool:
+        return any(c.simulated for c in self.comms)
+
+
+def _env(obj: Any) -> dict[str, str] | None:
+    return {str(k): str(v) for k, v in obj.items() if v is not None} if isinstance(obj, dict) else None
+
+
+def build(log: EventLog) -> Model:
+    m = Model(runs=list(log.runs), skipped={**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}},
+              files=len(log.files))
+    by_call: dict[tuple[str, int, int], CommView] = {}
+    by_ptr: dict[tuple[str, int, str], CommView] = {}
+    by_hash: dict[tuple[str, int, str], CommView] = {}
+    for e in log.events:
+        host, pid, kind, t = e.get("host", "?"), e["pid"], e["ev"], float(e["t"])
+        proc = m.process(host, pid)
+        proc.sources.add(e["src"])
+        if kind == "process_start":
+            proc.ppid = e.get("ppid")
+            proc.argv = e.get("argv") if isinstance(e.get("argv"), list) else None
+            proc.exe = e.get("exe")
+            proc.start_env = _env(e.get("env"))
+            proc.exec_env = _env(e.get("exec_env"))
+            proc.exec_env_differs = e.get("exec_env_differs")
+            proc.forked_from = e.get("forked_from")
+            proc.t_start = t
+            proc.mode = e.get("mode")
+        elif kind == "env_write":
+            proc.writes.append(EnvWrite(str(e.get("var")), e.get("old"), e.get("new"), str(e.get("where", "?")),
+                                        str(e.get("op", "set")), bool(e.get("blocked")), t))
+        elif kind == "probe_error":
+            proc.errors.append(str(e.get("message", "")))
+        elif kind == "plugin_load":
+            proc.plugins.append(e)
+            if e.get("lib"):
+                proc.libs.add(e["lib"])
+        elif kind == "nccl_getenv":
+            lib, var = str(e.get("lib") or "?"), str(e.get("var"))
+            if lib != "?":
+                proc.libs.add(lib)
+            if (lib, var) not in proc.reads:
+                proc.reads[(lib, var)] = NcclRead(var, e.get("value"), lib, t, "envplugin")
+        elif kind == "comm_init":
+            c = CommView(host, pid, t, api=e.get("api"), comm=e.get("comm"), call=e.get("call"),
+                         rank=e.get("rank"), nranks=e.get("nranks"), parent=e.get("parent"),
+                         color=e.get("color"), key=e.get("key"), uid=e.get("uid"), config=e.get("config"),
+                         env=_env(e.get("env")), env_source="preload", rc=e.get("rc"), lib=e.get("lib"),
+                         version=e.get("version"), simulated=bool(e.get("simulated")), ms=e.get("ms"),
+                         dev=e.get("dev"))
+            c.seen_by.add("preload")
+            if c.lib:
+                proc.libs.add(c.lib)
+            m.comms.append(c)
+            if c.call is not None:
+                by_call[(host, pid, c.call)] = c
+            if c.comm:
+                by_ptr[(host, pid, c.comm)] = c
+        elif kind == "comm_plugin_init":
+            call = e.get("call")
+            c = by_call.get((host, pid, call)) if call is not None else None
+            if c is None or c.comm_hash is not None:
+                c = CommView(host, pid, t, env=_env(e.get("env")), env_source="profiler")
+                m.comms.append(c)
+            c.seen_by.add("profiler")
+            c.comm_hash = e.get("comm_hash")
+            c.comm_name = e.get("comm_name")
+            c.nranks = c.nranks if c.nranks is not None else e.get("nranks")
+            c.rank = c.rank if c.rank is not None else e.get("rank")
+            c.lib = c.lib or e.get("lib")
+            if e.get("lib"):
+                proc.libs.add(e["lib"])
+            if c.env is None:
+                c.env, c.env_source = _env(e.get("env")), "profiler"
+            if c.comm_hash:
+                by_hash[(host, pid, c.comm_hash)] = c
+        elif kind == "coll_summary":
+            c = by_hash.get((host, pid, str(e.get("comm_hash"))))
+            if c is None:
+                c = CommView(host, pid, t, comm_hash=e.get("comm_hash"), env_source=None)
+                c.seen_by.add("profiler")
+                m.comms.append(c)
+                by_hash[(host, pid, str(e.get("comm_hash")))] = c
+            _add_coll(c, e)
+        elif kind in ("comm_destroy", "comm_plugin_finalize"):
+            c = by_ptr.get((host, pid, str(e.get("comm")))) or by_hash.get((host, pid, str(e.get("comm_hash"))))
+            if c is not None:
+                c.destroyed = True
+    return m
+
+
+def _add_coll(c: CommView, e: dict[str, Any]) -> None:
+    """Merge one flush. A flush carries counts since the previous one for the same key."""
+    try:
+        key = (str(e.get("func")), str(e.get("algo")), str(e.get("proto")), int(e.get("nchannels") or 0))
+        bmin, bmax, count = int(e.get("bytes_min", 0)), int(e.get("bytes_max", 0)), int(e.get("count", 0))
+    except (TypeError, ValueError):
+        return
+    s = c.colls.get(key)
+    if s is None:
+        c.colls[key] = CollStat(*key, bmin, bmax, count)
+    else:
+        s.bytes_min, s.bytes_max, s.count = min(s.bytes_min, bmin), max(s.bytes_max, bmax), s.count + count

@@ -1,0 +1,183 @@
+"""`ncclprobe report`: per process and per communicator, what NCCL got, read and ran, from the
+probes' log directories (several hosts' directories merge) and NCCL's own INFO logs."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ncclprobe import events, model as model_mod
+from ncclprobe.diagnose import inprocess
+from ncclprobe.doc import Result, Table, Text, Title, Unexaminable
+from ncclprobe.findings import Finding
+from ncclprobe.model import CommView, Model
+
+SHOWN_VARS_MAX = 8
+
+
+def load(dirs, nccl_logs=()) -> Model:
+    missing = [str(d) for d in dirs if not Path(d).is_dir()]
+    if missing:
+        raise Unexaminable(f"no such log directory: {', '.join(missing)}", "no log directory",
+                           {"hint": "give the directory `ncclprobe run` printed, or the NCCLPROBE_DIR of the job"})
+    log = events.read_dirs(dirs)
+    m = model_mod.build(log)
+    if nccl_logs:
+        from ncclprobe import nccllog_model
+        nccllog_model.merge(m, nccl_logs)
+    else:
+        debug_files = [p for d in dirs for p in sorted(Path(d).glob("nccl-debug*")) if p.is_file() and not p.is_symlink()]
+        if debug_files:
+            from ncclprobe import nccllog_model
+            nccllog_model.merge(m, debug_files)
+    if not m.processes and not m.comms:
+        reason = (f"{len(log.files)} event file(s), nothing usable" if log.files else "no event files")
+        raise Unexaminable(f"nothing to report in {', '.join(map(str, dirs))}: {reason}", "empty log directory",
+                           {"skipped": dict(log.skipped), "hint": "was the job started under `ncclprobe run` "
+                            "(or with NCCLPROBE_DIR set and the probes wired in)?"})
+    return m
+
+
+def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None) -> Result:
+    m = load(dirs, nccl_logs)
+    findings = dedupe(inprocess.all_rules(m, expect or {}))
+    return Result("report", findings=findings, data=model_json(m), doc=model_doc(m, dirs))
+
+
+def augment_inspection(result: Result, log_dirs, nccl_logs=()) -> Result:
+    """Merge the in-process witnesses of log_dirs into an `inspect` result (same pids)."""
+    try:
+        m = load(log_dirs, nccl_logs)
+    except Unexaminable as exc:
+        result.doc.append(Text(f"In-process view: {exc}", "warn"))
+        result.data["in_process"] = {"error": str(exc)}
+        return result
+    result.findings = dedupe([*result.findings, *inprocess.all_rules(m, result.data.get("expect") or {})])
+    result.data["communicators"] = model_json(m)["communicators"]
+    result.data["in_process"] = {"dirs": [str(d) for d in log_dirs], "processes": len(m.processes)}
+    result.doc.extend(model_doc(m, log_dirs, title="In-process view (probes)"))
+    return result
+
+
+def dedupe(findings: list[Finding]) -> list[Finding]:
+    seen, out = set(), []
+    for f in findings:
+        key = (f.code, f.pids, f.var, f.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
+
+
+# ---- presentation ---------------------------------------------------------------------------------
+
+def _short_lib(path: str | None) -> str:
+    if not path:
+        return "?"
+    parts = Path(path).parts
+    return "/".join(parts[-3:]) if len(parts) > 3 else path
+
+
+def _version(v: int | None) -> str:
+    """NCCL_VERSION_CODE: major*10000 + minor*100 + patch since 2.9, major*1000 + minor*100 + patch before."""
+    if not v:
+        return "?"
+    if v >= 10000:
+        return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
+    return f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+
+
+def _tuning(env: dict[str, str] | None) -> str:
+    if env is None:
+        return "unknown"
+    items = [f"{k[5:]}={v}" for k, v in sorted(env.items()) if inprocess.is_tuning(k)]
+    if not items:
+        return "(no NCCL tuning)"
+    more = len(items) - SHOWN_VARS_MAX
+    return " ".join(items[:SHOWN_VARS_MAX]) + (f" +{more}" if more > 0 else "")
+
+
+def _realized(c: CommView) -> str:
+    if not c.colls:
+        return "-"
+    rows = sorted(c.colls.values(), key=lambda s: (s.func, s.bytes_min))
+    return "; ".join(f"{s.func} {s.algo}/{s.proto} ch{s.nchannels} {_size(s.bytes_min)}-{_size(s.bytes_max)} x{s.count}"
+                     for s in rows)
+
+
+def _size(n: int) -> str:
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div and n % div == 0:
+            return f"{n // div}{unit}"
+    return f"{n}B" if n < 1024 else f"{n / 1024:.1f}K"
+
+
+def _nccl_read(m: Model, c: CommView) -> str:
+    p = m.processes.get((c.host, c.pid))
+    if p is None or not p.reads:
+        return "-"
+    vals = [f"{r.var[5:]}={r.value}" for (lib, _), r in sorted(p.reads.items())
+            if inprocess.is_tuning(r.var) and r.value is not None and (c.lib is None or lib == c.lib)]
+    return " ".join(vals[:SHOWN_VARS_MAX]) or "(defaults)"
+
+
+def _api(c: CommView, m: Model) -> str:
+    if c.api is None:
+        return "unseen by preload"
+    if c.parent:
+        parent = next((p for p in m.comms if p.pid == c.pid and p.comm == c.parent), None)
+        return f"{c.api} of {parent.ident if parent else c.parent} color {c.color}"
+    return c.api
+
+
+def model_doc(m: Model, dirs, title: str = "") -> list:
+    procs = sorted(m.processes.values(), key=lambda p: (p.host, p.t_start or 0, p.pid))
+    doc: list = [Title(title or f"ncclprobe report: {len(procs)} process(es), {len(m.comms)} communicator(s) "
+                       f"from {', '.join(map(str, dirs))}")]
+    if m.simulated:
+        doc.append(Text("SIMULATED NCCL: these communicators ran on ncclprobe's simulated NCCL (no GPU); "
+                        "algorithms and protocols are the simulator's choices, not a real machine's.", "warn"))
+    for run in m.runs:
+        for note in run.get("notes", []):
+            doc.append(Text(f"run: {note}", "note"))
+    rows = []
+    for p in procs:
+        ranks = sorted({str(c.rank) for c in m.comms_of(p.host, p.pid) if c.rank is not None})
+        rows.append([p.host, str(p.pid), str(p.ppid or "?"), " ".join((p.argv or [p.exe or "?"])[:4])[:60],
+                     ",".join(sorted(p.sources)), ",".join(ranks) or "-",
+                     " ".join(_short_lib(lib) for lib in sorted(p.libs)) or "-"])
+    doc.append(Table(["host", "pid", "ppid", "command", "witnesses", "ranks", "NCCL library"], rows, title="Processes"))
+    boot_expected = any(r.get("boot") for r in m.runs)
+    blind = [p for p in procs if boot_expected and "boot" not in p.sources]
+    if blind:
+        doc.append(Text("Ran without the boot probe (not Python, python -S, or an environment that dropped "
+                        "PYTHONPATH): " + ", ".join(f"pid {p.pid}" for p in blind), "warn"))
+    crow = []
+    for c in sorted(m.comms, key=lambda c: (c.host, c.pid, c.t)):
+        lib = f"{_short_lib(c.lib)} {_version(c.version)}" + (" (simulated)" if c.simulated else "")
+        crow.append([f"{c.pid}", f"{c.rank}/{c.nranks}", _api(c, m), c.ident, lib,
+                     ",".join(sorted(c.seen_by)), _tuning(c.env) + ("" if c.ok else f" rc={c.rc}"),
+                     _nccl_read(m, c), _realized(c)])
+    doc.append(Table(["pid", "rank", "API", "communicator", "library", "seen by", "env at creation",
+                      "NCCL read (process)", "ran (algo/proto)"], crow, title="Communicators"))
+    skipped = sum(m.skipped.values())
+    if skipped:
+        doc.append(Text(f"Skipped {skipped} unreadable line(s)/file(s): "
+                        + ", ".join(f"{k}: {v}" for k, v in m.skipped.items()), "dim"))
+    return doc
+
+
+def model_json(m: Model) -> dict[str, Any]:
+    procs = [{"host": p.host, "pid": p.pid, "ppid": p.ppid, "argv": p.argv, "exe": p.exe,
+              "witnesses": sorted(p.sources), "env": p.start_env, "exec_env_differs": p.exec_env_differs,
+              "forked_from": p.forked_from, "nccl_libs": sorted(p.libs),
+              "env_writes": [w.__dict__ for w in p.writes],
+              "nccl_reads": [r.__dict__ for r in sorted(p.reads.values(), key=lambda r: r.t)],
+              "probe_errors": p.errors} for p in m.processes.values()]
+    comms = [{"host": c.host, "pid": c.pid, "t": c.t, "api": c.api, "comm": c.comm, "comm_hash": c.comm_hash,
+              "rank": c.rank, "nranks": c.nranks, "parent": c.parent, "color": c.color, "key": c.key,
+              "uid": c.uid, "config": c.config, "env": c.env, "env_source": c.env_source, "rc": c.rc,
+              "lib": c.lib, "version": c.version, "simulated": c.simulated, "ms": c.ms, "dev": c.dev,
+              "comm_name": c.comm_name, "seen_by": sorted(c.seen_by), "destroyed": c.destroyed,
+              "collectives": [s.__dict__ for s in c.colls.values()]} for c in m.comms]
+    return {"processes": procs, "communicators": comms, "simulated": m.simulated,
+            "skipped": m.skipped, "runs": m.runs}
