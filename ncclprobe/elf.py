@@ -1,0 +1,182 @@
+"""What an ELF file says about NCCL (pyelftools): the libnccl version it carries, and whether it
+reaches NCCL through dynamic symbols (an LD_PRELOAD hook sees those calls) or contains NCCL itself
+(linked statically: no hook can see it). Results are cached by (path, inode, mtime).
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+# The entry points that create communicators; a preload hook interposes exactly these
+# (nccl-internals §2). Defining one outside libnccl means NCCL was linked into that object.
+COMM_ENTRY_POINTS = frozenset({
+    "ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitAll", "ncclCommInitRankScalable",
+    "ncclCommSplit", "ncclCommShrink", "ncclCommGrow",
+})
+_VERSION_RE = re.compile(rb"NCCL version (\d+)\.(\d+)\.(\d+)(\+cuda[0-9.]+)?")
+_LIBNCCL_RE = re.compile(r"^libnccl(-[0-9a-f]{8})?\.so(\.\d+)*$")  # auditwheel renames to libnccl-<hash>
+_FILENAME_VERSION_RE = re.compile(r"\.so\.(\d+\.\d+\.\d+)$")
+
+
+def is_libnccl(path: str) -> bool:
+    """libnccl.so[.N...] (or a wheel's renamed copy), not its plugins (libnccl-net.so, ...)."""
+    return bool(_LIBNCCL_RE.match(os.path.basename(path)))
+
+
+def version_from_code(code: int) -> str:
+    """ncclGetVersion's integer: major*10000+minor*100+patch since 2.9, major*1000+minor*100+patch before
+    (NCCL_VERSION macro in nccl.h)."""
+    if code >= 10000:
+        return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+    return f"{code // 1000}.{code % 1000 // 100}.{code % 100}"
+
+
+@dataclass(frozen=True)
+class ElfInfo:
+    path: str
+    reason: str | None = None  # why nothing could be read (not ELF, permission, vanished)
+    nccl_imports: tuple[str, ...] = ()  # undefined nccl* dynamic symbols: resolved at load, hookable
+    nccl_defines: tuple[str, ...] = ()  # communicator entry points defined here
+    needed: tuple[str, ...] = ()
+    version: str | None = None
+    version_source: str | None = None  # rodata | ncclGetVersion | filename
+
+    @property
+    def contains_nccl(self) -> bool:
+        return bool(self.nccl_defines)
+
+    def to_json(self) -> dict:
+        return {"path": self.path, "reason": self.reason, "version": self.version,
+                "version_source": self.version_source, "nccl_imports": list(self.nccl_imports),
+                "nccl_defines": list(self.nccl_defines)}
+
+
+_CACHE: dict[tuple[str, int, int], ElfInfo] = {}
+
+
+def clear_cache() -> None:
+    _CACHE.clear()
+
+
+def scan(path: str | Path, display: str | None = None, want_version: bool | None = None) -> ElfInfo:
+    """Read `path` (already resolved inside the process's root); `display` is the name to report.
+    The version is read for libnccl copies and for objects that contain NCCL, unless told."""
+    path = str(path)
+    display = display or path
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        return ElfInfo(display, reason=_reason(exc))
+    key = (path, st.st_ino, st.st_mtime_ns)
+    hit = _CACHE.get(key)
+    if hit is not None and (want_version is not True or hit.version_source is not None or hit.reason):
+        return hit if hit.path == display else _with_path(hit, display)
+    info = _scan(path, display, want_version)
+    _CACHE[key] = info
+    return info
+
+
+def _with_path(info: ElfInfo, display: str) -> ElfInfo:
+    return ElfInfo(display, info.reason, info.nccl_imports, info.nccl_defines, info.needed,
+                   info.version, info.version_source)
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, PermissionError):
+        return "permission"
+    if isinstance(exc, FileNotFoundError):
+        return "vanished"
+    return f"error: {exc.strerror or exc}"
+
+
+def _scan(path: str, display: str, want_version: bool | None) -> ElfInfo:
+    try:
+        with open(path, "rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                return ElfInfo(display, reason="not ELF")
+            fh.seek(0)
+            elf = ELFFile(fh)
+            imports, defines, needed = _nccl_symbols(elf)
+            version = source = None
+            if want_version or (want_version is None and (defines or is_libnccl(display))):
+                version, source = _version(elf, display)
+            return ElfInfo(display, None, imports, defines, needed, version, source)
+    except OSError as exc:
+        return ElfInfo(display, reason=_reason(exc))
+    except (ELFError, ValueError, KeyError, IndexError) as exc:  # truncated or odd ELF
+        return ElfInfo(display, reason=f"unreadable ELF: {exc}")
+
+
+def _nccl_symbols(elf: ELFFile) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    imports: set[str] = set()
+    defines: set[str] = set()
+    needed: list[str] = []
+    dynamic = elf.get_section_by_name(".dynamic")
+    if dynamic is not None:
+        needed = [t.needed for t in dynamic.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+    for symtab, strtab in ((".dynsym", ".dynstr"), (".symtab", ".strtab")):
+        sec = elf.get_section_by_name(symtab)
+        strings = elf.get_section_by_name(strtab)
+        if not isinstance(sec, SymbolTableSection) or strings is None or (symtab == ".symtab" and defines):
+            continue
+        # Iterating symbols in Python is slow; the string table tells cheaply whether any is ours.
+        if (b"nccl" if symtab == ".dynsym" else b"ncclComm") not in strings.data():
+            continue
+        for sym in sec.iter_symbols():
+            name = sym.name.split("@", 1)[0]
+            if not name.startswith("nccl"):
+                continue
+            if sym["st_shndx"] == "SHN_UNDEF":
+                if symtab == ".dynsym":
+                    imports.add(name)
+            elif name in COMM_ENTRY_POINTS and sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC"):
+                defines.add(name)
+    return tuple(sorted(imports)), tuple(sorted(defines)), tuple(needed)
+
+
+def _version(elf: ELFFile, display: str) -> tuple[str | None, str | None]:
+    # init.cc prints "NCCL version %s" from a string built at compile time: "NCCL version 2.32.3+cuda12.9"
+    for name in (".rodata", ".rodata.str1.1", ".rodata.str1.8"):
+        sec = elf.get_section_by_name(name)
+        if sec is None:
+            continue
+        m = _VERSION_RE.search(sec.data())
+        if m:
+            return f"{int(m[1])}.{int(m[2])}.{int(m[3])}", "rodata"
+    code = _get_version_constant(elf)
+    if code:
+        return version_from_code(code), "ncclGetVersion"
+    m = _FILENAME_VERSION_RE.search(display)
+    if m:
+        return m.group(1), "filename"
+    return None, None
+
+
+def _get_version_constant(elf: ELFFile) -> int | None:
+    """ncclGetVersion(int* v) stores a constant: x86-64 `movl $imm32,(%rdi)` = c7 07 imm32."""
+    if elf["e_machine"] != "EM_X86_64":
+        return None
+    for tab in (".dynsym", ".symtab"):
+        sec = elf.get_section_by_name(tab)
+        if not isinstance(sec, SymbolTableSection):
+            continue
+        syms = sec.get_symbol_by_name("ncclGetVersion") or sec.get_symbol_by_name("pncclGetVersion")
+        if not syms or syms[0]["st_shndx"] == "SHN_UNDEF":
+            continue
+        addr = syms[0]["st_value"]
+        for seg in elf.iter_segments():
+            if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= addr < seg["p_vaddr"] + seg["p_filesz"]:
+                off = seg["p_offset"] + addr - seg["p_vaddr"]
+                elf.stream.seek(off)
+                code = elf.stream.read(48)
+                i = code.find(b"\xc7\x07")
+                if i >= 0 and i + 6 <= len(code):
+                    return int.from_bytes(code[i + 2:i + 6], "little")
+        return None
+    return None

@@ -1,0 +1,377 @@
+"""Reading processes from /proc: the tree under a PID and, per process, stat/status/cmdline/environ/
+maps/fds/root. The proc root and the file reader are parameters, so tests run on a fake /proc and
+inject permission errors (CI runs as root, where chmod proves nothing).
+
+Missing data is a value: an unreadable environ is `env=None, env_reason="permission"`, a process that
+exits mid-walk is dropped from the tree and listed in `ProcTree.skipped` with its reason.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DEFAULT_PROC = Path("/proc")
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads have no mm, so no environ
+_NVIDIA_DEV = re.compile(r"^/dev/nvidia(\d+)$")
+
+
+class Reader:
+    """The only place that touches the proc filesystem; tests subclass it to inject failures."""
+
+    def read_bytes(self, path: Path) -> bytes:
+        with open(path, "rb", buffering=0) as fh:
+            chunks = []
+            while True:
+                chunk = fh.read(1 << 20)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+
+    def readlink(self, path: Path) -> str:
+        return os.readlink(path)
+
+    def listdir(self, path: Path) -> list[str]:
+        return os.listdir(path)
+
+
+def reason_of(exc: OSError) -> str:
+    """What an OSError from /proc/<pid>/... means for that process."""
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EACCES, errno.EPERM):
+        return "permission"
+    if isinstance(exc, (FileNotFoundError, ProcessLookupError)) or exc.errno in (errno.ENOENT, errno.ESRCH):
+        return "vanished"
+    return f"error: {exc.strerror or exc}"
+
+
+def decode(raw: bytes) -> str:
+    """Non-UTF-8 bytes are shown escaped (\\xNN), never dropped and never an exception."""
+    return raw.decode("utf-8", errors="backslashreplace")
+
+
+@dataclass(frozen=True)
+class Stat:
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    flags: int
+    start_ticks: int
+    env_span: tuple[int, int, int, int]  # arg_start, arg_end, env_start, env_end (0s if masked)
+
+
+def parse_stat(raw: bytes) -> Stat:
+    text = decode(raw)
+    head, _, tail = text.rpartition(")")  # comm may contain spaces and ')'
+    pid_s, _, comm = head.partition(" (")
+    f = tail.split()
+    # f[0] is field 3 (state); proc(5) numbers fields from 1.
+    span = tuple(int(x) for x in f[44:48]) if len(f) >= 48 else (0, 0, 0, 0)
+    return Stat(pid=int(pid_s), comm=comm, state=f[0], ppid=int(f[1]), flags=int(f[6]),
+                start_ticks=int(f[19]), env_span=span)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Mapping:
+    path: str
+    dev: str
+    inode: int
+    executable: bool
+    deleted: bool
+
+
+def parse_maps(raw: bytes) -> list[Mapping]:
+    """File-backed mappings, one per (path, inode), executable if any of its mappings is."""
+    seen: dict[tuple[str, int], Mapping] = {}
+    for line in raw.split(b"\n"):
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith(b"/"):
+            continue
+        inode = int(parts[4])
+        if inode == 0:
+            continue
+        path = decode(parts[5])
+        deleted = path.endswith(" (deleted)")
+        if deleted:
+            path = path[: -len(" (deleted)")]
+        key = (path, inode)
+        exe = b"x" in parts[1]
+        old = seen.get(key)
+        if old is None or (exe and not old.executable):
+            seen[key] = Mapping(path, decode(parts[3]), inode, exe or bool(old and old.executable), deleted)
+    return list(seen.values())
+
+
+@dataclass(frozen=True)
+class EnvBlock:
+    env: dict[str, str] | None
+    source: str  # exec | unreadable | empty
+    reason: str | None  # permission, vanished, hidepid, zombie, kernel thread, clobbered, ...
+    size: int  # bytes of the block
+    garbled: int  # entries without '=' (a title written over the block)
+    raw_hash: int | None  # to compare blocks across processes without keeping them
+
+
+def parse_environ(raw: bytes) -> tuple[dict[str, str], int]:
+    env: dict[str, str] = {}
+    garbled = 0
+    for entry in raw.split(b"\0"):
+        if not entry:
+            continue
+        name, eq, value = entry.partition(b"=")
+        if not eq or not name:
+            garbled += 1
+            continue
+        env.setdefault(decode(name), decode(value))  # getenv returns the first match
+    return env, garbled
+
+
+@dataclass
+class Proc:
+    pid: int
+    ppid: int
+    name: str
+    state: str
+    uid: int | None
+    start_ticks: int
+    flags: int
+    env_span: tuple[int, int, int, int]
+    cmdline: list[str] = field(default_factory=list)
+    cmdline_reason: str | None = None
+    exe: str | None = None
+    env: EnvBlock | None = None
+    maps: list[Mapping] | None = None
+    maps_reason: str | None = None
+    root: str | None = None
+    same_mnt_ns: bool = True
+    cwd: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def kernel_thread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD)
+
+
+class ProcFS:
+    """One view of a proc filesystem (a real /proc or a fake one under a test's tmp_path)."""
+
+    def __init__(self, proc_root: Path = DEFAULT_PROC, reader: Reader | None = None):
+        self.root = Path(proc_root)
+        self.reader = reader or Reader()
+        self._self_mnt: str | None = None
+
+    def path(self, pid: int | str, *rest: str) -> Path:
+        return self.root.joinpath(str(pid), *rest)
+
+    # -- system-wide ---------------------------------------------------------------------------
+    def pids(self) -> list[int]:
+        return [int(n) for n in self.reader.listdir(self.root) if n.isdigit()]
+
+    def boot_time(self) -> float | None:
+        try:
+            for line in self.reader.read_bytes(self.root / "stat").split(b"\n"):
+                if line.startswith(b"btime "):
+                    return float(line.split()[1])
+        except OSError:
+            return None
+        return None
+
+    def clock_ticks(self) -> int:
+        try:
+            return os.sysconf("SC_CLK_TCK")
+        except (ValueError, OSError):
+            return 100
+
+    def self_mnt_ns(self) -> str | None:
+        if self._self_mnt is None:
+            try:
+                self._self_mnt = self.reader.readlink(self.root / "self" / "ns" / "mnt")
+            except OSError:
+                self._self_mnt = ""
+        return self._self_mnt or None
+
+    # -- per process ---------------------------------------------------------------------------
+    def stat(self, pid: int) -> Stat:
+        return parse_stat(self.reader.read_bytes(self.path(pid, "stat")))
+
+    def status(self, pid: int) -> dict[str, str]:
+        out = {}
+        for line in decode(self.reader.read_bytes(self.path(pid, "status"))).split("\n"):
+            k, sep, v = line.partition(":")
+            if sep:
+                out[k] = v.strip()
+        return out
+
+    def cmdline(self, pid: int) -> list[str]:
+        raw = self.reader.read_bytes(self.path(pid, "cmdline"))
+        if raw.endswith(b"\0"):
+            raw = raw[:-1]
+        return [decode(a) for a in raw.split(b"\0")] if raw else []
+
+    def environ(self, pid: int, state: str = "", kernel_thread: bool = False) -> EnvBlock:
+        try:
+            raw = self.reader.read_bytes(self.path(pid, "environ"))
+        except OSError as exc:
+            return EnvBlock(None, "unreadable", reason_of(exc), 0, 0, None)
+        if not raw:
+            # fs/proc/base.c environ_read: 0 bytes when there is no mm (kernel thread, exited)
+            why = "kernel thread" if kernel_thread else "zombie" if state in ("Z", "X") else "clobbered"
+            return EnvBlock({}, "empty", why, 0, 0, None)
+        env, garbled = parse_environ(raw)
+        if not env:
+            # setproctitle moves environ to the heap and zeroes or overwrites the exec-time block
+            return EnvBlock({}, "empty", "clobbered", len(raw), garbled, hash(raw))
+        return EnvBlock(env, "exec", "partly overwritten" if garbled else None, len(raw), garbled, hash(raw))
+
+    def maps(self, pid: int) -> list[Mapping]:
+        return parse_maps(self.reader.read_bytes(self.path(pid, "maps")))
+
+    def fd_targets(self, pid: int) -> list[str]:
+        d = self.path(pid, "fd")
+        out = []
+        for name in self.reader.listdir(d):
+            try:
+                out.append(self.reader.readlink(d / name))
+            except OSError:
+                continue  # closed between listdir and readlink
+        return out
+
+    def nvidia_fds(self, pid: int) -> list[int]:
+        gpus = set()
+        for target in self.fd_targets(pid):
+            m = _NVIDIA_DEV.match(target)
+            if m:
+                gpus.add(int(m.group(1)))
+        return sorted(gpus)
+
+    def in_root(self, proc: Proc, path: str) -> Path:
+        """Where `path`, as the process sees it, is for us: inside /proc/<pid>/root unless it
+        shares our mount namespace and root (the common, cheaper case)."""
+        if proc.same_mnt_ns and proc.root == "/":
+            return Path(path)
+        return self.path(proc.pid, "root") / path.lstrip("/")
+
+    def load(self, pid: int, st: Stat | None = None, with_env: bool = True, with_maps: bool = True) -> Proc:
+        """Everything about one process; raises OSError only if even its stat is gone or refused."""
+        st = st or self.stat(pid)
+        proc = Proc(pid=pid, ppid=st.ppid, name=st.comm, state=st.state, uid=None,
+                    start_ticks=st.start_ticks, flags=st.flags, env_span=st.env_span)
+        try:
+            status = self.status(pid)
+            proc.name = status.get("Name", proc.name)
+            uid = status.get("Uid", "").split()
+            proc.uid = int(uid[0]) if uid else None
+        except OSError as exc:
+            # stat readable but status refused: procfs mounted with hidepid=1 (proc(5))
+            hidden = reason_of(exc) == "permission"
+            proc.notes.append("hidden by hidepid" if hidden else f"status: {reason_of(exc)}")
+        try:
+            proc.cmdline = self.cmdline(pid)
+        except OSError as exc:
+            proc.cmdline_reason = reason_of(exc)
+        for attr, link in (("exe", "exe"), ("root", "root"), ("cwd", "cwd")):
+            try:
+                setattr(proc, attr, self.reader.readlink(self.path(pid, link)))
+            except OSError:
+                pass  # needs ptrace access; kernel threads have none
+        try:
+            mnt = self.reader.readlink(self.path(pid, "ns", "mnt"))
+            proc.same_mnt_ns = mnt == self.self_mnt_ns()
+        except OSError:
+            proc.same_mnt_ns = True
+        if with_env:
+            proc.env = self.environ(pid, proc.state, proc.kernel_thread)
+            if proc.env.reason == "permission" and "hidden by hidepid" in proc.notes:
+                proc.env = EnvBlock(None, "unreadable", "hidepid", 0, 0, None)
+        if with_maps:
+            try:
+                proc.maps = self.maps(pid)
+            except OSError as exc:
+                proc.maps_reason = reason_of(exc)
+        return proc
+
+
+@dataclass
+class ProcTree:
+    procs: dict[int, Proc]  # pid -> process, parents before children
+    roots: list[int]
+    ancestors: dict[int, Proc]  # processes above the roots (for shell command lines)
+    skipped: list[dict]  # {"pid", "reason"}: exited mid-walk or refused
+    boot_time: float | None
+    clk_tck: int
+
+    def children(self, pid: int) -> list[int]:
+        return [p.pid for p in self.procs.values() if p.ppid == pid]
+
+    def start_time(self, proc: Proc) -> float | None:
+        return None if self.boot_time is None else self.boot_time + proc.start_ticks / self.clk_tck
+
+
+def tgid_of(fs: ProcFS, pid: int) -> int:
+    """A thread id given as a PID resolves to its process (threads are not listed in /proc)."""
+    try:
+        tgid = fs.status(pid).get("Tgid")
+        return int(tgid) if tgid else pid
+    except (OSError, ValueError):
+        return pid
+
+
+def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True) -> ProcTree:
+    """The processes under each root (threads excluded), each loaded once, in tree order."""
+    stats: dict[int, Stat] = {}
+    skipped: list[dict] = []
+    for pid in fs.pids():
+        try:
+            stats[pid] = fs.stat(pid)
+        except OSError:
+            continue  # exited between listdir and read; not ours unless it is in the tree
+    children: dict[int, list[int]] = {}
+    for st in stats.values():
+        children.setdefault(st.ppid, []).append(st.pid)
+    order: list[int] = []
+    seen: set[int] = set()
+    for root in roots:
+        stack = [root]
+        while stack:
+            pid = stack.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            order.append(pid)
+            stack.extend(sorted(children.get(pid, ()), reverse=True))
+    procs: dict[int, Proc] = {}
+    for pid in order:
+        try:
+            procs[pid] = fs.load(pid, stats.get(pid))
+        except OSError as exc:
+            skipped.append({"pid": pid, "reason": reason_of(exc)})
+    ancestors: dict[int, Proc] = {}
+    if with_ancestors:
+        for root in roots:
+            pid = stats[root].ppid if root in stats else 0
+            while pid > 0 and pid not in procs and pid not in ancestors:
+                try:
+                    ancestors[pid] = fs.load(pid, stats.get(pid), with_env=False, with_maps=False)
+                except OSError:
+                    break
+                pid = ancestors[pid].ppid
+    return ProcTree(procs, [r for r in roots if r in procs], ancestors, skipped, fs.boot_time(),
+                    fs.clock_ticks())
+
+
+def matching_pids(fs: ProcFS, pattern: str, exclude: set[int] = frozenset()) -> list[int]:
+    """PIDs whose command line (or name) matches the regex, like `pgrep -f`."""
+    rx = re.compile(pattern)
+    out = []
+    for pid in fs.pids():
+        if pid in exclude:
+            continue
+        try:
+            cmd = " ".join(fs.cmdline(pid)) or fs.stat(pid).comm
+        except OSError:
+            continue
+        if rx.search(cmd):
+            out.append(pid)
+    return sorted(out)
