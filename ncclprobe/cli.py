@@ -133,7 +133,7 @@ def run(sets, defaults, pins, log_dir, no_preload, no_plugins, no_boot, expects,
 
 
 @main.command(context_settings=CONTEXT)
-@click.argument("dirs", nargs=-1, required=True, type=click.Path())
+@click.argument("dirs", nargs=-1, type=click.Path())
 @click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(dir_okay=False),
               help="Also read this NCCL_DEBUG=INFO log (repeatable).")
 @click.option("--expect", "expects", multiple=True, metavar="K=V", help="Expected value of a variable (repeatable).")
@@ -142,6 +142,8 @@ def run(sets, defaults, pins, log_dir, no_preload, no_plugins, no_boot, expects,
 def report(dirs, nccl_logs, expects, as_json, strict):
     """Per process and per communicator: what NCCL got, read and ran, from one or more log
     directories (several hosts' directories merge)."""
+    if not dirs and not nccl_logs:
+        raise click.UsageError("give at least one log directory, or --nccl-log FILE")
     from ncclprobe import report as report_mod
     result = _guarded("report", as_json, report_mod.build_report, list(dirs), nccl_logs=list(nccl_logs),
                       expect=_assignments(expects, "--expect"))

@@ -48,6 +48,9 @@ class ProcessView:
     libs: set[str] = field(default_factory=set)
     plugins: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    tuning: list[Any] = field(default_factory=list)         # NCCL log TUNING records (no comm named)
+    nccl_version: int | None = None
+    simulated_nccl: bool = False
 
     @property
     def key(self) -> tuple[str, int]:

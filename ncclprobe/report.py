@@ -15,11 +15,13 @@ SHOWN_VARS_MAX = 8
 
 
 def load(dirs, nccl_logs=()) -> Model:
+    if not dirs and not nccl_logs:
+        raise Unexaminable("give a log directory or --nccl-log FILE", "nothing to read")
     missing = [str(d) for d in dirs if not Path(d).is_dir()]
     if missing:
         raise Unexaminable(f"no such log directory: {', '.join(missing)}", "no log directory",
                            {"hint": "give the directory `ncclprobe run` printed, or the NCCLPROBE_DIR of the job"})
-    log = events.read_dirs(dirs)
+    log = events.read_dirs(dirs)  # may be empty: NCCL logs alone still tell what NCCL read and ran
     m = model_mod.build(log)
     if nccl_logs:
         from ncclprobe import nccllog_model

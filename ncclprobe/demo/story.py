@@ -1,0 +1,113 @@
+"""The demo's story (DESIGN.md §1): an operator tunes NCCL for decode, yet the speculative verify
+step runs another tuning. Starts the miniature server under the probes, looks at its live tree from
+/proc, lets it finish, reads what the probes saw, and checks each planted cause was named."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ncclprobe import launch, report
+from ncclprobe.doc import Result, Table, Text, Title, Unexaminable
+from ncclprobe.findings import sort_findings
+
+TUNING = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_MAX_NCHANNELS": "16"}
+# code -> the cause planted for it
+PLANTED = {
+    "SHELL_PREFIX_SCOPE": "the sidecar is started by `NCCL_P2P_LEVEL=SYS cd … && python …; echo …`: the "
+                          "variable reaches `cd` only",
+    "ENV_MISSING": "the replica is started with a curated environment (an allow-list without NCCL_*)",
+    "ENV_OVERRIDDEN": "engine.py rewrites NCCL_PROTO=Simple when speculative decoding is switched on",
+    "COMM_TUNING_DIVERGENT": "so the verify communicator is created with NCCL_PROTO=Simple, the decode one with LL",
+    "ENV_LATE": "engine.py sets NCCL_BUFFSIZE after the decode communicator: NCCL already cached it",
+    "NCCL_UNHOOKABLE": "the verify communicator is created through ctypes, as SGLang/vLLM PyNccl do",
+}
+# Findings that follow from a planted cause (the verify communicator then differs from the expectation).
+CONSEQUENCES = {"ENV_CHANGED"}
+READY_TIMEOUT_S = 45.0
+
+
+def _backend(real: bool) -> tuple[str, int]:
+    if not real:
+        from ncclprobe._lib import lib_path
+        for name in ("sim/libnccl.so.2", "sim/libsimtorch.so"):
+            if not lib_path(name).exists():
+                raise Unexaminable(f"the simulated NCCL is not built ({lib_path(name)} is missing)", "not built",
+                                   {"hint": "reinstall ncclprobe: pip install ."})
+        return "sim", 2
+    try:
+        import torch
+    except ImportError:
+        raise Unexaminable("--real needs torch with CUDA", "no torch") from None
+    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+        raise Unexaminable("--real needs at least one NVIDIA GPU", "no GPU")
+    return "torch", torch.cuda.device_count()
+
+
+def run_demo(real: bool = False, keep: bool = False) -> Result:
+    backend, tp = _backend(real)
+    t0 = time.monotonic()
+    d = Path(tempfile.mkdtemp(prefix="ncclprobe-demo-"))
+    sync = d / "sync"
+    sync.mkdir()
+    try:
+        return _run(d, sync, backend, tp, t0, keep)
+    finally:
+        if not keep:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool) -> Result:
+    from ncclprobe import inspection, profile as profile_mod
+    profile = profile_mod.from_cli([f"{k}={v}" for k, v in TUNING.items()], [], [])
+    env = dict(os.environ)
+    env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV,TUNING", NCCL_DEBUG_FILE=str(d / "nccl-debug.%h.%p"))
+    wiring = launch.wire(env, d, profile)
+    cmd = [sys.executable, "-m", "ncclprobe.demo.launcher", "--sync", str(sync), "--backend", backend, "--tp", str(tp)]
+    group = launch.Group(cmd, wiring.env)
+    rc = None
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not (sync / "server-ready").exists():
+            if group.proc.poll() is not None or time.monotonic() > deadline:
+                raise Unexaminable("the demo server did not come up", "demo failed",
+                                   {"hint": f"run with --keep and look at {d}"})
+            time.sleep(0.02)
+        live = inspection.inspect_processes([group.proc.pid], pgrep=None, expect=dict(TUNING), scope="nccl",
+                                            all_vars=False, redact=True, log_dirs=[], nccl_logs=[],
+                                            merge_probe_dirs=False)
+        (sync / "go").touch()
+        rc = group.wait()
+    finally:
+        if rc is None:
+            group.reap_group()
+    inproc = report.build_report([d], expect=dict(TUNING))
+    findings = report.dedupe([*live.findings, *inproc.findings])
+    found = {f.code for f in findings}
+    unplanted = sorted({f.code for f in findings if f.severity != "info"} - set(PLANTED) - CONSEQUENCES)
+    missed = [c for c in PLANTED if c not in found]
+    ok = rc == 0 and not missed and not unplanted
+    label = "SIMULATED NCCL (no GPU)" if backend == "sim" else f"real NCCL on {tp} GPU(s)"
+    doc = [Title(f"ncclprobe demo: a miniature inference server on the {label}"),
+           Text(f"The operator exports {' '.join(f'{k}={v}' for k, v in TUNING.items())} for decode; "
+                f"{tp} tensor-parallel workers (multiprocessing spawn), a replica and a sidecar start. "
+                "Then speculative decoding is switched on.", "note"),
+           Title("1. The live process tree, as /proc shows it (ncclprobe inspect)"), *live.doc,
+           Title("2. What the probes saw inside the processes (ncclprobe report)"), *inproc.doc,
+           Title("3. Planted causes"),
+           Table(["cause", "finding", "named"], [[why, code, "yes" if code in found else "MISSED"]
+                                                 for code, why in PLANTED.items()])]
+    if unplanted:
+        doc.append(Text(f"Findings the demo did not plant: {', '.join(unplanted)}", "bad"))
+    doc.append(Text(f"Server {launch.describe_status(rc)[0]}; demo took {time.monotonic() - t0:.1f} s"
+                    + (f"; logs kept in {d}" if keep else ""), "good" if ok else "bad"))
+    data = {"simulated": backend == "sim", "backend": backend, "ranks": tp, "ok": ok,
+            "planted": PLANTED, "missed": missed, "unplanted": unplanted, "server_returncode": rc,
+            "processes": live.data.get("processes", []), "communicators": inproc.data.get("communicators", []),
+            "seconds": round(time.monotonic() - t0, 2)}
+    if keep:
+        data["log_dir"] = str(d)
+    return Result("demo", findings=sort_findings(findings), data=data, doc=doc, code=0 if ok else 1)
