@@ -5,9 +5,13 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
 
   process_start  boot      ppid, argv, exe, env (watched), exec_env_differs, exec_env (watched part of
                            /proc/self/environ, null if unreadable), python, mode (ephemeral|persistent),
-                           forked_from (pid, for fork children), profile (applied profile), pinned
-  env_write      boot      var, old, new (null = unset), where ("file:line function"), op, blocked
-  probe_error    any       message (a probe failed once and went silent for that part)
+                           forked_from (pid, for fork children), profile (applied profile: list of
+                           {op, var, value, previous, applied}, watched vars only), profile_unwatched
+                           (count of non-watched profile entries), pinned ({var: value|null}), prefix
+                           (sys.prefix, tells venvs apart)
+  env_write      boot      var, old, new (null = unset), where ("file:line function"), op
+                           (set|unset|putenv|unsetenv), blocked (pinned: the write was refused)
+  probe_error    any       message, part (a probe failed once and went silent for that part)
   plugin_load    profiler | envplugin   plugin (e.g. "ncclProfiler_v5"), nccl_version (int), lib
   nccl_getenv    envplugin var, value (null if unset), lib
   comm_init      preload   api, call, comm, nranks, rank, parent, color, key, uid, config, env (watched,

@@ -1,0 +1,567 @@
+"""ncclprobe boot probe: runs first in a Python interpreter and records what happens to its NCCL
+environment (standard library only, CPython 3.8+; the target need not have ncclprobe installed).
+
+Wired in by `ncclprobe run` (a sitecustomize.py on PYTHONPATH calls start()) or by `ncclprobe inject
+install` (a site-packages .pth / PEP 829 .start calls start() of a copy whose INSTALLED line holds the
+log directory and profile). start():
+  - emits `process_start` (argv, exe, watched env, the watched part of /proc/self/environ);
+  - applies the profile (`set`, `default` = set only if absent, `pin`);
+  - guards os.environ / os.environb / os.putenv / os.unsetenv for watched variables: each write is an
+    `env_write` with the writer's file:line; writes that would change a pinned variable are refused;
+  - follows fork children (os.register_at_fork) as processes of their own.
+It never raises: a failure is logged once as `probe_error` and the interpreter goes on. An unusable
+log directory makes it silent. Importing this module has no side effects; ncclprobe.profile imports
+it for the profile parser.
+"""
+import os
+import stat
+import sys
+import time
+
+# Same set as ncclprobe/watched.py (tests/test_boot_profile.py checks they agree); nothing else is
+# ever logged.
+WATCHED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "NCCLPROBE_")
+WATCHED_NAMES = frozenset({
+    "TORCH_DISTRIBUTED_DEBUG", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PYTHONPATH",
+    "SGLANG_NCCL_SO_PATH", "VLLM_NCCL_SO_PATH",
+})
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+
+DIR_VAR = "NCCLPROBE_DIR"          # log directory (wins over the installed one)
+PROFILE_VAR = "NCCLPROBE_PROFILE"  # path of a profile file, applied after the installed profile
+OFF_VAR = "NCCLPROBE_BOOT"         # "off": this process and its children skip the probe
+
+# `ncclprobe inject install` rewrites this line in its copy: {"log_dir": str|None, "profile": str, ...}
+INSTALLED = None
+
+OPS = ("set", "default", "pin")
+MAX_STR = 65536  # bound on any logged string, so a line stays far below the readers' 1 MiB limit
+
+
+class ProfileError(ValueError):
+    """A malformed profile line; the message starts with `source:line` (or the CLI option)."""
+
+
+def is_watched(name):
+    return name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES)
+
+
+def _valid_name(name):
+    return (bool(name) and name.isascii() and (name[0].isalpha() or name[0] == "_")
+            and all(c.isalnum() or c == "_" for c in name))
+
+
+# ---------------------------------------------------------------------------- profile format
+# One directive a line; blank lines and lines starting with '#' are ignored:
+#   set NAME=VALUE       NAME=VALUE in every process (the value is everything after the first '=')
+#   default NAME=VALUE   NAME=VALUE only where NAME is absent
+#   pin NAME             refuse in-process writes that would change NAME (watched variables only)
+
+def parse_line(line, where):
+    """One profile line -> (op, name, value) (value None for pin), or None for a blank/comment."""
+    text = line.rstrip("\r\n").lstrip()
+    if not text.strip() or text.startswith("#"):
+        return None
+    parts = text.split(None, 1)
+    op, rest = parts[0], (parts[1] if len(parts) > 1 else "")
+    if op not in OPS:
+        raise ProfileError("%s: unknown directive %r (expected 'set NAME=VALUE', 'default NAME=VALUE' "
+                           "or 'pin NAME')" % (where, op))
+    if op == "pin":
+        name = rest.strip()
+        if "=" in name:
+            raise ProfileError("%s: pin takes a name only, got %r (use 'set' for the value)" % (where, name))
+        if not _valid_name(name):
+            raise ProfileError("%s: %r is not a valid environment variable name" % (where, name))
+        if not is_watched(name):
+            raise ProfileError("%s: %s is not a watched variable; only watched variables (NCCL_*, "
+                               "TORCH_NCCL_*, CUDA_VISIBLE_DEVICES, ...) can be pinned" % (where, name))
+        return (op, name, None)
+    if "=" not in rest:
+        raise ProfileError("%s: expected '%s NAME=VALUE', got %r" % (where, op, text))
+    name, value = rest.split("=", 1)
+    name = name.strip()
+    if not _valid_name(name):
+        raise ProfileError("%s: %r is not a valid environment variable name" % (where, name))
+    if "\n" in value or "\r" in value or "\0" in value:
+        raise ProfileError("%s: the value of %s contains a newline or NUL" % (where, name))
+    return (op, name, value)
+
+
+def check_entries(entries):
+    """Reject contradictions: a name both `set` and `default`, or set twice to different values.
+    entries: (op, name, value, where) tuples. Returns (op, name, value) tuples without repeats."""
+    seen = {}
+    out = []
+    for op, name, value, where in entries:
+        key = (op == "pin", name)
+        if key in seen:
+            prev_op, prev_value = seen[key]
+            if (prev_op, prev_value) != (op, value):
+                raise ProfileError("%s: %s is already given as '%s %s=%s'" % (where, name, prev_op, name, prev_value))
+            continue
+        seen[key] = (op, value)
+        out.append((op, name, value))
+    return out
+
+
+def parse_profile(text, source="profile"):
+    """Profile text -> list of (op, name, value); ProfileError names the offending line."""
+    entries = []
+    for lineno, line in enumerate(text.split("\n"), 1):
+        where = "%s:%d" % (source, lineno)
+        entry = parse_line(line, where)
+        if entry is not None:
+            entries.append(entry + (where,))
+    return check_entries(entries)
+
+
+def format_profile(entries):
+    """The inverse of parse_profile."""
+    lines = []
+    for op, name, value in entries:
+        lines.append("pin %s" % name if op == "pin" else "%s %s=%s" % (op, name, value))
+    return "".join(line + "\n" for line in lines)
+
+
+# ---------------------------------------------------------------------------- JSON (no json import:
+# it costs more start-up time than the whole probe)
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
+
+
+def _jstr(s):
+    if len(s) > MAX_STR:
+        s = s[:MAX_STR] + "...[truncated]"
+    if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+        return '"' + s + '"'
+    out = []
+    for ch in s:
+        code = ord(ch)
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif 0x20 <= code < 0x7F:
+            out.append(ch)
+        elif code > 0xFFFF:
+            code -= 0x10000
+            out.append("\\u%04x\\u%04x" % (0xD800 | (code >> 10), 0xDC00 | (code & 0x3FF)))
+        else:  # includes lone surrogates from undecodable bytes (surrogateescape)
+            out.append("\\u%04x" % code)
+    return '"' + "".join(out) + '"'
+
+
+def _json(v):
+    if v is None:
+        return "null"
+    if v is True:
+        return "true"
+    if v is False:
+        return "false"
+    if isinstance(v, int):
+        return str(int(v))
+    if isinstance(v, float):
+        return repr(v) if v == v and v not in (float("inf"), float("-inf")) else "null"
+    if isinstance(v, str):
+        return _jstr(v)
+    if isinstance(v, dict):
+        return "{" + ",".join(_jstr(str(k)) + ":" + _json(x) for k, x in v.items()) + "}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_json(x) for x in v) + "]"
+    return _jstr(str(v))
+
+
+# ---------------------------------------------------------------------------- log writer
+
+_dir = None        # log directory, None = silent
+_dir_checked = False
+_fd = -1
+_fd_pid = 0
+_host = ""
+_reported = set()  # parts whose failure was already logged
+
+
+def _open_log():
+    global _fd, _fd_pid, _dir, _dir_checked
+    pid = os.getpid()
+    if _fd >= 0 and _fd_pid == pid:
+        return _fd
+    if _fd >= 0:  # inherited through fork: the child writes its own file
+        try:
+            os.close(_fd)
+        except OSError:
+            pass
+        _fd = -1
+    if _dir is None:
+        return -1
+    try:
+        if not _dir_checked:
+            try:
+                os.mkdir(_dir, 0o700)
+            except FileExistsError:
+                pass
+            except FileNotFoundError:
+                os.makedirs(_dir, 0o700, exist_ok=True)
+            _dir_checked = True
+        path = os.path.join(_dir, "%s-%d.jsonl" % (_host, pid))
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        _fd = os.open(path, flags, 0o600)
+        _fd_pid = pid
+    except OSError:
+        _dir = None  # unwritable: go silent, the host is unaffected
+        return -1
+    return _fd
+
+
+def _emit(ev, fields):
+    fd = _open_log()
+    if fd < 0:
+        return
+    rec = {"ev": ev, "t": time.time(), "host": _host, "pid": os.getpid(), "src": "boot"}
+    rec.update(fields)
+    try:
+        os.write(fd, (_json(rec) + "\n").encode("ascii"))  # one write per line: O_APPEND keeps it whole
+    except OSError:
+        pass
+
+
+def _fail(part, exc):
+    if part in _reported:
+        return
+    _reported.add(part)
+    try:
+        _emit("probe_error", {"part": part, "message": "%s: %s" % (type(exc).__name__, exc)})
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------------------- process facts
+
+def _watched(env):
+    return {k: v for k, v in env.items() if is_watched(k)}
+
+
+def _exec_env():
+    """Watched part of /proc/self/environ (the environment at execve), None if unreadable."""
+    try:
+        fd = os.open("/proc/self/environ", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    chunks = []
+    try:
+        while True:
+            b = os.read(fd, 65536)
+            if not b:
+                break
+            chunks.append(b)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    out = {}
+    for item in b"".join(chunks).split(b"\0"):
+        k, sep, v = item.partition(b"=")
+        if sep and k:
+            name = os.fsdecode(k)
+            if is_watched(name):
+                out[name] = os.fsdecode(v)
+    return out
+
+
+def _secretish(name):
+    upper = name.upper()
+    return any(m in upper for m in SECRET_MARKERS)
+
+
+def redact_argv(argv):
+    """argv with the values of secret-looking options (--hf-token=..., --api-key X) replaced."""
+    out, hide_next = [], False
+    for a in list(argv)[:512]:
+        if hide_next:
+            out.append("<redacted>")
+            hide_next = False
+        elif a.startswith("-") and _secretish(a.split("=", 1)[0]):
+            if "=" in a:
+                out.append(a.split("=", 1)[0] + "=<redacted>")
+            else:
+                out.append(a)
+                hide_next = True
+        else:
+            out.append(a)
+    return out
+
+
+def _argv():
+    argv = getattr(sys, "orig_argv", None)
+    if argv is None:  # before 3.10
+        try:
+            with open("/proc/self/cmdline", "rb") as f:
+                argv = [os.fsdecode(a) for a in f.read().split(b"\0")[:-1]]
+        except OSError:
+            argv = list(sys.argv)
+    return redact_argv(argv)
+
+
+# ---------------------------------------------------------------------------- environ guard
+
+_real_putenv = os.putenv
+_real_unsetenv = os.unsetenv
+_pins = {}    # name -> pinned value (None: pinned absent)
+_c_env = {}   # watched names last written through os.putenv/unsetenv (os.environ does not see them)
+_code_file = None
+_stdlib = None
+
+
+def _is_stdlib(filename):
+    if filename.startswith("<frozen"):
+        return True
+    if _stdlib and filename.startswith(_stdlib):
+        return "-packages" not in filename[len(_stdlib):]
+    return False
+
+
+def _writer():
+    """`file:line function` of the first frame outside this probe and the standard library."""
+    frame = sys._getframe(1)
+    first = None
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if fn != _code_file:
+            if first is None:
+                first = frame
+            if not _is_stdlib(fn):
+                break
+        frame = frame.f_back
+    frame = frame or first
+    if frame is None:
+        return "?"
+    return "%s:%d %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def _name(key):
+    return os.fsdecode(key) if isinstance(key, (bytes, str)) else None
+
+
+def _old(name):
+    if name in _c_env:
+        return _c_env[name]
+    return os.environ.get(name)
+
+
+def _blocks(name, new):
+    return name in _pins and _pins[name] != new
+
+
+def _record(name, old, new, op, blocked):
+    try:
+        _emit("env_write", {"var": name, "old": old, "new": new, "where": _writer(), "op": op,
+                            "blocked": blocked})
+    except Exception as exc:
+        _fail("guard", exc)
+
+
+def _write(name, new, op, base_op):
+    """Shared path of every guarded write: record it, refuse it if pinned, else perform it."""
+    old = _old(name)
+    if _blocks(name, new):
+        _record(name, old, new, op, True)
+        return
+    base_op()
+    _record(name, old, new, op, False)
+
+
+class _GuardedEnviron(os._Environ):
+    """os.environ / os.environb with writes to watched variables recorded (the object keeps its
+    identity: `from os import environ` elsewhere sees the same guard)."""
+
+    def __setitem__(self, key, value):
+        ekey, evalue = self.encodekey(key), self.encodevalue(value)
+
+        def base():
+            _real_putenv(ekey, evalue)  # what os._Environ.__setitem__ does (3.8-3.14)
+            self._data[ekey] = evalue
+            _c_env.pop(name, None)
+
+        name = _name(key)
+        if name is None or not is_watched(name):
+            return base()
+        _write(name, os.fsdecode(value), "set", base)
+
+    def __delitem__(self, key):
+        ekey = self.encodekey(key)
+
+        def base():
+            _real_unsetenv(ekey)
+            try:
+                del self._data[ekey]
+            except KeyError:
+                raise KeyError(key) from None
+            finally:
+                _c_env.pop(name, None)
+
+        name = _name(key)
+        if name is None or not is_watched(name) or _old(name) is None:
+            return base()  # deleting an absent variable changes nothing (and raises KeyError)
+        _write(name, None, "unset", base)
+
+
+def putenv(name, value):
+    n = _name(os.fspath(name)) if isinstance(name, (str, bytes, os.PathLike)) else None
+    if n is None or not is_watched(n):
+        return _real_putenv(name, value)
+    new = os.fsdecode(value)
+
+    def base():
+        _real_putenv(name, value)
+        _c_env[n] = new
+    _write(n, new, "putenv", base)
+
+
+def unsetenv(name):
+    n = _name(os.fspath(name)) if isinstance(name, (str, bytes, os.PathLike)) else None
+    if n is None or not is_watched(n):
+        return _real_unsetenv(name)
+
+    def base():
+        _real_unsetenv(name)
+        _c_env[n] = None
+    _write(n, None, "unsetenv", base)
+
+
+putenv.__doc__ = _real_putenv.__doc__
+unsetenv.__doc__ = _real_unsetenv.__doc__
+
+
+def _install_guard():
+    global _code_file, _stdlib
+    _code_file = _writer.__code__.co_filename
+    stdlib = getattr(sys, "_stdlib_dir", None) or os.path.dirname(getattr(os, "__file__", "") or "")
+    _stdlib = stdlib.rstrip("/") + "/" if stdlib else None
+    for env in (os.environ, getattr(os, "environb", None)):
+        if env is not None and type(env) is os._Environ:
+            env.__class__ = _GuardedEnviron
+    os.putenv, os.unsetenv = putenv, unsetenv
+
+
+# ---------------------------------------------------------------------------- start
+
+_start = {}  # process_start fields shared with fork children
+
+
+def _process_start(extra):
+    exec_env = _exec_env()
+    fields = {"ppid": os.getppid(), "argv": _start.get("argv"), "exe": sys.executable,
+              "prefix": sys.prefix, "python": sys.version.split()[0], "mode": _start.get("mode"),
+              "env": _watched(os.environ), "exec_env": exec_env, "exec_env_differs": None,
+              "profile": _start.get("profile"), "profile_unwatched": _start.get("profile_unwatched", 0),
+              "pinned": dict(_pins)}
+    fields.update(extra)
+    return fields
+
+
+def _after_fork_child():
+    try:
+        parent = _start.get("pid")
+        _start["pid"] = os.getpid()
+        fields = _process_start({"forked_from": parent})
+        fields["exec_env_differs"] = (None if fields["exec_env"] is None
+                                      else fields["exec_env"] != fields["env"])
+        _emit("process_start", fields)
+    except Exception as exc:
+        _fail("fork", exc)
+
+
+def _read_text(path):
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "surrogateescape")
+
+
+def _profile_entries():
+    entries = []
+    if INSTALLED and INSTALLED.get("profile"):
+        entries.extend(parse_profile(INSTALLED["profile"], "installed profile"))
+    path = os.environ.get(PROFILE_VAR)
+    if path:
+        entries.extend(parse_profile(_read_text(path), path))
+    return entries
+
+
+def _apply_profile(entries):
+    applied, unwatched = [], 0
+    for op, name, value in entries:
+        if op == "pin":
+            continue
+        prev = os.environ.get(name)
+        changed = (op == "set" or prev is None) and prev != value
+        if changed:
+            os.environ[name] = value  # before the guard: the profile is not a foreign write
+        if is_watched(name):
+            applied.append({"op": op, "var": name, "value": value, "previous": prev, "applied": changed})
+        else:
+            unwatched += 1
+    for op, name, _ in entries:
+        if op == "pin":
+            _pins[name] = os.environ.get(name)
+    return applied, unwatched
+
+
+def _log_dir():
+    d = os.environ.get(DIR_VAR)
+    if d:
+        return d
+    if not INSTALLED:
+        return None
+    if INSTALLED.get("log_dir"):
+        return INSTALLED["log_dir"]
+    d = default_log_dir()
+    try:  # shared /tmp: use the default directory only if it is ours and not a link
+        st = os.lstat(d)
+        if st.st_uid != os.geteuid() or not stat.S_ISDIR(st.st_mode):
+            return None
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return None
+    return d
+
+
+def default_log_dir(uid=None):
+    """Log directory of a persistent install without --dir: per user, so that no user writes
+    (or is blocked by) another user's files."""
+    return "/tmp/ncclprobe-%d" % (os.geteuid() if uid is None else uid)
+
+
+def start():
+    """Boot the probe in this process (idempotent: a second copy, e.g. ephemeral on top of
+    persistent, does nothing). Never raises."""
+    global _dir, _host
+    try:
+        if getattr(sys, "_ncclprobe_boot", None) or os.environ.get(OFF_VAR) == "off":
+            return
+        sys._ncclprobe_boot = __name__
+        mode = "persistent" if INSTALLED else "ephemeral"
+        _host = os.uname().nodename
+        _dir = _log_dir()
+        _start.update(pid=os.getpid(), mode=mode, argv=_argv())
+        before = _watched(os.environ)
+        try:
+            entries = _profile_entries()
+        except (OSError, ValueError) as exc:
+            entries = []
+            _fail("profile", exc)
+        profile, unwatched = _apply_profile(entries)
+        _start.update(profile=profile, profile_unwatched=unwatched)
+        fields = _process_start({})
+        exec_env = fields["exec_env"]
+        fields["exec_env_differs"] = None if exec_env is None else exec_env != before
+        _emit("process_start", fields)
+    except Exception as exc:
+        _fail("start", exc)
+        return
+    try:
+        _install_guard()
+    except Exception as exc:
+        _fail("guard", exc)
+    try:
+        os.register_at_fork(after_in_child=_after_fork_child)
+    except Exception as exc:
+        _fail("fork", exc)
