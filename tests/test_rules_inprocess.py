@@ -1,0 +1,170 @@
+"""Each in-process rule on constructed event logs: a case that must fire and a near miss that must not."""
+from __future__ import annotations
+
+import pytest
+
+from ncclprobe import model
+from ncclprobe.diagnose import inprocess
+from ncclprobe.events import EventLog
+
+H = "node1"
+
+
+def ev(kind, pid, t, src, **kw):
+    return {"ev": kind, "pid": pid, "t": t, "host": H, "src": src, **kw}
+
+
+def start(pid, ppid, env, t=0.0):
+    return ev("process_start", pid, t, "boot", ppid=ppid, argv=["python", f"w{pid}.py"], exe="/usr/bin/python3",
+              env=env, exec_env=env, exec_env_differs=False)
+
+
+def comm(pid, t, env, call=1, api="ncclCommInitRankConfig", rank=0, nranks=2, uid="ab", ptr="0x1"):
+    return ev("comm_init", pid, t, "preload", api=api, call=call, comm=ptr, rank=rank, nranks=nranks, uid=uid,
+              env=env, rc=0, lib="/lib/libnccl.so.2", version=22809)
+
+
+def pinit(pid, t, h, env, call=None, rank=0, nranks=2):
+    return ev("comm_plugin_init", pid, t, "profiler", comm_hash=h, comm_name=None, nnodes=1, nranks=nranks,
+              rank=rank, env=env, lib="/lib/libnccl.so.2", call=call)
+
+
+def coll(pid, t, h, algo, proto, count=4):
+    return ev("coll_summary", pid, t, "profiler", comm_hash=h, func="AllReduce", algo=algo, proto=proto,
+              nchannels=1, bytes_min=14336, bytes_max=14336, count=count)
+
+
+def write(pid, t, var, old, new, where="engine.py:9 enable_speculative", blocked=False):
+    return ev("env_write", pid, t, "boot", var=var, old=old, new=new, where=where, op="set", blocked=blocked)
+
+
+def build(events, runs=()):
+    return model.build(EventLog(events=sorted(events, key=lambda e: e["t"]), runs=list(runs)))
+
+
+def codes(findings):
+    return sorted(f.code for f in findings)
+
+
+LL = {"NCCL_PROTO": "LL"}
+SIMPLE = {"NCCL_PROTO": "Simple"}
+
+
+def test_tuning_divergent_names_the_write_between_the_two_comms():
+    m = build([start(10, 1, LL), comm(10, 1.0, LL, call=1, ptr="0x1"), write(10, 2.0, "NCCL_PROTO", "LL", "Simple"),
+               comm(10, 3.0, SIMPLE, call=2, ptr="0x2")])
+    fs = inprocess.comm_tuning_divergent(m)
+    assert codes(fs) == ["COMM_TUNING_DIVERGENT"]
+    assert fs[0].var == "NCCL_PROTO" and fs[0].evidence["changed_at"] == "engine.py:9 enable_speculative"
+    assert "engine.py:9" in fs[0].message and fs[0].severity == "error"
+
+
+def test_tuning_divergent_near_miss_cached_variable_or_same_value():
+    same = build([comm(10, 1.0, LL, call=1), comm(10, 3.0, LL, call=2, ptr="0x2")])
+    assert inprocess.comm_tuning_divergent(same) == []
+    # NCCL_BUFFSIZE is cached per process: two comms "seeing" different values is ENV_LATE's business
+    cached = build([comm(10, 1.0, {}, call=1), comm(10, 3.0, {"NCCL_BUFFSIZE": "16777216"}, call=2, ptr="0x2")])
+    assert inprocess.comm_tuning_divergent(cached) == []
+
+
+def test_ranks_divergent_one_finding_per_communicator():
+    m = build([comm(10, 1.0, LL, rank=0, uid="u1"), comm(11, 1.0, LL, rank=1, uid="u1"),
+               comm(12, 1.0, {"NCCL_ALGO": "Tree"}, rank=2, uid="u1")])
+    fs = inprocess.comm_ranks_divergent(m)
+    assert codes(fs) == ["COMM_RANKS_DIVERGENT"]
+    assert set(fs[0].evidence["values"]) == {"NCCL_ALGO", "NCCL_PROTO"}
+    assert fs[0].pids == (10, 11, 12)
+
+
+def test_ranks_divergent_near_miss_other_communicator_or_debug_var():
+    m = build([comm(10, 1.0, LL, uid="u1"), comm(11, 1.0, {**LL, "NCCL_DEBUG_FILE": "/x"}, uid="u1"),
+               comm(12, 1.0, SIMPLE, uid="u2")])
+    assert inprocess.comm_ranks_divergent(m) == []
+
+
+def test_algo_proto_mismatch_fires_when_realized_protocol_is_excluded():
+    m = build([comm(10, 1.0, LL, call=7), pinit(10, 1.1, "0xabc", LL, call=7), coll(10, 2.0, "0xabc", "Ring", "Simple")])
+    fs = inprocess.algo_proto_mismatch(m)
+    assert codes(fs) == ["ALGO_PROTO_MISMATCH"] and fs[0].var == "NCCL_PROTO"
+
+
+@pytest.mark.parametrize("proto_env,realized", [("LL", "LL"), ("^LL128", "Simple"), ("allreduce:LL;broadcast:Simple", "LL"),
+                                                ("broadcast:Simple", "Simple")])
+def test_algo_proto_mismatch_near_miss(proto_env, realized):
+    env = {"NCCL_PROTO": proto_env}
+    m = build([comm(10, 1.0, env, call=7), pinit(10, 1.1, "0xabc", env, call=7), coll(10, 2.0, "0xabc", "Ring", realized)])
+    assert inprocess.algo_proto_mismatch(m) == []
+
+
+def test_profiler_init_joins_preload_comm_by_call_and_colls_by_hash():
+    m = build([comm(10, 1.0, LL, call=7), pinit(10, 1.1, "0xabc", LL, call=7), coll(10, 2.0, "0xabc", "Ring", "LL", 3),
+               coll(10, 3.0, "0xabc", "Ring", "LL", 2)])
+    assert len(m.comms) == 1
+    c = m.comms[0]
+    assert c.seen_by == {"preload", "profiler"} and c.comm_hash == "0xabc"
+    assert [s.count for s in c.colls.values()] == [5]
+
+
+def test_unhookable_only_when_preload_was_active():
+    evs = [comm(10, 1.0, LL, call=1), pinit(10, 1.1, "0x1", LL, call=1), pinit(10, 2.0, "0x2", SIMPLE, call=None)]
+    fs = inprocess.unhookable(build(evs))
+    assert codes(fs) == ["NCCL_UNHOOKABLE"] and fs[0].evidence["comm_hash"] == "0x2"
+    no_preload = [pinit(10, 1.1, "0x1", LL), pinit(10, 2.0, "0x2", SIMPLE)]
+    assert inprocess.unhookable(build(no_preload)) == []
+
+
+def test_env_overridden_and_blocked_write():
+    fs = inprocess.env_overridden(build([write(10, 1.0, "NCCL_PROTO", "LL", "Simple"),
+                                         write(10, 2.0, "NCCL_ALGO", "Ring", "Tree", blocked=True)]))
+    assert codes(fs) == ["ENV_OVERRIDDEN", "ENV_OVERRIDDEN"]
+    assert any("blocked" in f.message for f in fs)
+    # a first assignment to an absent variable overwrites nothing
+    assert inprocess.env_overridden(build([write(10, 1.0, "NCCL_PROTO", None, "LL")])) == []
+
+
+def test_env_late_after_nccl_read_it_and_near_miss_before():
+    read = ev("nccl_getenv", 10, 1.0, "envplugin", var="NCCL_BUFFSIZE", value=None, lib="/lib/libnccl.so.2")
+    late = build([read, write(10, 2.0, "NCCL_BUFFSIZE", None, "16777216")])
+    fs = inprocess.env_late(late)
+    assert codes(fs) == ["ENV_LATE"] and fs[0].evidence["basis"].startswith("NCCL's first read")
+    early = build([write(10, 0.5, "NCCL_BUFFSIZE", None, "16777216"),
+                   ev("nccl_getenv", 10, 1.0, "envplugin", var="NCCL_BUFFSIZE", value="16777216", lib="/lib/libnccl.so.2")])
+    assert inprocess.env_late(early) == []
+    # NCCL_PROTO is re-read per communicator: a late write is not "too late"
+    proto = build([ev("nccl_getenv", 10, 1.0, "envplugin", var="NCCL_PROTO", value="LL", lib="/l"),
+                   write(10, 2.0, "NCCL_PROTO", "LL", "Simple")])
+    assert inprocess.env_late(proto) == []
+
+
+def test_env_expected_missing_and_changed_with_parent_hint():
+    m = build([start(1, 0, LL), start(10, 1, {}), comm(10, 1.0, {}, call=1), comm(11, 1.0, SIMPLE, call=1)])
+    fs = inprocess.env_expected(m, {"NCCL_PROTO": "LL"})
+    assert codes(fs) == ["ENV_CHANGED", "ENV_MISSING"]
+    missing = next(f for f in fs if f.code == "ENV_MISSING")
+    assert "drops it" in missing.hint and missing.severity == "error"
+    assert inprocess.env_expected(build([comm(10, 1.0, LL)]), {"NCCL_PROTO": "LL"}) == []
+
+
+def test_env_vs_parent_one_warning_per_process():
+    m = build([start(1, 0, {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}), start(10, 1, {"NCCL_ALGO": "Tree"})])
+    fs = inprocess.env_vs_parent(m)
+    assert codes(fs) == ["ENV_CHANGED", "ENV_MISSING"] and all(f.severity == "warning" for f in fs)
+    assert inprocess.env_vs_parent(build([start(1, 0, LL), start(10, 1, LL)])) == []
+
+
+def test_exec_env_stale_and_conf_file_value():
+    stale = ev("process_start", 10, 0.0, "boot", ppid=1, env=LL, exec_env={}, exec_env_differs=True, forked_from=1)
+    fs = inprocess.exec_env_stale(build([stale]))
+    assert codes(fs) == ["EXEC_ENV_STALE"] and fs[0].evidence["vars"] == ["NCCL_PROTO"]
+    conf = build([start(10, 1, {}), ev("nccl_getenv", 10, 1.0, "envplugin", var="NCCL_ALGO", value="Tree", lib="/l")])
+    assert codes(inprocess.conf_file_values(conf)) == ["CONF_FILE_VALUE"]
+    written = build([start(10, 1, {}), write(10, 0.5, "NCCL_ALGO", None, "Tree"),
+                     ev("nccl_getenv", 10, 1.0, "envplugin", var="NCCL_ALGO", value="Tree", lib="/l")])
+    assert inprocess.conf_file_values(written) == []
+
+
+def test_multiple_libs_in_one_process():
+    m = build([comm(10, 1.0, LL, call=1), ev("nccl_getenv", 10, 1.0, "envplugin", var="NCCL_PROTO", value="LL",
+                                             lib="/other/libnccl.so.2")])
+    assert codes(inprocess.multiple_libs(m)) == ["NCCL_MULTIPLE_LIBS"]
+    assert inprocess.multiple_libs(build([comm(10, 1.0, LL)])) == []
