@@ -1,0 +1,267 @@
+"""Rules on the exec-time view (`inspect`): pure functions from collected process records to findings.
+
+A record is the dict `inspection` builds per process (the JSON `processes` entry) plus private keys
+starting with `_` (`_watched`: the watched part of the exec-time block; `_exp`: its values of the expected names; `_hash`, `_span`: identity of
+the block; `_start`: start time). Every finding carries its evidence and a hint saying what to change
+and where.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+
+from ncclprobe.findings import Finding
+
+LIVE_VIEW = ("`ncclprobe run -- CMD` (or `ncclprobe inject install`) records the live environment "
+             "from inside each process")
+PTRACE_HINT = ("run ncclprobe as the processes' user, as root, or with CAP_SYS_PTRACE; in a container "
+               "run it inside the same PID namespace (docker --pid=host / kubectl debug --target)")
+
+
+def _cmd(rec: Mapping) -> str:
+    return rec.get("command") or rec.get("name") or "?"
+
+
+def readable(rec: Mapping) -> bool:
+    return rec.get("env_source") == "exec" and not rec.get("stale")
+
+
+def is_forkserver(rec: Mapping) -> bool:
+    return any("multiprocessing.forkserver" in a for a in rec.get("cmdline") or ())
+
+
+def stale_kind(rec: Mapping, parent: Mapping | None) -> str | None:
+    """Why this process's exec-time block is known not to be its live environment, or None.
+
+    fork copies the parent's memory, so a child that never exec'ed shows the parent's block: same
+    block, same executable and command line, and (when the kernel shows it) the same env_start/end
+    addresses, which a fresh exec would have randomised (ASLR)."""
+    if rec.get("env_source") == "empty" and rec.get("env_reason") == "clobbered":
+        return "clobbered"
+    if rec.get("env_reason") == "partly overwritten":
+        return "clobbered"
+    if parent is None or rec.get("env_source") != "exec" or parent.get("env_source") != "exec":
+        return None
+    same_block = rec.get("_hash") is not None and rec.get("_hash") == parent.get("_hash")
+    same_program = rec.get("exe") == parent.get("exe") and rec.get("cmdline") == parent.get("cmdline")
+    span, pspan = rec.get("_span") or (0, 0, 0, 0), parent.get("_span") or (0, 0, 0, 0)
+    layout = None if not any(span) or not any(pspan) else tuple(span) == tuple(pspan)
+    later = (rec.get("_start") or 0) >= (parent.get("_start") or 0)
+    if same_block and later and layout is not False and (same_program or layout):
+        return "forkserver" if is_forkserver(parent) else "fork"
+    return None
+
+
+def unreadable(recs: list[Mapping]) -> list[Finding]:
+    groups: dict[str, list[int]] = defaultdict(list)
+    for r in recs:
+        if r.get("env_source") == "unreadable":
+            groups[r.get("env_reason") or "unknown"].append(r["pid"])
+    out = []
+    for reason, pids in groups.items():
+        what = {"permission": "another user's processes need ptrace access to read /proc/<pid>/environ",
+                "hidepid": "/proc is mounted with hidepid, which hides other users' processes",
+                "vanished": "the process exited while it was read"}.get(reason, reason)
+        hint = PTRACE_HINT if reason in ("permission", "hidepid") else "inspect again while it runs"
+        out.append(Finding("ENV_UNREADABLE", "warning",
+                           f"exec-time environment of {len(pids)} process(es) unreadable: {what}",
+                           tuple(sorted(pids)), None, {"reason": reason}, hint))
+    return out
+
+
+def stale(recs: list[Mapping]) -> list[Finding]:
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for r in recs:
+        if r.get("stale"):
+            groups[(r["stale"], r["ppid"] if r["stale"] in ("fork", "forkserver") else None)].append(r["pid"])
+    by_pid = {r["pid"]: r for r in recs}
+    out = []
+    for (kind, ppid), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        parent = by_pid.get(ppid) if ppid else None
+        pids_t = tuple(sorted(pids))
+        if kind == "clobbered":
+            out.append(Finding(
+                "EXEC_ENV_STALE", "warning",
+                f"{len(pids)} process(es) overwrote their exec-time environment block (setproctitle or "
+                "similar): /proc/<pid>/environ no longer shows what they started with",
+                pids_t, None, {"env_reason": [by_pid[p].get("env_reason") for p in pids_t][0],
+                               "commands": sorted({_cmd(by_pid[p]) for p in pids_t})[:5]},
+                "set SPT_NOENV=1 in the environment that starts them (py-setproctitle then leaves "
+                f"environ alone), or see the live values: {LIVE_VIEW}"))
+        elif kind == "forkserver":
+            out.append(Finding(
+                "EXEC_ENV_STALE", "warning",
+                f"{len(pids)} forkserver child(ren) of pid {ppid} show the forkserver's environment from "
+                "its start; os.environ changes made in the main process after the server started never "
+                "reach them",
+                pids_t, None, {"forkserver": ppid, "forkserver_command": _cmd(parent or {})},
+                "set the variables before the first multiprocessing Process starts (the server is "
+                "started once, on first use), or use the spawn start method; " + LIVE_VIEW))
+        else:
+            out.append(Finding(
+                "EXEC_ENV_STALE", "warning",
+                f"{len(pids)} fork child(ren) of pid {ppid} never exec'ed: /proc/<pid>/environ shows the "
+                "parent's exec-time block, not what the child really has (os.environ changes made before "
+                "the fork are invisible here)",
+                pids_t, None, {"parent": ppid, "parent_command": _cmd(parent or {}),
+                               "same": "environ block, executable, command line"},
+                "do not trust /proc for these; " + LIVE_VIEW + ". Expectations were not checked on them."))
+    return out
+
+
+def parent_diffs(recs: list[Mapping], expect: Mapping[str, str]) -> list[Finding]:
+    """Watched variables dropped or changed between a process and its parent (warnings); names with
+    an expectation are left to `expectations`, which reports them as errors."""
+    by_pid = {r["pid"]: r for r in recs}
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for r in recs:
+        parent = by_pid.get(r["ppid"])
+        if not r.get("in_scope") or parent is None or not readable(r) or parent.get("env_source") != "exec":
+            continue
+        mine, theirs = r["_watched"], parent["_watched"]
+        for var, old in theirs.items():
+            if var in expect:
+                continue
+            if var not in mine:
+                groups[("ENV_MISSING", var, r["ppid"], old, None)].append(r["pid"])
+            elif mine[var] != old:
+                groups[("ENV_CHANGED", var, r["ppid"], old, mine[var])].append(r["pid"])
+    out = []
+    for (code, var, ppid, old, new), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        parent = by_pid[ppid]
+        ev = {"parent": ppid, "parent_command": _cmd(parent), "parent_value": old}
+        if code == "ENV_MISSING":
+            msg = f"{var}={old} in pid {ppid} but absent from the environment its child(ren) were started with"
+            hint = (f"whatever starts these children from pid {ppid} ({_cmd(parent)}) passes a curated "
+                    f"environment (subprocess env=, a launcher allowlist such as Ray runtime_env or "
+                    f"mpirun -x): add {var} there")
+        else:
+            ev["value"] = new
+            msg = f"{var} changed from {old!r} in pid {ppid} to {new!r} in its child(ren)"
+            hint = (f"the code in pid {ppid} ({_cmd(parent)}) that starts them sets {var}={new}; "
+                    "find the override (framework defaults, env= of the launch call) and make it keep "
+                    "an explicit value")
+        out.append(Finding(code, "warning", msg, tuple(sorted(pids)), var, ev, hint))
+    return out
+
+
+def expectations(recs: list[Mapping], expect: Mapping[str, str]) -> list[Finding]:
+    by_pid = {r["pid"]: r for r in recs}
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for r in recs:
+        if not r.get("in_scope") or not readable(r):
+            continue
+        for var, want in expect.items():
+            have = r["_exp"].get(var)
+            if have is None:
+                groups[("ENV_MISSING", var, want, None)].append(r["pid"])
+            elif have != want:
+                groups[("ENV_CHANGED", var, want, have)].append(r["pid"])
+    out = []
+    for (code, var, want, have), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        pids_t = tuple(sorted(pids))
+        # Where to fix it: the nearest ancestor that still has the expected value.
+        origin = _last_good_ancestor(by_pid, pids_t[0], var, want)
+        ev = {"expected": want, "commands": sorted({_cmd(by_pid[p]) for p in pids_t})[:5]}
+        if origin:
+            ev["last_had_it"] = origin["pid"]
+        where = (f"it is lost between pid {origin['pid']} ({_cmd(origin)}) and these processes: check the "
+                 "env= or launcher that starts them" if origin else
+                 "export it in the environment that starts the server's root process (or use "
+                 "`ncclprobe run --set`)")
+        if code == "ENV_MISSING":
+            msg = f"{var} expected {want!r} but absent from {len(pids)} process(es)"
+        else:
+            ev["value"] = have
+            msg = f"{var} is {have!r} in {len(pids)} process(es), expected {want!r}"
+        out.append(Finding(code, "error", msg, pids_t, var, ev, f"set {var}={want}: {where}"))
+    return out
+
+
+def _last_good_ancestor(by_pid, pid, var, want):
+    rec = by_pid.get(by_pid[pid]["ppid"])
+    while rec is not None:
+        if rec.get("env_source") == "exec" and rec["_exp"].get(var) == want:
+            return rec
+        rec = by_pid.get(rec["ppid"])
+    return None
+
+
+def libraries(recs: list[Mapping]) -> list[Finding]:
+    out = []
+    versions: dict[str, list[int]] = defaultdict(list)
+    for r in recs:
+        libs = r.get("nccl_libs") or []
+        copies = {(lib["path"], lib.get("inode")) for lib in libs}
+        if len(copies) > 1:
+            out.append(Finding(
+                "NCCL_MULTIPLE_LIBS", "warning",
+                f"pid {r['pid']} has {len(copies)} NCCL copies loaded, each with its own parameter cache "
+                "and its own communicators",
+                (r["pid"],), None, {"libs": [f"{lib['path']} ({lib.get('version') or '?'})" for lib in libs]},
+                "load one libnccl: point VLLM_NCCL_SO_PATH / SGLANG_NCCL_SO_PATH at the copy torch "
+                "loads, or remove the extra copy; tuning must reach every copy"))
+        for lib in libs:
+            versions[lib.get("version") or "unknown"].append(r["pid"])
+        for lib in libs:
+            if lib.get("kind") == "static":
+                out.append(Finding(
+                    "NCCL_UNHOOKABLE", "warning",
+                    f"NCCL is linked statically into {lib['path']} in pid {r['pid']}: no LD_PRELOAD "
+                    "hook can see its communicators",
+                    (r["pid"],), None, {"object": lib["path"], "defines": lib.get("defines", [])[:4],
+                                        "version": lib.get("version")},
+                    "rely on NCCL's own plugins (NCCL_PROFILER_PLUGIN / NCCL_ENV_PLUGIN, which "
+                    "`ncclprobe run` sets) or use a build that links libnccl.so dynamically"))
+    known = {v: p for v, p in versions.items() if v != "unknown"}
+    if len(known) > 1:
+        out.append(Finding(
+            "NCCL_MULTIPLE_LIBS", "warning",
+            f"different NCCL versions across the tree: {', '.join(sorted(known))}",
+            tuple(sorted({p for ps in known.values() for p in ps})), None,
+            {"versions": {v: sorted(set(p)) for v, p in known.items()}},
+            "ranks of one communicator must run the same NCCL; install one nvidia-nccl version for every "
+            "process (check VLLM_NCCL_SO_PATH, LD_LIBRARY_PATH, vendored copies)"))
+    return out
+
+
+def conf_values(recs: list[Mapping]) -> list[Finding]:
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for r in recs:
+        if not r.get("in_scope"):
+            continue
+        for conf in r.get("conf_files") or []:
+            for e in conf.get("entries") or []:
+                if e["effect"] == "applies":
+                    groups[(conf["path"], e["var"], e["value"], e["line"])].append(r["pid"])
+    return [Finding("CONF_FILE_VALUE", "info",
+                    f"{path} sets {var}={value} inside NCCL (not visible in /proc/<pid>/environ)",
+                    tuple(sorted(pids)), var, {"file": path, "line": line, "value": value},
+                    f"a real {var} in the environment overrides this; edit {path} to change the default")
+            for (path, var, value, line), pids in sorted(groups.items(), key=lambda kv: str(kv[0]))]
+
+
+def shell_prefix(pitfalls: list[Mapping]) -> list[Finding]:
+    """pitfalls: {"shell": pid, "shell_command", "pids": affected, "var", "value", "command",
+    "led_to_target", "kind"} as collected by inspection (shells.pitfalls on each ancestor shell)."""
+    out = []
+    for p in pitfalls:
+        if p["kind"] == "prefix":
+            msg = (f"shell pid {p['shell']} assigns {p['var']}={p['value']} only to `{p['command']}`, "
+                   f"not to `{p['led_to_target']}`, which started these processes")
+            hint = (f"export it for the whole list: `export {p['var']}={p['value']}; ...`, or put the "
+                    f"assignment right before the command: `{p['var']}={p['value']} {p['led_to_target']}`")
+        else:
+            msg = (f"shell pid {p['shell']} sets {p['var']}={p['value']} as an unexported shell variable; "
+                   f"`{p['led_to_target']}` does not get it")
+            hint = f"write `export {p['var']}={p['value']}` instead"
+        out.append(Finding("SHELL_PREFIX_SCOPE", "warning", msg, tuple(p["pids"]), p["var"],
+                           {"shell": p["shell"], "shell_command": p["shell_command"],
+                            "assigned_in": p["command"] or "(bare assignment)",
+                            "command_that_led_here": p["led_to_target"]}, hint))
+    return out
+
+
+def all_rules(recs: list[Mapping], expect: Mapping[str, str], pitfalls: list[Mapping]) -> list[Finding]:
+    return [*unreadable(recs), *stale(recs), *expectations(recs, expect), *parent_diffs(recs, expect),
+            *libraries(recs), *conf_values(recs), *shell_prefix(pitfalls)]

@@ -1,0 +1,369 @@
+"""`ncclprobe inspect`: the exec-time view of a process tree — environment, NCCL libraries, GPUs,
+nccl.conf files — diffed against parents and expectations, with the places that view is blind."""
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ncclprobe import conffiles, elf, procs, shells
+from ncclprobe.diagnose import exectime
+from ncclprobe.doc import Result, Text, Title, Tree, Unexaminable
+from ncclprobe.watched import REDACTED, is_watched, looks_secret, select
+
+_ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
+_MAX_SCRIPT = 1 << 20
+
+
+def _default_gpus() -> tuple[dict[int, list[int]], str]:
+    try:
+        from ncclprobe import topo
+        return topo.process_gpus()
+    except (ImportError, AttributeError) as exc:
+        return {}, f"NVML unavailable ({exc})"
+
+
+def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[str, str] | None = None,
+                      scope: str = "nccl", all_vars: bool = False, redact: bool = True,
+                      log_dirs: list[str] | None = None, nccl_logs: list[str] | None = None, *,
+                      proc_root: Path = procs.DEFAULT_PROC, reader: procs.Reader | None = None,
+                      gpu_lookup: Callable[[], tuple[dict[int, list[int]], str]] | None = None) -> Result:
+    expect = dict(expect or {})
+    fs = procs.ProcFS(proc_root, reader)
+    roots = _roots(fs, pids, pgrep)
+    tree = procs.walk(fs, roots)
+    if not tree.procs:
+        raise Unexaminable(f"process {roots[0]} could not be read", "vanished",
+                           {"hint": "it exited while being read; inspect it again while it runs"})
+    gpu_map, gpu_reason = (gpu_lookup or _default_gpus)()
+    ctx = _Context(fs, tree, all_vars, redact, expect, gpu_map, gpu_reason)
+    recs = [ctx.record(p) for p in tree.procs.values()]
+    by_pid = {r["pid"]: r for r in recs}
+    notes = _scope(recs, scope)
+    for r in recs:
+        parent = by_pid.get(r["ppid"])
+        r["stale"] = exectime.stale_kind(r, parent)
+        r["env_diff"] = _diff(r, parent) if parent else None
+        if r["in_scope"] or scope == "all":
+            r["conf_files"] = ctx.conf(tree.procs[r["pid"]], r)
+    _refuse_if_blind(recs, roots)
+    pitfalls = ctx.shell_pitfalls()
+    findings = exectime.all_rules(recs, expect, pitfalls)
+    data = {"roots": tree.roots, "expect": expect, "scope": scope,
+            "processes": [{k: v for k, v in r.items() if not k.startswith("_")} for r in recs],
+            "skipped": tree.skipped, "gpu_source": "nvml" if not gpu_reason else "fds",
+            "gpu_reason": gpu_reason or None}
+    doc = _document(recs, tree, notes, gpu_reason)
+    result = Result("inspect", findings, data, doc)
+    dirs = list(log_dirs or []) or sorted({d for p in tree.procs.values() if p.env and p.env.env
+                                           for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
+    if dirs or nccl_logs:
+        try:
+            from ncclprobe.report import augment_inspection
+        except ImportError:
+            result.doc.append(Text("In-process view unavailable: ncclprobe.report is not installed", "note"))
+        else:
+            result = augment_inspection(result, dirs, list(nccl_logs or []))
+    return result
+
+
+def _roots(fs: procs.ProcFS, pids: list[int], pgrep: str | None) -> list[int]:
+    roots: list[int] = []
+    if pgrep:
+        try:
+            matched = procs.matching_pids(fs, pgrep, exclude={os.getpid()})
+        except re.error as exc:
+            raise Unexaminable(f"--pgrep {pgrep!r} is not a valid regular expression: {exc}", "usage") from None
+        if not matched:
+            raise Unexaminable(f"no process matches {pgrep!r}", "no such process",
+                               {"hint": "check the pattern against `ps -eo pid,args`"})
+        roots.extend(matched)
+    for pid in pids:
+        try:
+            fs.stat(pid)
+        except OSError as exc:
+            reason = procs.reason_of(exc)
+            if reason == "vanished":
+                raise Unexaminable(f"no such process: {pid}", "no such process",
+                                   {"hint": "check the PID with `ps -p PID` (it may have exited)", "pid": pid}) from None
+            raise Unexaminable(f"cannot read /proc/{pid}: {reason}", reason,
+                               {"hint": exectime.PTRACE_HINT, "pid": pid}) from None
+        roots.append(procs.tgid_of(fs, pid))
+    return list(dict.fromkeys(roots))
+
+
+def _refuse_if_blind(recs: list[dict], roots: list[int]) -> None:
+    """A root whose whole tree is unreadable cannot be examined at all (exit 3)."""
+    if recs and all(r["env_source"] == "unreadable" and r["env_reason"] in ("permission", "hidepid") for r in recs):
+        raise Unexaminable(f"cannot read the environment of process {roots[0]} or any process under it "
+                           f"({recs[0]['env_reason']})", recs[0]["env_reason"], {"hint": exectime.PTRACE_HINT})
+
+
+def _scope(recs: list[dict], scope: str) -> list[str]:
+    nccl = [r for r in recs if r["nccl_libs"] or r["gpus"]]
+    for r in recs:
+        r["in_scope"] = scope == "all" or bool(r["nccl_libs"] or r["gpus"])
+    if scope == "nccl" and not nccl:
+        for r in recs:
+            r["in_scope"] = True
+        return ["No process maps libnccl or uses a GPU (yet): every process was checked (as with --scope all)."]
+    return []
+
+
+def _diff(rec: dict, parent: dict) -> dict | None:
+    if rec["env"] is None or parent["env"] is None:
+        return None
+    mine, theirs = rec["env"], parent["env"]
+    return {"parent": parent["pid"],
+            "inherited": sorted(k for k in mine if k in theirs and theirs[k] == mine[k]),
+            "added": {k: v for k, v in sorted(mine.items()) if k not in theirs},
+            "removed": sorted(k for k in theirs if k not in mine),
+            "changed": {k: {"parent": theirs[k], "value": mine[k]} for k in sorted(mine)
+                        if k in theirs and theirs[k] != mine[k]}}
+
+
+class _Context:
+    def __init__(self, fs, tree, all_vars, redact, expect, gpu_map, gpu_reason):
+        self.fs, self.tree = fs, tree
+        self.all_vars, self.redact, self.expect = all_vars, redact, expect
+        self.gpu_map, self.gpu_reason = gpu_map, gpu_reason
+        self._elf: dict[tuple, elf.ElfInfo] = {}
+        self._text: dict[tuple, str | OSError] = {}
+        self._users: dict[int, str] = {}
+
+    # -- per process --------------------------------------------------------------------------
+    def record(self, p: procs.Proc) -> dict:
+        block = p.env
+        env = block.env if block else None
+        start = self.tree.start_time(p)
+        libs, callers, maps_reason = self.libraries(p)
+        gpus, gpus_source, gpus_reason = self.gpus(p)
+        rec = {
+            "pid": p.pid, "ppid": p.ppid, "user": self.user(p.uid), "uid": p.uid, "name": p.name,
+            "cmdline": self.cmdline(p.cmdline), "command": self.short(p),
+            "exe": p.exe, "state": p.state,
+            "start_time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)) if start else None,
+            "env_source": block.source if block else "unreadable",
+            "env_reason": block.reason if block else "not read",
+            "env": select(env, self.all_vars, self.redact) if block and block.source != "unreadable" else None,
+            "env_size": block.size if block else 0,
+            "cuda_visible_devices": (env or {}).get("CUDA_VISIBLE_DEVICES"),
+            "nccl_libs": libs, "nccl_callers": callers, "maps_reason": maps_reason,
+            "gpus": gpus, "gpus_source": gpus_source, "gpus_reason": gpus_reason,
+            "conf_files": None, "root": p.root, "notes": list(p.notes),
+            "_watched": {k: v for k, v in (env or {}).items() if is_watched(k)},
+            "_exp": {k: env[k] for k in self.expect if env and k in env},
+            "_hash": block.raw_hash if block else None, "_span": p.env_span, "_start": start,
+        }
+        if p.cmdline_reason:
+            rec["notes"].append(f"cmdline: {p.cmdline_reason}")
+        return rec
+
+    def user(self, uid: int | None) -> str | None:
+        if uid is None:
+            return None
+        if uid not in self._users:
+            try:
+                import pwd
+                self._users[uid] = pwd.getpwuid(uid).pw_name
+            except (KeyError, ImportError):
+                self._users[uid] = str(uid)
+        return self._users[uid]
+
+    def cmdline(self, argv: list[str]) -> list[str]:
+        """Secret-looking assignments in a command line (`HF_TOKEN=... cmd`) are redacted too."""
+        if not self.redact:
+            return argv
+        def sub(m):
+            name = m.group(1)
+            return m.group(0) if is_watched(name) or not looks_secret(name) else f"{name}={REDACTED}"
+        return [_ASSIGN_WORD.sub(sub, a) if "=" in a else a for a in argv]
+
+    def short(self, p: procs.Proc, limit: int = 100) -> str:
+        text = " ".join(self.cmdline(p.cmdline)) or f"[{p.name}]"
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    def _root_key(self, p: procs.Proc):
+        return "/" if p.same_mnt_ns and p.root == "/" else p.pid
+
+    def libraries(self, p: procs.Proc) -> tuple[list[dict], list[dict], str | None]:
+        if p.maps is None:
+            return [], [], p.maps_reason
+        libs, callers = [], []
+        for m in p.maps:
+            if not m.executable:
+                continue
+            key = (self._root_key(p), m.path, m.inode)
+            info = self._elf.get(key)
+            if info is None:
+                info = self._elf[key] = elf.scan(self.fs.in_root(p, m.path), display=m.path)
+            shared = elf.is_libnccl(m.path)
+            if shared or info.contains_nccl:
+                libs.append({"path": m.path, "inode": m.inode, "version": info.version,
+                             "version_source": info.version_source, "kind": "shared" if shared else "static",
+                             "defines": list(info.nccl_defines), "deleted": m.deleted, "reason": info.reason})
+            elif info.nccl_imports:
+                callers.append({"path": m.path, "imports": list(info.nccl_imports)[:8],
+                                "hookable": True})
+        for lib in libs:
+            if lib["kind"] == "shared":
+                # §5.4: NEEDED/undefined-symbol callers are interposable; ctypes/dlopen(dlsym) ones are not
+                lib["reached_by"] = "dynamic symbols (hookable)" if callers else "dlopen/ctypes only (not hookable)"
+            else:
+                lib["reached_by"] = "linked in (not hookable)"
+        return libs, callers, None
+
+    def gpus(self, p: procs.Proc) -> tuple[list[int], str | None, str | None]:
+        if not self.gpu_reason:
+            return list(self.gpu_map.get(p.pid, [])), "nvml", None
+        try:
+            return self.fs.nvidia_fds(p.pid), "fds", None
+        except OSError as exc:
+            return [], None, procs.reason_of(exc)
+
+    def read_text(self, p: procs.Proc, path: str) -> str:
+        key = (self._root_key(p), path)
+        hit = self._text.get(key)
+        if hit is None:
+            try:
+                with open(self.fs.in_root(p, path), "rb") as fh:
+                    hit = fh.read(_MAX_SCRIPT).decode("utf-8", errors="backslashreplace")
+            except OSError as exc:
+                hit = exc
+            self._text[key] = hit
+        if isinstance(hit, OSError):
+            raise hit
+        return hit
+
+    def conf(self, p: procs.Proc, rec: dict) -> list[dict]:
+        env = p.env.env if p.env and p.env.source == "exec" else None
+        version = next((lib["version"] for lib in rec["nccl_libs"] if lib["version"]), None)
+        files = conffiles.applicable(env, p.uid, version, lambda path: self.read_text(p, path), p.cwd)
+        return [f.to_json() for f in files if f.exists or f.reason]
+
+    # -- shells -------------------------------------------------------------------------------
+    def shell_pitfalls(self) -> list[dict]:
+        everyone = {**self.tree.ancestors, **self.tree.procs}
+        kids: dict[int, list[procs.Proc]] = {}
+        for q in everyone.values():
+            kids.setdefault(q.ppid, []).append(q)
+        out = []
+        for shell in everyone.values():
+            script = shells.shell_script(shell.cmdline)
+            if script is None:
+                path = shells.script_file(shell.cmdline)
+                if path is None:
+                    continue
+                if not path.startswith("/") and shell.cwd:
+                    path = f"{shell.cwd.rstrip('/')}/{path}"
+                try:
+                    script = self.read_text(shell, path)
+                except OSError:
+                    continue
+            shell_env = self._env_of(shell)
+            for child in kids.get(shell.pid, []):
+                if child.cmdline == shell.cmdline:
+                    continue  # a forked subshell: which list element it runs is unknown
+                affected = self._subtree(child.pid)
+                if not affected:
+                    continue
+                for pf in shells.pitfalls(script, child.cmdline, is_watched, shell_env):
+                    out.append({"shell": shell.pid, "shell_command": self.short(shell, 200), "pids": affected,
+                                "var": pf.var, "value": pf.value, "command": pf.command,
+                                "led_to_target": pf.led_to_target, "kind": pf.kind})
+        return out
+
+    def _env_of(self, p: procs.Proc):
+        block = p.env if p.env is not None else self.fs.environ(p.pid, p.state, p.kernel_thread)
+        return block.env if block.source == "exec" else None
+
+    def _subtree(self, pid: int) -> list[int]:
+        """The inspected processes at or under pid (pid may be an ancestor of the roots)."""
+        if pid in self.tree.procs:
+            out, stack = [], [pid]
+            while stack:
+                q = stack.pop()
+                out.append(q)
+                stack.extend(self.tree.children(q))
+            return sorted(out)
+        # an ancestor: everything inspected that descends from it
+        chain_hits = []
+        for r in self.tree.roots:
+            q = self.tree.procs[r].ppid
+            while q in self.tree.ancestors:
+                if q == pid:
+                    chain_hits.append(r)
+                    break
+                q = self.tree.ancestors[q].ppid
+        return sorted(x for r in chain_hits for x in self._subtree(r))
+
+
+# -- document ----------------------------------------------------------------------------------
+def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reason: str) -> list:
+    by_pid = {r["pid"]: r for r in recs}
+    kids: dict[int, list[int]] = {}
+    for r in recs:
+        kids.setdefault(r["ppid"], []).append(r["pid"])
+    doc: list = [Title(f"Process tree under {', '.join(str(r) for r in tree.roots)} "
+                       f"({len(recs)} process{'es' if len(recs) != 1 else ''}, exec-time view from /proc)")]
+    drawn: set[int] = set()
+
+    def node(pid: int) -> Tree:
+        drawn.add(pid)
+        r = by_pid[pid]
+        label = f"{pid} {r['command']}  [{r['user'] or '?'}, {r['state']}, started {r['start_time'] or '?'}]"
+        t = Tree(label, style="" if r["in_scope"] else "dim")
+        t.children.append(_env_node(r, by_pid.get(r["ppid"])))
+        for lib in r["nccl_libs"]:
+            t.children.append(Tree(f"libnccl {lib['version'] or '?'} {lib['path']} — {lib['reached_by']}",
+                                   style="warn" if lib["kind"] == "static" else ""))
+        if r["gpus"] or r["cuda_visible_devices"] is not None:
+            g = ",".join(map(str, r["gpus"])) or "none"
+            cvd = r["cuda_visible_devices"]
+            t.children.append(Tree(f"GPUs: {g} ({r['gpus_source'] or r['gpus_reason']})"
+                                   + (f"  CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "")))
+        for conf in r["conf_files"] or []:
+            applied = [f"{e['var']}={e['value']}" for e in conf["entries"] if e["effect"] == "applies"]
+            label = f"{conf['role']} {conf['path']}: " + (", ".join(applied) or conf["reason"] or "nothing applies")
+            t.children.append(Tree(label, style="note"))
+        for child in sorted(kids.get(pid, [])):
+            if child not in drawn:
+                t.children.append(node(child))
+        return t
+
+    for root in tree.roots:
+        if root not in drawn:
+            doc.append(node(root))
+    for n in notes:
+        doc.append(Text(n, "note"))
+    if gpu_reason:
+        doc.append(Text(f"GPUs from open /dev/nvidia* files: {gpu_reason}", "dim"))
+    for s in tree.skipped:
+        doc.append(Text(f"pid {s['pid']} skipped: {s['reason']} (exited mid-walk or refused)", "dim"))
+    return doc
+
+
+def _env_node(r: dict, parent: dict | None) -> Tree:
+    src, why = r["env_source"], r["env_reason"]
+    if src == "unreadable":
+        return Tree(f"env: unreadable ({why})", style="warn")
+    if src == "empty":
+        return Tree(f"env: empty ({why})", style="warn")
+    env = r["env"] or {}
+    stale = {"fork": "fork child: shows its parent's exec-time block",
+             "forkserver": "forkserver child: shows the server's block from its start",
+             "clobbered": "block partly overwritten"}.get(r["stale"] or "")
+    head = f"env: exec, {len(env)} shown" + (f" — {stale}" if stale else "")
+    t = Tree(head, style="warn" if stale else "")
+    diff = r["env_diff"]
+    if diff is None or parent is None:
+        t.children.extend(Tree(f"{k}={v}") for k, v in sorted(env.items()))
+        return t
+    if diff["inherited"]:
+        t.children.append(Tree(f"{len(diff['inherited'])} inherited unchanged from {parent['pid']}", style="dim"))
+    t.children.extend(Tree(f"+ {k}={v}", style="good") for k, v in diff["added"].items())
+    t.children.extend(Tree(f"- {k} (parent: {parent['env'][k]})", style="warn") for k in diff["removed"])
+    t.children.extend(Tree(f"~ {k}: {c['parent']} -> {c['value']}", style="warn") for k, c in diff["changed"].items())
+    return t
