@@ -1,0 +1,81 @@
+"""A fake /proc under a test's tmp_path, and a reader that injects errors (CI runs as root, where
+chmod 000 proves nothing)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ncclprobe.procs import Reader
+
+BTIME = 1_700_000_000
+
+
+class FakeProc:
+    def __init__(self, base: Path):
+        self.root = base / "proc"
+        self.root.mkdir(parents=True)
+        (self.root / "stat").write_text(f"cpu  1 2 3 4\nbtime {BTIME}\n")
+        (self.root / "self" / "ns").mkdir(parents=True)
+        os.symlink("mnt:[4026531840]", self.root / "self" / "ns" / "mnt")
+
+    def add(self, pid: int, ppid: int, comm: str = "python", cmdline: list[str] | None = None,
+            env: dict[str, str] | bytes | None = None, maps: list[str] = (), state: str = "S",
+            uid: int = 1000, start: int = 100, fds: list[str] = (), exe: str = "/usr/bin/python3",
+            root: str = "/", cwd: str = "/", span: tuple[int, int, int, int] | None = None,
+            flags: int = 0x400000, tgid: int | None = None) -> Path:
+        d = self.root / str(pid)
+        d.mkdir()
+        span = span or (1000 + pid, 2000 + pid, 3000 + pid, 4000 + pid)
+        fields = [state, str(ppid), str(pid), str(pid), "0", "-1", str(flags)] + ["0"] * 12 + [str(start)]
+        fields += ["0"] * (44 - len(fields)) + [str(x) for x in span] + ["0"]
+        (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields) + "\n")
+        (d / "status").write_text(f"Name:\t{comm}\nState:\t{state}\nTgid:\t{tgid or pid}\nPid:\t{pid}\n"
+                                  f"PPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+        cmd = cmdline if cmdline is not None else [comm]
+        (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in cmd))
+        if isinstance(env, bytes):
+            raw = env
+        else:
+            raw = b"".join(f"{k}={v}".encode() + b"\0" for k, v in (env or {}).items())
+        (d / "environ").write_bytes(raw)
+        lines = []
+        for i, path in enumerate(maps):
+            addr = 0x7f0000000000 + i * 0x10000
+            lines.append(f"{addr:x}-{addr + 0x1000:x} r--p 00000000 08:01 {1000 + i} {path}")
+            lines.append(f"{addr + 0x1000:x}-{addr + 0x2000:x} r-xp 00001000 08:01 {1000 + i} {path}")
+        lines.append("7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]")
+        (d / "maps").write_text("\n".join(lines) + "\n")
+        (d / "fd").mkdir()
+        for i, target in enumerate(fds):
+            os.symlink(target, d / "fd" / str(i))
+        os.symlink(exe, d / "exe")
+        os.symlink(root, d / "root")
+        os.symlink(cwd, d / "cwd")
+        (d / "ns").mkdir()
+        os.symlink("mnt:[4026531840]", d / "ns" / "mnt")
+        return d
+
+
+class FailingReader(Reader):
+    """Raises `errors[(pid, file)]` (an exception instance or class) when that file is read."""
+
+    def __init__(self, errors: dict[tuple[int, str], BaseException | type]):
+        self.errors = errors
+
+    def _check(self, path: Path):
+        parts = Path(path).parts
+        for (pid, name), exc in self.errors.items():
+            if str(pid) in parts and parts[-1] == name:
+                raise exc if isinstance(exc, BaseException) else exc(13 if exc is PermissionError else 2, name)
+
+    def read_bytes(self, path):
+        self._check(path)
+        return super().read_bytes(path)
+
+    def readlink(self, path):
+        self._check(path)
+        return super().readlink(path)
+
+    def listdir(self, path):
+        self._check(path)
+        return super().listdir(path)

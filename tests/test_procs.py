@@ -1,0 +1,173 @@
+"""The /proc reader on a fake /proc: parsing, tree walk, and every missing-data reason."""
+import os
+from pathlib import Path
+
+import pytest
+
+from ncclprobe import procs
+from fakeproc import BTIME, FailingReader, FakeProc
+
+
+@pytest.fixture
+def fake(tmp_path):
+    return FakeProc(tmp_path)
+
+
+def test_parse_stat_comm_with_spaces_and_parens():
+    raw = b"42 (my (odd) name) S 7 42 42 0 -1 4194560 " + b" ".join([b"0"] * 12) + b" 555 " + \
+        b" ".join([b"0"] * 24) + b" 11 12 13 14 0"
+    st = procs.parse_stat(raw)
+    assert (st.pid, st.comm, st.state, st.ppid, st.start_ticks) == (42, "my (odd) name", "S", 7, 555)
+    assert st.env_span == (11, 12, 13, 14)
+
+
+def test_parse_maps_dedups_and_marks_deleted():
+    raw = (b"7f00-7f01 r--p 0 08:01 10 /lib/libnccl.so.2\n"
+           b"7f01-7f02 r-xp 1 08:01 10 /lib/libnccl.so.2\n"
+           b"7f02-7f03 r-xp 0 08:01 11 /opt/my dir/libx.so (deleted)\n"
+           b"7f03-7f04 rw-p 0 00:00 0 [heap]\n"
+           b"7f04-7f05 rw-s 0 00:05 12 /dev/zero\n")
+    maps = procs.parse_maps(raw)
+    by = {m.path: m for m in maps}
+    assert by["/lib/libnccl.so.2"].executable and by["/lib/libnccl.so.2"].inode == 10
+    assert by["/opt/my dir/libx.so"].deleted
+    assert not by["/dev/zero"].executable
+    assert len(maps) == 3
+
+
+def test_walk_excludes_other_branches_and_orders_parents_first(fake):
+    fake.add(1, 0, "init", env={})
+    fake.add(10, 1, "server", env={"NCCL_PROTO": "LL"})
+    fake.add(11, 10, "worker")
+    fake.add(12, 11, "grandchild")
+    fake.add(20, 1, "unrelated")
+    tree = procs.walk(procs.ProcFS(fake.root), [10])
+    assert list(tree.procs) == [10, 11, 12]
+    assert 1 in tree.ancestors and 20 not in tree.procs
+    assert tree.start_time(tree.procs[10]) == BTIME + 100 / os.sysconf("SC_CLK_TCK")
+
+
+def test_thread_id_resolves_to_its_process(fake):
+    fake.add(10, 1, "server")
+    fake.add(13, 1, "server", tgid=10)  # a thread's /proc/<tid> is reachable but not listed
+    assert procs.tgid_of(procs.ProcFS(fake.root), 13) == 10
+
+
+def test_environ_permission_is_a_value(fake):
+    fake.add(10, 1, env={"NCCL_PROTO": "LL"})
+    fs = procs.ProcFS(fake.root, FailingReader({(10, "environ"): PermissionError}))
+    block = fs.load(10).env
+    assert (block.env, block.source, block.reason) == (None, "unreadable", "permission")
+
+
+def test_hidepid_reason(fake):
+    fake.add(10, 1, env={"NCCL_PROTO": "LL"})
+    reader = FailingReader({(10, "environ"): PermissionError, (10, "status"): PermissionError})
+    proc = procs.ProcFS(fake.root, reader).load(10)
+    assert (proc.env.source, proc.env.reason) == ("unreadable", "hidepid")
+
+
+def test_process_vanishing_mid_walk_is_skipped_with_a_note(fake):
+    fake.add(10, 1)
+    fake.add(11, 10)
+    fake.add(12, 10)
+
+    class GoneAfterScan(procs.Reader):
+        """/proc/11 is seen by the scan, then exits before it is loaded."""
+        stat_reads = 0
+
+        def read_bytes(self, path):
+            if Path(path).parts[-2:] == ("11", "stat"):
+                self.stat_reads += 1
+                if self.stat_reads > 1:
+                    raise FileNotFoundError(2, "gone")
+            if Path(path).parts[-2] == "11" and Path(path).name != "stat":
+                raise ProcessLookupError(3, "gone")
+            return super().read_bytes(path)
+
+    fs = procs.ProcFS(fake.root, GoneAfterScan())
+    fs_load = fs.load
+
+    def load(pid, st=None, **kw):
+        return fs_load(pid, None if pid == 11 else st, **kw)  # re-read stat at load, as a late reader would
+    fs.load = load
+    tree = procs.walk(fs, [10])
+    assert list(tree.procs) == [10, 12]
+    assert tree.skipped == [{"pid": 11, "reason": "vanished"}]
+
+
+def test_files_vanishing_after_stat_leave_a_row_with_notes(fake):
+    fake.add(10, 1)
+    fake.add(11, 10, env={"NCCL_PROTO": "LL"})
+    reader = FailingReader({(11, "status"): FileNotFoundError, (11, "environ"): FileNotFoundError})
+    tree = procs.walk(procs.ProcFS(fake.root, reader), [10])
+    assert "status: vanished" in tree.procs[11].notes
+    assert (tree.procs[11].env.source, tree.procs[11].env.reason) == ("unreadable", "vanished")
+
+
+def test_empty_blocks_have_reasons(fake):
+    fake.add(10, 1, state="Z", env=b"")
+    fake.add(11, 2, comm="kworker/0:1", env=b"", flags=procs.PF_KTHREAD)
+    fake.add(12, 1, env=b"\0" * 1711)  # setproctitle zeroed the block
+    fake.add(13, 1, env=b"")
+    fs = procs.ProcFS(fake.root)
+    assert fs.load(10).env.reason == "zombie"
+    assert fs.load(11).env.reason == "kernel thread"
+    assert (fs.load(12).env.source, fs.load(12).env.reason) == ("empty", "clobbered")
+    assert fs.load(13).env.reason == "clobbered"
+
+
+def test_partly_overwritten_block_keeps_the_readable_part(fake):
+    fake.add(10, 1, env=b"sglang::scheduler_TP0 junk\0NCCL_PROTO=LL\0")
+    block = procs.ProcFS(fake.root).load(10).env
+    assert block.source == "exec" and block.reason == "partly overwritten"
+    assert block.env == {"NCCL_PROTO": "LL"} and block.garbled == 1
+
+
+def test_non_utf8_is_escaped(fake):
+    fake.add(10, 1, env=b"NCCL_SOCKET_IFNAME=eth\xff0\0BAD\xfeNAME=x\0")
+    env = procs.ProcFS(fake.root).load(10).env.env
+    assert env["NCCL_SOCKET_IFNAME"] == "eth\\xff0"
+    assert env["BAD\\xfeNAME"] == "x"
+
+
+def test_two_megabyte_environment(fake):
+    big = {f"VAR_{i:06d}": "x" * 100 for i in range(20_000)}
+    big["NCCL_ALGO"] = "Ring"
+    fake.add(10, 1, env=big)
+    block = procs.ProcFS(fake.root).load(10).env
+    assert block.size > 2_000_000 and block.env["NCCL_ALGO"] == "Ring" and len(block.env) == 20_001
+
+
+def test_thousand_process_tree(fake):
+    fake.add(1, 0, "root", env={"NCCL_PROTO": "LL"})
+    for pid in range(2, 1002):
+        fake.add(pid, 1 if pid < 50 else pid // 20, env={"NCCL_PROTO": "LL"})
+    tree = procs.walk(procs.ProcFS(fake.root), [1])
+    assert len(tree.procs) == 1001 and not tree.skipped
+
+
+def test_nvidia_fds(fake):
+    fake.add(10, 1, fds=["/dev/null", "/dev/nvidiactl", "/dev/nvidia3", "/dev/nvidia0", "/dev/nvidia-uvm"])
+    assert procs.ProcFS(fake.root).nvidia_fds(10) == [0, 3]
+
+
+def test_in_root_uses_the_process_root(fake, tmp_path):
+    fake.add(10, 1, root="/")
+    fake.add(11, 1, root=str(tmp_path / "container"))
+    fs = procs.ProcFS(fake.root)
+    assert fs.in_root(fs.load(10), "/etc/nccl.conf") == Path("/etc/nccl.conf")
+    assert fs.in_root(fs.load(11), "/etc/nccl.conf") == fake.root / "11" / "root" / "etc" / "nccl.conf"
+
+
+def test_matching_pids(fake):
+    fake.add(10, 1, cmdline=["python", "-m", "sglang.launch_server"])
+    fake.add(11, 1, cmdline=["bash"])
+    assert procs.matching_pids(procs.ProcFS(fake.root), r"sglang\.launch") == [10]
+
+
+def test_real_proc_self():
+    fs = procs.ProcFS()
+    me = fs.load(os.getpid())
+    assert me.env.source == "exec" and me.env.env.get("PATH") == os.environ.get("PATH")
+    assert any(m.path.endswith(".so") or "python" in m.path for m in me.maps)
