@@ -1,0 +1,95 @@
+"""What to measure: the configuration matrix and the message sizes (no torch here)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ncclprobe.envfile import AssignmentError, parse_assignment
+
+DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+_SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}  # powers of 1024, as nccl-tests parses
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.+-]+$")
+DEFAULTS = "defaults"
+
+
+@dataclass(frozen=True)
+class Config:
+    """One NCCL configuration: a name and the variables it sets (on top of --env)."""
+    name: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def forced(self, var: str) -> str | None:
+        return self.env.get(var)
+
+
+def parse_size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)B?\s*", str(text), re.IGNORECASE)
+    if not m:
+        raise AssignmentError(f"bad size {text!r} (expected e.g. 1024, 8K, 64M)")
+    return int(m.group(1)) * _SUFFIX[m.group(2).upper()]
+
+
+def sweep(minbytes: int, maxbytes: int, stepfactor: int, elem: int) -> list[int]:
+    """nccl-tests' -b/-e/-f sweep, rounded down to whole elements (at least one)."""
+    if minbytes <= 0 or maxbytes < minbytes:
+        raise AssignmentError(f"bad size range {minbytes}..{maxbytes}")
+    if stepfactor < 2:
+        raise AssignmentError("-f/--stepfactor must be at least 2")
+    out, size = [], minbytes
+    while size <= maxbytes:
+        out.append(max(elem, size // elem * elem))
+        size *= stepfactor
+    return sorted(set(out))
+
+
+def parse_tokens(text: str) -> list[int]:
+    try:
+        tokens = sorted({int(t) for t in str(text).split(",") if t.strip()})
+    except ValueError:
+        raise AssignmentError(f"--tokens: expected comma-separated integers, got {text!r}") from None
+    if not tokens or tokens[0] < 1:
+        raise AssignmentError("--tokens needs positive integers")
+    return tokens
+
+
+def model_sizes(hidden: int, tokens: list[int], dtype: str) -> dict[int, int]:
+    """tokens -> all-reduce bytes of one hidden-state reduction: tokens x hidden x dtype bytes (the
+    full hidden size, not divided by TP: row-parallel layers reduce the whole activation)."""
+    if hidden <= 0:
+        raise AssignmentError("--hidden must be positive")
+    return {t: t * hidden * DTYPE_BYTES[dtype] for t in tokens}
+
+
+def _split(text: str) -> list[str]:
+    return [p.strip() for p in str(text or "").split(",") if p.strip()]
+
+
+def parse_config(text: str) -> Config:
+    """`NAME:K=V,K=V` (values cannot contain commas; use --env for such variables)."""
+    name, sep, rest = text.partition(":")
+    name = name.strip()
+    if not sep or not _NAME_RE.match(name):
+        raise AssignmentError(f"--config {text!r}: expected NAME:K=V[,K=V...] (NAME of letters, digits, _.+-)")
+    env = dict(parse_assignment(item, f"--config {name}") for item in _split(rest))
+    if not env:
+        raise AssignmentError(f"--config {text!r} sets no variable")
+    return Config(name, env)
+
+
+def build_matrix(protos: str, algos: str, configs=()) -> list[Config]:
+    """NCCL's defaults, then each protocol forced, each algorithm forced, then the --config entries.
+    NCCL_PROTO / NCCL_ALGO are read at each communicator's tuning (src/graph/tuning.cc)."""
+    out = [Config(DEFAULTS)]
+    out += [Config(f"proto={p}", {"NCCL_PROTO": p}) for p in _split(protos)]
+    out += [Config(f"algo={a}", {"NCCL_ALGO": a}) for a in _split(algos)]
+    out += [parse_config(c) for c in configs]
+    names = [c.name for c in out]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise AssignmentError(f"configuration names must be unique: {', '.join(dup)}")
+    return out
+
+
+def export_line(env: dict[str, str]) -> str:
+    import shlex
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) if env else ""
