@@ -1,0 +1,112 @@
+"""The shell-prefix pitfall: parsing, and live `bash -c` trees."""
+import shlex
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ncclprobe import shells
+from ncclprobe.inspection import inspect_processes
+from ncclprobe.watched import is_watched
+
+
+def kinds(script, child, env=None):
+    return [(p.var, p.kind) for p in shells.pitfalls(script, child, is_watched, env)]
+
+
+def test_split_lists_and_redirections():
+    cmds = shells.split_script("A=1 cd /srv && python s.py 2>&1 | tee log || echo x; sleep 1 &\nnohup env B=2 foo")
+    assert [c.words[0] for c in cmds] == ["cd", "python", "tee", "echo", "sleep", "foo"]
+    assert cmds[0].assignments == (("A", "1"),) and cmds[1].words == ("python", "s.py")
+    assert cmds[-1].assignments == (("B", "2"),)
+
+
+def test_prefix_on_another_command():
+    script = "NCCL_PROTO=LL cd /srv && python server.py; echo stopped"
+    assert kinds(script, ["python", "server.py"]) == [("NCCL_PROTO", "prefix")]
+
+
+def test_prefix_on_the_command_itself_is_fine():
+    assert kinds("cd /srv && NCCL_PROTO=LL python server.py; echo done", ["python", "server.py"]) == []
+    assert kinds("NCCL_PROTO=LL nohup python server.py & wait", ["python", "server.py"]) == []
+
+
+def test_unwatched_names_are_not_claimed():
+    assert kinds("FOO=1 cd /srv && python server.py; true", ["python", "server.py"]) == []
+
+
+def test_bare_assignment_is_unexported_only_when_the_shell_lacks_it():
+    script = "NCCL_ALGO=Ring; python a.py; true"
+    assert kinds(script, ["python", "a.py"], env={}) == [("NCCL_ALGO", "unexported")]
+    assert kinds(script, ["python", "a.py"], env={"NCCL_ALGO": "Tree"}) == []  # inherited: exported
+    assert kinds(script, ["python", "a.py"], env=None) == []  # unknown: claim nothing
+    assert kinds("export NCCL_ALGO=Ring; python a.py; true", ["python", "a.py"], env={}) == []
+    assert kinds("NCCL_ALGO=Ring; export NCCL_ALGO; python a.py", ["python", "a.py"], env={}) == []
+
+
+def test_nothing_claimed_when_the_child_is_not_recognised():
+    assert kinds("NCCL_PROTO=LL cd /srv && python server.py; echo", ["ruby", "x.rb"]) == []
+    assert kinds("unbalanced 'quote", ["python"]) == []
+
+
+def test_shell_script_detection():
+    assert shells.shell_script(["bash", "-lc", "x"]) == "x"
+    assert shells.shell_script(["-bash", "-c", "x"]) == "x"
+    assert shells.shell_script(["/bin/sh", "-e", "-c", "y", "arg0"]) == "y"
+    assert shells.shell_script(["python", "-c", "x"]) is None
+    assert shells.shell_script(["bash", "run.sh", "-c"]) is None
+    assert shells.script_file(["bash", "-e", "run.sh"]) == "run.sh"
+
+
+def _wait_children(pid, n, timeout=10.0):
+    import psutil
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        kids = psutil.Process(pid).children(recursive=True)
+        if len(kids) >= n:
+            return kids
+        time.sleep(0.05)
+    raise AssertionError("children did not start")
+
+
+def _inspect(pid):
+    return inspect_processes([pid], scope="all", gpu_lookup=lambda: ({}, "test"))
+
+
+@pytest.fixture
+def shell_tree():
+    procs = []
+
+    def start(script):
+        p = subprocess.Popen(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"})
+        procs.append(p)
+        return p
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+def test_live_shell_prefix_pitfall(shell_tree, tmp_path):
+    py = shlex.quote(sys.executable)
+    sh = shell_tree(f"NCCL_PROTO=LL cd {tmp_path} && {py} -c 'import time; time.sleep(30)'; echo stopped")
+    (child,) = _wait_children(sh.pid, 1)
+    for target in (sh.pid, child.pid):  # from the shell, and from the worker (the shell is its ancestor)
+        res = _inspect(target)
+        found = [f for f in res.findings if f.code == "SHELL_PREFIX_SCOPE"]
+        assert len(found) == 1, res.findings
+        f = found[0]
+        assert f.var == "NCCL_PROTO" and f.pids == (child.pid,) and f.severity == "warning"
+        assert f.evidence["shell"] == sh.pid and f.evidence["assigned_in"].startswith("NCCL_PROTO=LL cd")
+        proc = {p["pid"]: p for p in res.data["processes"]}[child.pid]
+        assert "NCCL_PROTO" not in proc["env"]
+
+
+def test_live_exec_of_last_command_claims_nothing(shell_tree, tmp_path):
+    py = shlex.quote(sys.executable)
+    sh = shell_tree(f"NCCL_PROTO=LL cd {tmp_path} && {py} -c 'import time; time.sleep(30)'")
+    time.sleep(0.5)  # bash 5 execs the last command of the list: the shell's command line is gone
+    res = _inspect(sh.pid)
+    assert res.data["processes"][0]["cmdline"][0] == sys.executable
+    assert not [f for f in res.findings if f.code == "SHELL_PREFIX_SCOPE"]
