@@ -56,9 +56,6 @@ def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = 
     env = dict(base_env)
     notes: list[str] = []
     meta: dict[str, Any] = {"preload": False, "plugins": [], "boot": False}
-    if profile is not None:
-        for name, value in profile.exec_values(env).items():
-            env[name] = value
     env["NCCLPROBE_DIR"] = str(log_dir)
     if preload or plugins:
         from ncclprobe import probelib
@@ -80,10 +77,14 @@ def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = 
                 else:
                     env[var] = lib
                     meta["plugins"].append(role)
-    if boot:
+    if boot:  # the profile goes into CMD's environment and is re-applied in every Python interpreter
         from ncclprobe import inject
         env.update(inject.ephemeral_env(env, log_dir, profile))
         meta["boot"] = True
+    elif profile is not None:
+        env.update(profile.env_changes(env))
+        if profile.pins:
+            notes.append(f"--pin {' '.join(profile.pins)} needs the boot probe: not enforced with --no-boot")
     return Wiring(env, log_dir, notes, meta)
 
 
@@ -183,9 +184,10 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
     words, code = describe_status(rc)
     meta.update(ended=time.time(), returncode=rc, status=words)
     _write_meta(d, meta)
-    header = [Text(f"{' '.join(cmd)}: {words}", "warn" if code else "good"), Text(f"log directory: {d}", "dim")]
-    header += [Text(n, "note") for n in wiring.notes]
     from ncclprobe import report
+    header = [Text(f"{report.one_line(' '.join(cmd), 100)}: {words}", "warn" if code else "good"),
+              Text(f"log directory: {d}", "dim")]
+    header += [Text(n, "note") for n in wiring.notes]
     try:
         result = report.build_report([d], expect=expect)
     except Unexaminable as exc:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import TextIO
 
@@ -14,6 +15,7 @@ from rich.tree import Tree as RichTree
 from ncclprobe.doc import Result, Table, Text, Title, Tree
 from ncclprobe.findings import sort_findings
 
+PIPE_WIDTH = 140
 _STYLES = {"": "", "note": "cyan", "warn": "yellow", "dim": "dim", "good": "green", "bad": "red"}
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -21,6 +23,8 @@ _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 def console(stream: TextIO | None = None, width: int | None = None, color: bool | None = None) -> Console:
     stream = stream or sys.stdout
     tty = stream.isatty() if color is None else color
+    if width is None and not stream.isatty():
+        width = int(os.environ.get("COLUMNS", "0") or 0) or PIPE_WIDTH  # piped: don't squeeze tables to 80
     return Console(file=stream, width=width, force_terminal=tty, no_color=not tty,
                    color_system="auto" if tty else None, highlight=False, soft_wrap=False,
                    emoji=False)
@@ -55,6 +59,8 @@ def render_text(result: Result, stream: TextIO | None = None, width: int | None 
             if f.pids:
                 con.print(f"    pids: {', '.join(str(p) for p in f.pids)}")
             for k, v in f.evidence.items():
+                if k == "t" or k.endswith("_at") and isinstance(v, float):
+                    continue  # unix times: in --json, not worth a line here
                 con.print(f"    {escape(str(k))}: {escape(_short(v))}")
             if f.hint:
                 con.print(f"    hint: {escape(f.hint)}", style="green" if not plain else "")

@@ -72,6 +72,11 @@ def dedupe(findings: list[Finding]) -> list[Finding]:
 
 # ---- presentation ---------------------------------------------------------------------------------
 
+def one_line(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _short_lib(path: str | None) -> str:
     if not path:
         return "?"
@@ -144,7 +149,7 @@ def model_doc(m: Model, dirs, title: str = "") -> list:
     rows = []
     for p in procs:
         ranks = sorted({str(c.rank) for c in m.comms_of(p.host, p.pid) if c.rank is not None})
-        rows.append([p.host, str(p.pid), str(p.ppid or "?"), " ".join((p.argv or [p.exe or "?"])[:4])[:60],
+        rows.append([p.host, str(p.pid), str(p.ppid or "?"), one_line(" ".join((p.argv or [p.exe or "?"])[:4]), 60),
                      ",".join(sorted(p.sources)), ",".join(ranks) or "-",
                      " ".join(_short_lib(lib) for lib in sorted(p.libs)) or "-"])
     doc.append(Table(["host", "pid", "ppid", "command", "witnesses", "ranks", "NCCL library"], rows, title="Processes"))
@@ -159,8 +164,11 @@ def model_doc(m: Model, dirs, title: str = "") -> list:
         crow.append([f"{c.pid}", f"{c.rank}/{c.nranks}", _api(c, m), c.ident, lib,
                      ",".join(sorted(c.seen_by)), _tuning(c.env) + ("" if c.ok else f" rc={c.rc}"),
                      _nccl_read(m, c), _realized(c)])
-    doc.append(Table(["pid", "rank", "API", "communicator", "library", "seen by", "env at creation",
-                      "NCCL read (process)", "ran (algo/proto)"], crow, title="Communicators"))
+    if crow:
+        doc.append(Table(["pid", "rank", "API", "communicator", "library", "seen by", "env at creation",
+                          "NCCL read (process)", "ran (algo/proto)"], crow, title="Communicators"))
+    else:
+        doc.append(Text("No communicator was created, or none was seen by a probe.", "warn"))
     skipped = sum(m.skipped.values())
     if skipped:
         doc.append(Text(f"Skipped {skipped} unreadable line(s)/file(s): "

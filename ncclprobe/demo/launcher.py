@@ -17,8 +17,8 @@ from pathlib import Path
 from ncclprobe.demo import worker
 
 # What a launcher that copies an allow-list of prefixes hands its workers (vLLM's Ray path did this
-# before it copied NCCL_*). NCCLPROBE_ is kept so the demo can still watch the replica.
-CURATED_PREFIXES = ("PATH", "HOME", "PYTHON", "LD_", "CUDA_", "NCCLPROBE_", "LANG", "TMPDIR")
+# before it copied NCCL_*). NCCLPROBE_DIR is kept only so the demo can still watch the replica.
+CURATED_PREFIXES = ("PATH", "HOME", "PYTHON", "LD_", "CUDA_", "NCCLPROBE_DIR", "LANG", "TMPDIR")
 
 
 def curated_env() -> dict[str, str]:
