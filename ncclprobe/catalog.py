@@ -168,7 +168,7 @@ _VARS: tuple[VarInfo, ...] = (
     _p("NCCL_LL128_NTHREADS", "tuning", "threads per CTA for LL128", "auto (NCCL_LL128_MAX_NTHREADS = 640)",
        "multiple of 32, ≤ 640", "NCCL_PARAM Ll128Nthreads, src/graph/tuning.cc", "nccl@v2.30.7-1:src/graph/tuning.cc"),
     _one("NCCL_P2P_LEVEL", "transport", "farthest topology distance at which GPUs use P2P between them",
-         "auto (NCCL's per-platform choice)", "LOC, NVL, PIX, PXB, PHB, SYS (or 0..5)", PROCESS,
+         "auto (NCCL's per-platform choice)", "LOC, NVL, NVB, C2C, PIX, PXB, P2C, PXN, PHB, SYS; or 0..5 (old numbering)", PROCESS,
          "static global ncclTopoUserP2pLevel, set at first use (src/graph/paths.cc); NCCL_NO_CACHE has no effect",
          "nccl@v2.30.7-1:src/graph/paths.cc",
          notes="Logged as 'NCCL_P2P_LEVEL set by environment to …' (no trailing period)."),

@@ -20,9 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Union
 
-# Numeric ids in pre-2.24 TUNING lines (src/include/devcomm.h: NCCL_ALGO_*, NCCL_PROTO_*).
+# Numeric ids in pre-2.24 TUNING lines (src/include/devcomm.h: NCCL_ALGO_*, NCCL_PROTO_*), spelt as
+# NCCL_ALGO/NCCL_PROTO take them (ncclAlgoStr/ncclProtoStr, src/init.cc).
 ALGO_IDS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
 PROTO_IDS = ("LL", "LL128", "Simple")
+# TUNING lines and profiler descriptors use ncclAlgoToString/ncclProtoToString (src/collectives.cc,
+# 2.24-2.30): "RING", "COLLNET_DIRECT", "SIMPLE". Records carry the NCCL_ALGO/NCCL_PROTO spelling.
+_CANON = {n.upper().replace("_", ""): n for n in ALGO_IDS + PROTO_IDS}
+
+
+def canonical(name: str | None) -> str | None:
+    """'RING' / 'ring' / 'COLLNET_DIRECT' / 'SIMPLE' -> 'Ring' / 'CollNetDirect' / 'Simple' (others unchanged)."""
+    if name is None:
+        return None
+    return _CANON.get(name.upper().replace("_", ""), name)
 MAX_LINE = 1 << 16  # NCCL formats into a 1024-byte buffer; anything far longer is not NCCL's
 
 
@@ -126,8 +137,8 @@ class Tuning:
     at: Where
     func: str | None        # absent in 2.20-2.22 lines
     nbytes: int
-    algo: str
-    proto: str | None       # None for copy-engine collectives
+    algo: str               # NCCL_ALGO spelling ("Ring", "CollNetDirect"), whatever case the line used
+    proto: str | None       # "LL" | "LL128" | "Simple"; None for copy-engine collectives
     channel_lo: int | None
     channel_hi: int | None
     time_us: float | None   # the model's predicted time (pre-2.24 lines)
@@ -217,7 +228,8 @@ def _message(msg: str, at: Where):
                         int(m["split"]) if m["split"] else None,
                         int(m["color"]) if m["color"] else None, int(m["key"]) if m["key"] else None)
     if m := _TUNING_NEW.match(msg):
-        return Tuning(at, m["func"], int(m["bytes"]), m["algo"], m["proto"], int(m["lo"]), int(m["hi"]), None)
+        return Tuning(at, m["func"], int(m["bytes"]), canonical(m["algo"]), canonical(m["proto"]),
+                      int(m["lo"]), int(m["hi"]), None)
     if m := _TUNING_OLD.match(msg):
         try:
             t = float(m["time"])

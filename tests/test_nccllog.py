@@ -22,7 +22,7 @@ def test_2_18_init_complete_without_api_and_invalid_value():
     assert (init.api, init.phase, init.rank, init.nranks, init.nvml_dev) == (None, "COMPLETE", 0, 2, None)
     assert init.comm == "0x55d0c0a8e2a0" and init.bus_id == "1000" and init.comm_id == 0x4A5B6C7D8E9F0011
     (bad,) = log.of(nl.InvalidValue)
-    assert (bad.var, bad.value, bad.default) == ("NCCL_BUFFSIZE", "abc", "4194304")
+    assert (bad.var, bad.value, bad.default) == ("NCCL_BUFFSIZE", "99999999999999999999", "4194304")
     env = {e.var: e for e in log.of(nl.EnvSetting)}
     assert env["NCCL_MAX_NCHANNELS"].value == "16" and env["NCCL_MAX_NCHANNELS"].param_form
     assert env["NCCL_P2P_LEVEL"].value == "SYS" and not env["NCCL_P2P_LEVEL"].param_form
@@ -97,7 +97,7 @@ def test_2_30_param_prefix_git_version_and_string_env():
     assert [c.var for c in log.of(nl.CacheDisabled)] == ["NCCL_PROTO"]
     (plugin_env,) = log.of(nl.EnvSetting)
     assert plugin_env.var == "NCCL_ENV_PLUGIN" and plugin_env.value == "/opt/probe/libncclprobe.so"
-    assert [(t.func, t.algo, t.nchannels) for t in log.of(nl.Tuning)] == [("ReduceScatter", "PAT", 32), ("AllReduce", "NVLS", 1)]
+    assert [(t.func, t.algo, t.nchannels) for t in log.of(nl.Tuning)] == [("ReduceScatter", "PAT", 32), ("AllReduce", "NVLSTree", 1)]
     assert log.counts["nccl_other"] == 1  # "NCCL git version ..." is NCCL's but not modelled
     assert log.of(nl.CommInit)[0].comm_id == 1
 
@@ -208,3 +208,14 @@ def test_overlong_line_is_skipped():
 ])
 def test_debug_file_name_expansion(pattern, expect):
     assert nl.debug_file_name(pattern, "gpu-b.cluster.local", 4242) == expect
+
+
+@pytest.mark.parametrize("raw,canon", [("RING", "Ring"), ("COLLNET_DIRECT", "CollNetDirect"), ("NVLS_TREE", "NVLSTree"),
+                                       ("SIMPLE", "Simple"), ("LL128", "LL128"), ("Tree", "Tree"), ("Other", "Other")])
+def test_canonical_algo_proto_names(raw, canon):
+    assert nl.canonical(raw) == canon
+
+
+def test_real_uppercase_tuning_names_become_nccl_algo_spelling():
+    small, big = parse("nccl-2.26-ts.log").of(nl.Tuning)
+    assert (small.algo, small.proto, big.proto) == ("Ring", "LL", "Simple")
