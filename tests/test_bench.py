@@ -1,0 +1,351 @@
+"""`ncclprobe bench` on CPU with gloo: the matrix end to end (a fresh pid set per configuration, each
+worker's own view of its environment), the timeout and Ctrl-C paths, torchrun-style job mode, the JSON
+schema, the plot, and the pure parts (sizes, matrix, busbw, realized algo/proto, recommendation)."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ncclprobe import render
+from ncclprobe.bench import allreduce, command, driver, matrix, report
+from ncclprobe.bench.report import Context
+from ncclprobe.doc import Unexaminable
+from ncclprobe.envfile import AssignmentError
+
+SMALL = dict(backend="gloo", ranks=2, minbytes="1K", maxbytes="4K", stepfactor=4, iters=2, warmup=1,
+             timeout=60.0)
+
+
+def _text(result, width=160) -> str:
+    out = io.StringIO()
+    render.render_text(result, out, width=width, color=False)
+    return out.getvalue()
+
+
+def _hang_dir(tmp_path: Path, rank: str = "1") -> Path:
+    """A PYTHONPATH entry whose sitecustomize stalls one rank forever before it reaches the harness:
+    a real hung worker, as a wedged NCCL init looks from outside."""
+    d = tmp_path / "stall"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(
+        "import os, time\n"
+        f"if os.environ.get('RANK') == '{rank}' and 'NCCLPROBE_BENCH_PARENT' in os.environ:\n"
+        f"    open({str(tmp_path / 'stalled.pid')!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(3600)\n")
+    return d
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is dead for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def matrix_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bench")
+    os.environ["NCCL_ALGO"] = "Tree"  # inherited: must not reach the workers ("defaults" means defaults)
+    try:
+        result = command.bench_command(
+            **SMALL, proto="LL", algo="", configs=("chan:NCCL_MAX_NCHANNELS=4,NCCL_BUFFSIZE=1048576",),
+            envs=("NCCL_DEBUG=WARN",), plot=str(tmp / "lat.png"), workdir=tmp / "work")
+    finally:
+        del os.environ["NCCL_ALGO"]
+    return result, tmp
+
+
+def test_matrix_runs_every_config_in_a_fresh_worker_set(matrix_run):
+    result, _ = matrix_run
+    configs = result.data["configs"]
+    assert [c["name"] for c in configs] == ["defaults", "proto=LL", "chan"]
+    assert [c["status"] for c in configs] == ["ok", "ok", "ok"]
+    pid_sets = [set(c["pids"]) for c in configs]
+    assert all(len(p) == 2 for p in pid_sets)
+    assert not (pid_sets[0] & pid_sets[1]) and not (pid_sets[1] & pid_sets[2]) and not (pid_sets[0] & pid_sets[2])
+    for c in configs:  # the pid each worker reports for itself is the one the driver started
+        assert sorted(w["pid"] for w in c["workers"]) == sorted(c["pids"])
+        assert [w["state"] for w in c["workers"]] == ["done", "done"]
+
+
+def test_each_worker_reports_the_environment_it_ran_with(matrix_run):
+    result, _ = matrix_run
+    by_name = {c["name"]: c for c in result.data["configs"]}
+    for c in by_name.values():
+        for w in c["workers"]:
+            assert w["env"]["NCCL_DEBUG"] == "WARN"          # --env reaches every configuration
+            assert "NCCL_ALGO" not in w["env"]               # the inherited value was dropped
+    assert all("NCCL_PROTO" not in w["env"] for w in by_name["defaults"]["workers"])
+    assert all(w["env"]["NCCL_PROTO"] == "LL" for w in by_name["proto=LL"]["workers"])
+    assert all(w["env"]["NCCL_MAX_NCHANNELS"] == "4" and w["env"]["NCCL_BUFFSIZE"] == "1048576"
+               for w in by_name["chan"]["workers"])
+    assert by_name["chan"]["env"] == {"NCCL_DEBUG": "WARN", "NCCL_MAX_NCHANNELS": "4", "NCCL_BUFFSIZE": "1048576"}
+    assert result.data["dropped_env"] == ["NCCL_ALGO"]
+
+
+def test_json_schema(matrix_run):
+    result, _ = matrix_run
+    doc = json.loads(json.dumps(result.to_json(), default=str))
+    assert doc["schema"] == "ncclprobe/1" and doc["command"] == "bench"
+    for key in ("topology", "configs", "recommendation", "backend", "label", "nranks", "sizes", "basis"):
+        assert key in doc
+    assert doc["label"] == "CPU/gloo" and doc["basis"] == "eager" and doc["nranks"] == 2
+    assert doc["sizes"] == [1024, 4096]
+    for c in doc["configs"]:
+        assert set(c) >= {"name", "env", "status", "realized", "results"}
+        assert c["status"] in ("ok", "wrong", "hang", "error")
+        assert c["realized"] == {"available": False, "reason": "gloo: no NCCL", "per_size": {}}
+        assert {(r["bytes"], r["mode"], r["inplace"]) for r in c["results"]} == {
+            (b, "eager", ip) for b in (1024, 4096) for ip in (False, True)}
+        for r in c["results"]:
+            assert set(r) >= {"bytes", "time_us", "algbw", "busbw", "wrong", "mode"}
+            assert r["wrong"] == 0 and r["time_us"] > 0
+            assert r["busbw"] == pytest.approx(r["algbw"] * 1.0)  # 2(n-1)/n = 1 at n=2
+            assert r["algbw"] == pytest.approx(r["bytes"] / 1e9 / (r["time_us"] / 1e6))
+    rec = doc["recommendation"]
+    assert rec["applicable"] is False and "gloo" in rec["reason"]
+
+
+def test_text_says_cpu_gloo_and_never_gpu(matrix_run):
+    result, _ = matrix_run
+    text = _text(result)
+    assert text.startswith("bench: all_reduce on CPU/gloo, 2 ranks: CPU numbers, not GPU or NCCL numbers")
+    assert "CPU/gloo all_reduce time" in text
+    assert "No recommendation" in text and "export" not in text
+    assert "GPU/NCCL" not in text
+
+
+def test_plot_file_is_a_png(matrix_run):
+    result, tmp = matrix_run
+    png = tmp / "lat.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.data["plot"] == str(png)
+
+
+def test_hung_configuration_is_killed_and_the_rest_go_on(tmp_path):
+    stall = _hang_dir(tmp_path)
+    t0 = time.monotonic()
+    result = command.bench_command(**dict(SMALL, timeout=6.0), proto="", algo="",
+                                   configs=(f"stuck:PYTHONPATH={stall}", "after:NCCL_PROTO=Simple"),
+                                   workdir=tmp_path / "work")
+    assert time.monotonic() - t0 < 45
+    status = {c["name"]: c for c in result.data["configs"]}
+    assert status["stuck"]["status"] == "hang"
+    assert "timeout" in status["stuck"]["reason"] and "ranks not finished: 0" in status["stuck"]["reason"]
+    assert status["defaults"]["status"] == "ok" and status["after"]["status"] == "ok"
+    stalled = int((tmp_path / "stalled.pid").read_text())
+    assert stalled in status["stuck"]["pids"]
+    assert not any(_alive(p) for c in status.values() for p in c["pids"])
+    assert "hang" in _text(result)
+
+
+def test_corrupted_results_make_the_configuration_wrong(tmp_path):
+    """A configuration whose all-reduce returns garbage on one rank (as forced LL128 over PCIe can) is
+    marked wrong, counted per size, and never recommended."""
+    d = tmp_path / "corrupt"
+    d.mkdir()
+    (d / "sitecustomize.py").write_text(
+        "import os\n"
+        "if os.environ.get('RANK') == '1' and 'NCCLPROBE_BENCH_PARENT' in os.environ:\n"
+        "    import torch, torch.distributed as dist\n"
+        "    real = dist.all_reduce\n"
+        "    def all_reduce(t, *a, **k):\n"
+        "        work = real(t, *a, **k)\n"
+        "        if t.dtype == torch.bfloat16:\n"
+        "            t[::2] += 1000\n"
+        "        return work\n"
+        "    dist.all_reduce = all_reduce\n")
+    result = command.bench_command(**dict(SMALL, maxbytes="1K"), proto="", algo="",
+                                   configs=(f"bad:PYTHONPATH={d}",), workdir=tmp_path / "work")
+    bad = {c["name"]: c for c in result.data["configs"]}["bad"]
+    assert bad["status"] == "wrong"
+    assert {r["wrong"] for r in bad["results"]} == {256}  # half of 512 elements, one rank's view
+    assert result.data["recommendation"]["scores_us"].keys() == {"defaults"}
+    assert "WRONG" in _text(result)
+
+
+def test_ctrl_c_leaves_no_worker(tmp_path):
+    stall = _hang_dir(tmp_path, rank="1")
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "ncclprobe", "bench", "--backend", "gloo", "--ranks", "2",
+                             "--proto", "", "--algo", "", "--config", f"stuck:PYTHONPATH={stall}", "-b", "1K",
+                             "-e", "1K", "-n", "1", "-w", "0", "--timeout", "120"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    rank0 = []
+    while time.monotonic() < deadline and not ((tmp_path / "stalled.pid").exists() and rank0):
+        rank0 = list(tmp_path.glob("ncclprobe-bench-*/01-stuck/rank0.json"))
+        time.sleep(0.1)
+    assert rank0, "the hanging configuration never started"
+    pids = [int((tmp_path / "stalled.pid").read_text()), json.loads(rank0[0].read_text())["pid"]]
+    assert all(_alive(p) for p in pids)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert not any(_alive(p) for p in pids)
+
+
+def test_torchrun_style_job_mode(tmp_path):
+    """Started as ranks of a job (RANK/WORLD_SIZE/MASTER_* set, as torchrun does): each process runs one
+    rank per configuration, rank 0 reports."""
+    port = driver._free_port()
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), TMPDIR=str(tmp_path))
+        procs.append(subprocess.Popen([sys.executable, "-m", "ncclprobe", "bench", "--backend", "gloo",
+                                       "--proto", "LL", "--algo", "", "-b", "2K", "-e", "2K", "-n", "2",
+                                       "-w", "1", "--json", "--timeout", "60"],
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    lead, other = json.loads(outs[0][0]), json.loads(outs[1][0])
+    assert lead["nranks"] == 2 and [c["status"] for c in lead["configs"]] == ["ok", "ok"]
+    assert lead["sizes"] == [2048]
+    assert other["rank"] == 1 and "configs" in other and "recommendation" not in other
+
+
+def test_fewer_gpus_than_asked_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(command, "_visible_gpus", lambda: 1)
+    with pytest.raises(Unexaminable, match="asked for 2 GPUs but only 1 are visible"):
+        command.bench_command(gpus=2)
+
+
+def test_no_gpu_points_to_gloo(monkeypatch):
+    monkeypatch.setattr(command, "_visible_gpus", lambda: 0)
+    with pytest.raises(Unexaminable) as err:
+        command.bench_command(gpus=1)
+    assert err.value.reason == "no GPU" and "--backend gloo" in err.value.data["hint"]
+
+
+def test_plot_without_matplotlib_fails_before_measuring(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(AssignmentError, match="matplotlib"):
+        command.bench_command(**SMALL, plot="x.png")
+
+
+def test_help_imports_neither_torch_nor_nvml():
+    code = ("import sys; from click.testing import CliRunner; from ncclprobe.cli import main; "
+            "import ncclprobe.bench, ncclprobe.topo; r = CliRunner().invoke(main, ['bench', '--help']); "
+            "assert r.exit_code == 0, r.output; print(sorted(m for m in ('torch', 'pynvml') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# -- pure parts -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,factor", [(1, 0.0), (2, 1.0), (4, 1.5), (8, 1.75)])
+def test_busbw_formula(n, factor):
+    assert allreduce.bus_factor(n) == pytest.approx(factor)
+    assert allreduce.algbw(2_000_000_000, 0.5) == pytest.approx(4.0)
+    assert allreduce.busbw(2_000_000_000, 0.5, n) == pytest.approx(4.0 * factor)
+
+
+def test_check_pattern_is_exact_in_bf16_for_8_ranks():
+    assert [allreduce.expected_value(8, i) for i in range(4)] == [36, 72, 108, 36]
+    assert sum(allreduce.rank_value(r, 1) for r in range(8)) == allreduce.expected_value(8, 1)
+
+
+def test_sizes_and_matrix():
+    assert matrix.parse_size("64M") == 64 << 20 and matrix.parse_size("1k") == 1024
+    assert matrix.sweep(1024, 64 << 20, 4, 2) == [1 << p for p in range(10, 27, 2)]
+    assert matrix.sweep(3, 3, 2, 2) == [2]
+    assert matrix.model_sizes(7168, [1, 8], "bf16") == {1: 14336, 8: 114688}
+    names = [c.name for c in matrix.build_matrix("LL,LL128,Simple", "Ring,Tree", ["p2p:NCCL_P2P_LEVEL=SYS"])]
+    assert names == ["defaults", "proto=LL", "proto=LL128", "proto=Simple", "algo=Ring", "algo=Tree", "p2p"]
+    with pytest.raises(AssignmentError):
+        matrix.parse_config("noequals")
+    with pytest.raises(AssignmentError):
+        matrix.build_matrix("LL", "", ["proto=LL:NCCL_PROTO=LL"])
+
+
+def test_worker_env_precedence_and_dropped_inherited():
+    env, dropped = driver.worker_env({"NCCL_PROTO": "LL128", "NCCL_SOCKET_IFNAME": "eth0", "HOME": "/h"},
+                                     {"NCCL_BUFFSIZE": "1"}, matrix.Config("x", {"NCCL_BUFFSIZE": "2"}),
+                                     {"RANK": "0"})
+    assert env == {"NCCL_SOCKET_IFNAME": "eth0", "HOME": "/h", "NCCL_BUFFSIZE": "2", "RANK": "0"}
+    assert dropped == ["NCCL_PROTO"]
+
+
+def test_job_from_env():
+    assert driver.job_from_env({}) is None
+    job = driver.job_from_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "MASTER_ADDR": "n0",
+                               "MASTER_PORT": "1234"})
+    assert (job.rank, job.nranks, job.local_rank, job.master_addr, job.master_port) == (3, 8, 1, "n0", 1234)
+    slurm = driver.job_from_env({"SLURM_PROCID": "2", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0",
+                                 "MASTER_ADDR": "n0"})
+    assert (slurm.rank, slurm.nranks) == (2, 4)
+    assert driver.job_from_env({"RANK": "0", "WORLD_SIZE": "2", "NCCLPROBE_BENCH_PARENT": "1"}) is None
+
+
+def _write_events(d: Path, events):
+    d.mkdir(parents=True)
+    with open(d / "host-1.jsonl", "w") as fh:
+        for e in events:
+            fh.write(json.dumps({"ev": "coll_summary", "t": 1.0, "host": "h", "pid": 1, "src": "profiler",
+                                 "comm_hash": "0x1", "func": "AllReduce", "nchannels": 1, "count": 20, **e}) + "\n")
+
+
+def test_realized_from_profiler_events_and_mismatch(tmp_path):
+    _write_events(tmp_path / "events", [{"algo": "Ring", "proto": "LL", "bytes_min": 1024, "bytes_max": 65536},
+                                        {"algo": "Ring", "proto": "Simple", "bytes_min": 1 << 20,
+                                         "bytes_max": 1 << 20}])
+    ctx = Context("nccl", 4, "graph", "GPU/NCCL")
+    real = report.realized(ctx, str(tmp_path), [1024, 1 << 20, 4 << 20], "")
+    assert real == {"available": True, "reason": "", "per_size": {1024: "Ring/LL", 1 << 20: "Ring/Simple",
+                                                                  4 << 20: None}}
+    found = report.mismatch_findings("proto=LL", {"NCCL_PROTO": "LL"}, real, [11, 12])
+    assert [(f.code, f.severity, f.var) for f in found] == [("ALGO_PROTO_MISMATCH", "error", "NCCL_PROTO")]
+    assert found[0].evidence["realized"] == {1 << 20: "Ring/Simple"}
+    assert report.mismatch_findings("algo=Ring", {"NCCL_ALGO": "ring"}, real, []) == []
+
+
+def test_realized_unknown_reasons(tmp_path):
+    one = Context("nccl", 1, "graph", "GPU/NCCL")
+    assert "short-cuts" in report.realized(one, str(tmp_path), [1024], "")["reason"]
+    four = Context("nccl", 4, "graph", "GPU/NCCL")
+    assert report.realized(four, str(tmp_path), [1024], "the probe library is not built (x)")["reason"] == \
+        "the probe library is not built (x)"
+    (tmp_path / "events").mkdir()
+    assert "no all-reduce coll_summary" in report.realized(four, str(tmp_path), [1024], "")["reason"]
+
+
+def _cfg(name, env, times, status="ok"):
+    return {"name": name, "env": env, "status": status,
+            "results": [{"bytes": b, "mode": "graph", "inplace": False, "time_us": t} for b, t in times.items()]}
+
+
+def test_recommendation_gain_and_export():
+    ctx = Context("nccl", 8, "graph", "GPU/NCCL")
+    configs = [_cfg("defaults", {}, {1024: 24.0, 4096: 25.0}),
+               _cfg("proto=LL", {"NCCL_PROTO": "LL"}, {1024: 12.0, 4096: 12.5}),
+               _cfg("proto=LL128", {"NCCL_PROTO": "LL128"}, {1024: 1.0, 4096: 1.0}, status="wrong")]
+    rec = report.recommend(ctx, configs, [1024, 4096], {"NCCL_DEBUG": "WARN"})
+    assert rec["config"] == "proto=LL" and rec["gain"] == pytest.approx(2.0) and rec["applicable"]
+    assert rec["export"] == "export NCCL_DEBUG=WARN NCCL_PROTO=LL"
+    one = report.recommend(Context("nccl", 1, "graph", "GPU/NCCL"), configs, [1024], {})
+    assert one["applicable"] is False and "not interconnect" in one["reason"]
+    same = report.recommend(ctx, [_cfg("defaults", {}, {1024: 10.0}), _cfg("x", {"A": "1"}, {1024: 9.95})],
+                            [1024], {})
+    assert same["config"] == "defaults" and same["export"] == ""
+
+
+def test_projection_break_even():
+    ctx = Context("nccl", 8, "graph", "GPU/NCCL")
+    proj = report.projection(ctx, [_cfg("defaults", {}, {14336: 20.0, 28672: 30.0})], {1: 14336, 2: 28672}, 61)
+    row = proj["rows"][0]
+    assert proj["allreduces_per_forward"] == 122
+    assert row["per_forward_us"] == {1: pytest.approx(2440.0), 2: pytest.approx(3660.0)}
+    assert row["break_even"] == {2: pytest.approx(1.5)}
