@@ -16,7 +16,9 @@ HERE = Path(__file__).resolve().parent
 # output file (relative to the output folder) -> (source folder under probes/, extra compiler/linker
 # arguments). Built in this order; "{out}" in an argument is replaced by the output folder.
 TARGETS: dict[str, tuple[str, list[str]]] = {
-    "libncclprobe.so": ("ncclprobe", ["-ldl", "-lpthread"]),
+    # nodelete: NCCL dlcloses its plugins when the last communicator goes; the probe's tables,
+    # log descriptor and exit flush must outlive that.
+    "libncclprobe.so": ("ncclprobe", ["-ldl", "-lpthread", "-Wl,-z,nodelete"]),
 }
 
 # Python files that run inside the diagnosed interpreters, shipped as they are.

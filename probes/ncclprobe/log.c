@@ -1,0 +1,179 @@
+/* log.c - the per-process JSONL file: <NCCLPROBE_DIR>/<host>-<pid>.jsonl.
+ *
+ * NCCLPROBE_DIR unset: every probe is silent. The file is opened on the first event (never in a
+ * constructor), re-opened when the pid changes (a fork child writes its own file) or when the
+ * descriptor no longer names our file (a host that closes every fd and reuses the number must
+ * never receive our lines). Each line is one write() on an O_APPEND descriptor, so concurrent
+ * writers never interleave (DESIGN.md §4). An unwritable directory costs one stderr warning. */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "probe.h"
+
+enum { ST_UNKNOWN = 0, ST_OPEN = 1, ST_SILENT = 2 };
+
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* taken to open, never to write */
+static int g_state = ST_UNKNOWN;
+static int g_fd = -1;
+static pid_t g_pid;
+static dev_t g_dev;
+static ino_t g_ino;
+static char g_host[256];
+static char g_hostq[600]; /* host, JSON-escaped */
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+/* Keep our descriptor away from the low numbers that hosts dup2() onto and close() in loops. */
+#define NP_FD_FLOOR 200
+
+static void atfork_prepare(void) { pthread_mutex_lock(&g_lock); }
+static void atfork_parent(void) { pthread_mutex_unlock(&g_lock); }
+static void atfork_child(void) {
+  /* The child must not append to its parent's file; the pid check re-opens on its next event. */
+  if (g_fd >= 0) close(g_fd);
+  g_fd = -1;
+  if (g_state == ST_OPEN) g_state = ST_UNKNOWN;
+  pthread_mutex_unlock(&g_lock);
+}
+static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+
+uint64_t np_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void warn_once(const char* dir, const char* what, int err) {
+  /* One line, then silence for the life of the process (and its fork children). */
+  char msg[1200];
+  int n = snprintf(msg, sizeof msg, "ncclprobe: cannot %s log in %s: %s; the probe stays silent\n", what, dir,
+                   strerror(err));
+  if (n > 0) {
+    ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
+    (void)w;
+  }
+  g_state = ST_SILENT;
+}
+
+static void open_locked(void) {
+  const char* dir = getenv("NCCLPROBE_DIR");
+  if (!dir || !*dir) {
+    g_state = ST_SILENT;
+    return;
+  }
+  if (gethostname(g_host, sizeof g_host - 1) != 0) strcpy(g_host, "unknown");
+  g_host[sizeof g_host - 1] = 0;
+  /* A host name never contains '/', but a file name must not, whatever uname says. */
+  char safe[256];
+  size_t i;
+  for (i = 0; g_host[i] && i < sizeof safe - 1; i++) safe[i] = g_host[i] == '/' ? '_' : g_host[i];
+  safe[i] = 0;
+  np_json_escape(g_host, strlen(g_host), g_hostq, sizeof g_hostq);
+
+  pid_t pid = getpid();
+  char path[4096];
+  int n = snprintf(path, sizeof path, "%s/%s-%d.jsonl", dir, safe, (int)pid);
+  if (n <= 0 || (size_t)n >= sizeof path) {
+    warn_once(dir, "name", ENAMETOOLONG);
+    return;
+  }
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    warn_once(dir, "create the directory for the", errno);
+    return;
+  }
+  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    warn_once(dir, "open the", errno);
+    return;
+  }
+  int high = fcntl(fd, F_DUPFD_CLOEXEC, NP_FD_FLOOR);
+  if (high >= 0) {
+    close(fd);
+    fd = high;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    warn_once(dir, "use the", EINVAL);
+    return;
+  }
+  g_fd = fd;
+  g_pid = pid;
+  g_dev = st.st_dev;
+  g_ino = st.st_ino;
+  g_state = ST_OPEN;
+}
+
+/* The usable descriptor, or -1. Cheap when nothing changed: one getpid() and one fstat(). */
+static int log_fd(void) {
+  if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_SILENT) return -1;
+  pid_t pid = getpid();
+  int fd = __atomic_load_n(&g_fd, __ATOMIC_ACQUIRE);
+  if (fd >= 0 && g_pid == pid) {
+    struct stat st;
+    if (fstat(fd, &st) == 0 && st.st_dev == g_dev && st.st_ino == g_ino) return fd;
+  }
+  pthread_once(&g_atfork_once, register_atfork);
+  pthread_mutex_lock(&g_lock);
+  if (g_state != ST_SILENT) {
+    struct stat st;
+    int ours = g_fd >= 0 && fstat(g_fd, &st) == 0 && st.st_dev == g_dev && st.st_ino == g_ino;
+    if (!ours || g_pid != pid) {
+      /* Still our file but another pid: a copy inherited through a fork that ran no atfork
+       * handler (raw clone); close it. Not our file any more: the host closed it and reused the
+       * number, so it is the host's descriptor and must be left alone. */
+      if (ours) close(g_fd);
+      g_fd = -1;
+      open_locked();
+    }
+  }
+  fd = g_state == ST_OPEN ? g_fd : -1;
+  pthread_mutex_unlock(&g_lock);
+  return fd;
+}
+
+int np_log_enabled(void) { return log_fd() >= 0; }
+
+void np_event_begin(np_jb* jb, const char* ev, const char* src) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  char head[160];
+  int n = snprintf(head, sizeof head, "{\"ev\":\"%s\",\"t\":%lld.%06ld,\"pid\":%d,\"src\":\"%s\",\"host\":\"", ev,
+                   (long long)ts.tv_sec, ts.tv_nsec / 1000, (int)getpid(), src);
+  np_jb_raw(jb, head, (size_t)n);
+  np_jb_raw(jb, g_hostq, strlen(g_hostq));
+  np_jb_raw(jb, "\"", 1);
+}
+
+void np_event_end(np_jb* jb) {
+  int fd = log_fd();
+  if (fd < 0) return;
+  /* The reserved tail always fits the closing marker and newline (NP_JB_TAIL). */
+  const char* tail = jb->truncated ? ",\"truncated\":true}\n" : "}\n";
+  size_t tl = strlen(tail);
+  memcpy(jb->buf + jb->len, tail, tl);
+  size_t len = jb->len + tl, off = 0;
+  while (off < len) {
+    ssize_t w = write(fd, jb->buf + off, len - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break; /* disk full: drop the line, never block or crash the host */
+    off += (size_t)w;
+  }
+}
+
+void np_probe_error(const char* src, int* once, const char* message) {
+  if (once && __atomic_exchange_n(once, 1, __ATOMIC_RELAXED)) return;
+  if (!np_log_enabled()) return;
+  char buf[2048];
+  np_jb jb;
+  np_jb_init(&jb, buf, sizeof buf);
+  np_event_begin(&jb, "probe_error", src);
+  np_jb_str(&jb, "message", message);
+  np_event_end(&jb);
+}

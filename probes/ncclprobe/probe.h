@@ -1,0 +1,91 @@
+/* probe.h - private interface between the parts of libncclprobe.so (log writer, preload hooks,
+ * profiler plugin, env plugin). Nothing here is exported: the build uses -fvisibility=hidden and
+ * only symbols marked NP_EXPORT leave the library. */
+#ifndef NCCLPROBE_PROBE_H
+#define NCCLPROBE_PROBE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../include/nccl_abi.h"
+
+#define NP_EXPORT __attribute__((visibility("default")))
+
+/* Probe ABI version: ncclprobe/probelib.py refuses a library whose version differs. */
+#define NCCLPROBE_ABI "1"
+
+enum { NP_ROLE_PRELOAD = 1, NP_ROLE_PROFILER = 2, NP_ROLE_ENVPLUGIN = 4 };
+
+/* ---------------------------------------------------------------- JSON line builder (json.c)
+ * Lines are built in a caller-owned (stack) buffer and written with one write(). A member that
+ * does not fit is left out whole and flags `truncated`; the last NP_JB_TAIL bytes stay reserved
+ * for `,"truncated":true}` and the newline, so every line is a complete object. */
+#define NP_JB_TAIL 24
+#define NP_VALUE_MAX 2048 /* a longer string value is cut (the cut is marked by `"truncated":true`) */
+
+typedef struct {
+  char* buf;
+  size_t cap;
+  size_t len;
+  int full;      /* an append did not fit */
+  int truncated; /* a string value was cut at NP_VALUE_MAX */
+} np_jb;
+
+void np_jb_init(np_jb* jb, char* buf, size_t cap);
+void np_jb_raw(np_jb* jb, const char* s, size_t n);
+void np_jb_key(np_jb* jb, const char* key); /* ,"key": */
+void np_jb_str(np_jb* jb, const char* key, const char* val); /* null when val is NULL */
+void np_jb_strn(np_jb* jb, const char* key, const char* val, size_t n);
+void np_jb_int(np_jb* jb, const char* key, long long v);
+void np_jb_uint(np_jb* jb, const char* key, unsigned long long v);
+void np_jb_hex(np_jb* jb, const char* key, unsigned long long v); /* "0x..." string */
+void np_jb_ptr(np_jb* jb, const char* key, const void* p);        /* "0x..." or null */
+void np_jb_dbl(np_jb* jb, const char* key, double v, int decimals);
+void np_jb_bool(np_jb* jb, const char* key, int v);
+void np_jb_null(np_jb* jb, const char* key);
+/* Escaped string body (no quotes) of n bytes: control characters as \u00XX, bytes that are not
+ * valid UTF-8 as \udcXX (Python's surrogateescape, so os.fsencode() gives the bytes back). */
+void np_jb_escape(np_jb* jb, const char* s, size_t n);
+size_t np_json_escape(const char* in, size_t n, char* out, size_t cap);
+
+/* ---------------------------------------------------------------- watched set and environment */
+int np_watched(const char* name, size_t n);
+/* ,"env":{...} with every watched variable of the live environ. */
+void np_jb_env(np_jb* jb);
+
+/* ---------------------------------------------------------------- log file (log.c) */
+int np_log_enabled(void); /* NCCLPROBE_DIR set and the file usable (opens it on first use) */
+/* Starts a line: {"ev":..,"t":..,"host":..,"pid":..,"src":.. */
+void np_event_begin(np_jb* jb, const char* ev, const char* src);
+/* Closes the object and writes the line with one write(). */
+void np_event_end(np_jb* jb);
+/* probe_error event (at most once per `once` flag, which the caller owns). */
+void np_probe_error(const char* src, int* once, const char* message);
+uint64_t np_now_ns(void); /* CLOCK_MONOTONIC */
+
+/* ---------------------------------------------------------------- loaded NCCL libraries (libs.c) */
+typedef struct {
+  void* base;       /* load address (dli_fbase), the key */
+  void* handle;     /* dlopen(path, RTLD_NOLOAD) handle, kept */
+  char path[512];
+  int version;      /* ncclGetVersion, 0 if unknown */
+  int simulated;    /* the library exports ncclSimulated */
+  int profiler_seen;
+  int envplugin_seen;
+} np_lib;
+
+/* The library containing address `addr` (e.g. a return address or a resolved function), added to
+ * a fixed table on first sight; NULL when it is not a loaded object or the table is full. */
+np_lib* np_lib_of(const void* addr);
+/* A symbol that the library itself defines (not one of its dependencies), or NULL. */
+void* np_lib_sym(np_lib* lib, const char* name);
+/* Base address of libncclprobe.so itself. */
+void* np_self_base(void);
+uint64_t np_fnv1a(const void* data, size_t n, uint64_t h);
+#define NP_FNV_OFFSET 0xcbf29ce484222325ull
+
+/* Call id of the preload hook running on this thread (0: none), so the profiler init that NCCL
+ * runs inside the real call can name it. */
+extern __thread uint64_t np_tl_call;
+
+#endif /* NCCLPROBE_PROBE_H */
