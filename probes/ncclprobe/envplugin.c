@@ -1,0 +1,105 @@
+/* envplugin.c - the NCCL env plugin role (NCCL_ENV_PLUGIN=<this library>, NCCL >= 2.28.7).
+ *
+ * From 2.28.7 every variable NCCL reads goes through ncclGetEnv -> the env plugin's getEnv
+ * (v2.28.7-1 src/misc/param.cc). We delegate to getenv, exactly what NCCL's default plugin does
+ * (src/plugin/env/default_env.cc), so NCCL sees the same values and the same pointer lifetime, and
+ * log each distinct (variable, value) that one library copy read, once, for watched names only.
+ * NCCL looks up ncclEnvPlugin_v2 first, then v1 (v2.30.7-1 src/plugin/env.cc). */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "probe.h"
+
+#define NP_SEEN_SLOTS 4096 /* open addressing, kept at most half full */
+#define NP_SEEN_MAX (NP_SEEN_SLOTS / 2)
+
+static uint64_t g_seen[NP_SEEN_SLOTS]; /* 0 = empty */
+static int g_nseen;
+static int g_overflow_once;
+static pthread_mutex_t g_seen_lock = PTHREAD_MUTEX_INITIALIZER; /* NCCL reads env from several threads */
+
+/* 1: first time this library copy read this value of this variable; 0: seen; -1: table full. */
+static int first_sight(const void* lib_base, const char* name, const char* value) {
+  uint64_t h = np_fnv1a(&lib_base, sizeof lib_base, NP_FNV_OFFSET);
+  h = np_fnv1a(name, strlen(name) + 1, h);
+  h = value ? np_fnv1a(value, strlen(value), h ^ 0x5a) : np_fnv1a("\0unset", 6, h);
+  if (!h) h = 1;
+  int result = 0;
+  pthread_mutex_lock(&g_seen_lock);
+  for (size_t i = h % NP_SEEN_SLOTS;; i = (i + 1) % NP_SEEN_SLOTS) {
+    if (g_seen[i] == h) break;
+    if (!g_seen[i]) {
+      if (g_nseen >= NP_SEEN_MAX) {
+        result = -1;
+      } else {
+        g_seen[i] = h;
+        g_nseen++;
+        result = 1;
+      }
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g_seen_lock);
+  return result;
+}
+
+#define CALLER __builtin_extract_return_addr(__builtin_return_address(0))
+
+static const char* get_env(const char* name) {
+  const char* value = getenv(name);
+  if (!name || !np_watched(name, strlen(name)) || !np_log_enabled()) return value;
+  np_lib* lib = np_lib_of(CALLER);
+  int first = first_sight(lib ? lib->base : NULL, name, value);
+  if (first < 0) {
+    np_probe_error("envplugin", &g_overflow_once,
+                   "more than 2048 distinct variable values read; later nccl_getenv events are not logged");
+  } else if (first) {
+    char buf[8192];
+    np_jb jb;
+    np_jb_init(&jb, buf, sizeof buf);
+    np_event_begin(&jb, "nccl_getenv", "envplugin");
+    np_jb_str(&jb, "var", name);
+    np_jb_str(&jb, "value", value);
+    np_jb_str(&jb, "lib", lib ? lib->path : NULL);
+    np_event_end(&jb);
+  }
+  return value;
+}
+
+static int g_load_once_nolib;
+
+static void plugin_load(const void* caller, const char* plugin, uint8_t major, uint8_t minor, uint8_t patch,
+                        const char* suffix) {
+  if (!np_log_enabled()) return;
+  np_lib* lib = np_lib_of(caller);
+  int* once = lib ? &lib->envplugin_seen : &g_load_once_nolib;
+  if (__atomic_exchange_n(once, 1, __ATOMIC_RELAXED)) return;
+  char buf[2048];
+  np_jb jb;
+  np_jb_init(&jb, buf, sizeof buf);
+  np_event_begin(&jb, "plugin_load", "envplugin");
+  np_jb_str(&jb, "plugin", plugin);
+  /* init receives NCCL_MAJOR/MINOR/PATCH; NCCL_VERSION_CODE is X*10000+Y*100+Z since 2.9. */
+  np_jb_int(&jb, "nccl_version", NCCL_ABI_VERSION(major, minor, patch));
+  np_jb_str(&jb, "nccl_suffix", suffix);
+  np_jb_str(&jb, "lib", lib ? lib->path : NULL);
+  np_event_end(&jb);
+}
+
+static ncclResult_t init_v1(uint8_t major, uint8_t minor, uint8_t patch, const char* suffix) {
+  plugin_load(CALLER, "ncclEnvPlugin_v1", major, minor, patch, suffix);
+  return ncclSuccess;
+}
+
+static ncclResult_t init_v2(uint8_t major, uint8_t minor, uint8_t patch, const char* suffix,
+                            ncclDebugLogger_t logFunction) {
+  plugin_load(CALLER, "ncclEnvPlugin_v2", major, minor, patch, suffix);
+  return ncclSuccess;
+}
+
+/* Nothing to release: getenv's pointers belong to the environment (env_v1.h lifetime rule). */
+static ncclResult_t finalize(void) { return ncclSuccess; }
+
+NP_EXPORT ncclEnv_v1_t ncclEnvPlugin_v1 = {"ncclprobe", init_v1, finalize, get_env};
+NP_EXPORT ncclEnv_v2_t ncclEnvPlugin_v2 = {"ncclprobe", init_v2, finalize, get_env};
