@@ -19,6 +19,8 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     # nodelete: NCCL dlcloses its plugins when the last communicator goes; the probe's tables,
     # log descriptor and exit flush must outlive that.
     "libncclprobe.so": ("ncclprobe", ["-ldl", "-lpthread", "-Wl,-z,nodelete"]),
+    "sim/libnccl.so.2": ("simnccl", ["-ldl", "-lpthread", "-Wl,-soname,libnccl.so.2"]),
+    "sim/libsimtorch.so": ("simframework", ["-L{out}/sim", "-l:libnccl.so.2", "-Wl,-rpath,$ORIGIN"]),
 }
 
 # Python files that run inside the diagnosed interpreters, shipped as they are.
