@@ -191,6 +191,9 @@ int np_watched(const char* name, size_t n) {
 }
 
 void np_jb_env(np_jb* jb) {
+  /* Leave room for the members written after the environment (rc, lib path, comm, ...). */
+  size_t cap = jb->cap;
+  if (cap > 4 * NP_ENV_RESERVE) jb->cap = cap - NP_ENV_RESERVE;
   size_t mark = jb->len;
   np_jb_key(jb, "env");
   put(jb, '{');
@@ -224,4 +227,5 @@ void np_jb_env(np_jb* jb) {
     jb->full = 0;
     jb->truncated = 1;
   }
+  jb->cap = cap;
 }

@@ -204,6 +204,7 @@ struct hook {
   uint64_t t0;
   np_jb jb;
   size_t prefix; /* length of the part shared by all communicators of one call (InitAll) */
+  int prefix_truncated;
 };
 
 static void hook_begin(struct hook* h, char* buf, size_t cap, int api) {
@@ -242,6 +243,7 @@ static void hook_leave(struct hook* h, ncclResult_t rc, void* fn) {
     np_jb_bool(&h->jb, "simulated", lib && lib->simulated);
   }
   h->prefix = h->jb.len;
+  h->prefix_truncated = h->jb.truncated;
 }
 
 /* rank/nranks/dev of a new communicator through the library that made it; the arguments' values
@@ -249,7 +251,7 @@ static void hook_leave(struct hook* h, ncclResult_t rc, void* fn) {
 static void finish_comm(struct hook* h, void* fn, ncclResult_t rc, ncclComm_t comm, int arg_rank, int arg_nranks) {
   if (!h->logging) return;
   h->jb.len = h->prefix;
-  h->jb.truncated = 0;
+  h->jb.truncated = h->prefix_truncated;
   int rank = arg_rank, nranks = arg_nranks, dev = INT_MIN;
   np_lib* lib = np_lib_of(fn);
   if (rc == ncclSuccess && comm && lib) {

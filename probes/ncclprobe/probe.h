@@ -50,7 +50,9 @@ size_t np_json_escape(const char* in, size_t n, char* out, size_t cap);
 
 /* ---------------------------------------------------------------- watched set and environment */
 int np_watched(const char* name, size_t n);
-/* ,"env":{...} with every watched variable of the live environ. */
+/* ,"env":{...} with every watched variable of the live environ, leaving NP_ENV_RESERVE bytes of
+ * the line for the members that follow it. */
+#define NP_ENV_RESERVE 3072
 void np_jb_env(np_jb* jb);
 
 /* ---------------------------------------------------------------- log file (log.c) */
