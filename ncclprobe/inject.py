@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import py_compile
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,7 @@ from ncclprobe._lib import lib_path, ncclprobe_boot as _boot
 from ncclprobe.doc import Result, Table, Text, Title, Unexaminable
 from ncclprobe.events import read_dirs
 from ncclprobe.profile import Profile, parse as parse_profile
+from ncclprobe.watched import is_watched
 
 BOOT_FILE = "ncclprobe_boot.py"
 MODULE = "_ncclprobe_boot"
@@ -52,8 +54,12 @@ def _ncclprobe_boot_and_chain():
         pass  # the probe never stops the interpreter
     # leave sys.path as it would have been; children still get PYTHONPATH from the environment
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
-    from importlib.machinery import PathFinder
-    from importlib.util import module_from_spec
+    try:  # the import system's own modules: importlib.util would import contextlib & co. at start-up
+        from _frozen_importlib import module_from_spec
+        from _frozen_importlib_external import PathFinder
+    except ImportError:
+        from importlib.machinery import PathFinder
+        from importlib.util import module_from_spec
     spec = PathFinder.find_spec("sitecustomize", sys.path)
     if spec is None or spec.loader is None:
         return
@@ -97,6 +103,11 @@ def ephemeral_env(base_env: Mapping[str, str], log_dir: str | Path, profile: Pro
     boot_dir = Path(tempfile.mkdtemp(prefix="boot-", dir=log_dir))  # 0700
     _write_private(boot_dir / BOOT_FILE, _boot_source())
     _write_private(boot_dir / "sitecustomize.py", SITECUSTOMIZE)
+    for name in (BOOT_FILE, "sitecustomize.py"):  # for this interpreter, even under PYTHONDONTWRITEBYTECODE
+        try:
+            py_compile.compile(str(boot_dir / name), doraise=True)
+        except (OSError, py_compile.PyCompileError):
+            pass  # each process compiles it then
     changes: dict[str, str] = {}
     if profile is not None and not profile.empty:
         changes.update(profile.env_changes(base_env))
@@ -187,7 +198,7 @@ def install(python: str | None = None, profile: Profile | None = None, log_dir: 
     previous = _installed_config(sp)
     pycache = sp / "__pycache__"
     config = {"log_dir": str(Path(log_dir).expanduser().absolute()) if log_dir else None,
-              "profile": profile.to_text(), "installed_at": round(time.time(), 3), "ncclprobe": __version__,
+              "profile": profile.to_text(), "entries": [list(e) for e in profile.entries()], "installed_at": round(time.time(), 3), "ncclprobe": __version__,
               "pycache_created": (previous or {}).get("pycache_created", not pycache.exists())}
     source = _boot_source()
     if source.count(INSTALLED_LINE) != 1:
@@ -251,6 +262,9 @@ def _install_result(info, sp, config, profile, compiled) -> Result:
     if not profile.empty:
         doc.append(Table(["op", "variable", "value"], _profile_rows(profile), title="profile"))
     doc.append(Text("Runs in every process of this interpreter, also under -I and -E; not under -S.", "note"))
+    if any(not is_watched(k) for k, _ in profile.sets + profile.defaults):
+        doc.append(Text(f"The profile's values are stored in {files[2]}, readable by every user of this "
+                        "interpreter.", "warn"))
     if not compiled:
         doc.append(Text("Could not byte-compile the module now; each process will compile it.", "warn"))
     return Result("inject install", data={

@@ -26,6 +26,9 @@ WATCHED_NAMES = frozenset({
     "SGLANG_NCCL_SO_PATH", "VLLM_NCCL_SO_PATH",
 })
 SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+# bytes forms: filtering the raw environment without decoding every name keeps start-up cheap
+_PREFIXES_B = tuple(p.encode() for p in WATCHED_PREFIXES)
+_NAMES_B = frozenset(n.encode() for n in WATCHED_NAMES)
 
 DIR_VAR = "NCCLPROBE_DIR"          # log directory (wins over the installed one)
 PROFILE_VAR = "NCCLPROBE_PROFILE"  # path of a profile file, applied after the installed profile
@@ -173,7 +176,6 @@ def _json(v):
 # ---------------------------------------------------------------------------- log writer
 
 _dir = None        # log directory, None = silent
-_dir_checked = False
 _fd = -1
 _fd_pid = 0
 _host = ""
@@ -181,7 +183,7 @@ _reported = set()  # parts whose failure was already logged
 
 
 def _open_log():
-    global _fd, _fd_pid, _dir, _dir_checked
+    global _fd, _fd_pid, _dir
     pid = os.getpid()
     if _fd >= 0 and _fd_pid == pid:
         return _fd
@@ -193,18 +195,14 @@ def _open_log():
         _fd = -1
     if _dir is None:
         return -1
+    path = os.path.join(_dir, "%s-%d.jsonl" % (_host, pid))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        if not _dir_checked:
-            try:
-                os.mkdir(_dir, 0o700)
-            except FileExistsError:
-                pass
-            except FileNotFoundError:
-                os.makedirs(_dir, 0o700, exist_ok=True)
-            _dir_checked = True
-        path = os.path.join(_dir, "%s-%d.jsonl" % (_host, pid))
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        _fd = os.open(path, flags, 0o600)
+        try:
+            _fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:  # first process of this log directory
+            os.makedirs(_dir, 0o700, exist_ok=True)
+            _fd = os.open(path, flags, 0o600)
         _fd_pid = pid
     except OSError:
         _dir = None  # unwritable: go silent, the host is unaffected
@@ -236,8 +234,13 @@ def _fail(part, exc):
 
 # ---------------------------------------------------------------------------- process facts
 
-def _watched(env):
-    return {k: v for k, v in env.items() if is_watched(k)}
+def _watched_raw(items):
+    """Watched part of (bytes name, bytes value) pairs, decoded as os.environ decodes them."""
+    return {os.fsdecode(k): os.fsdecode(v) for k, v in items if k in _NAMES_B or k.startswith(_PREFIXES_B)}
+
+
+def _watched_now():
+    return _watched_raw(os.environ._data.items())
 
 
 def _exec_env():
@@ -257,14 +260,9 @@ def _exec_env():
         return None
     finally:
         os.close(fd)
-    out = {}
-    for item in b"".join(chunks).split(b"\0"):
-        k, sep, v = item.partition(b"=")
-        if sep and k:
-            name = os.fsdecode(k)
-            if is_watched(name):
-                out[name] = os.fsdecode(v)
-    return out
+    # cheap prefix test on the raw entries first; only watched ones are split and decoded
+    items = [i for i in b"".join(chunks).split(b"\0") if i.startswith(_PREFIXES_B) or i.split(b"=", 1)[0] in _NAMES_B]
+    return _watched_raw(i.partition(b"=")[::2] for i in items if b"=" in i[1:])
 
 
 def _secretish(name):
@@ -447,11 +445,11 @@ def _install_guard():
 _start = {}  # process_start fields shared with fork children
 
 
-def _process_start(extra):
+def _process_start(extra, env=None):
     exec_env = _exec_env()
     fields = {"ppid": os.getppid(), "argv": _start.get("argv"), "exe": sys.executable,
-              "prefix": sys.prefix, "python": sys.version.split()[0], "mode": _start.get("mode"),
-              "env": _watched(os.environ), "exec_env": exec_env, "exec_env_differs": None,
+              "prefix": sys.prefix, "python": "%d.%d.%d" % sys.version_info[:3], "mode": _start.get("mode"),
+              "env": _watched_now() if env is None else env, "exec_env": exec_env, "exec_env_differs": None,
               "profile": _start.get("profile"), "profile_unwatched": _start.get("profile_unwatched", 0),
               "pinned": dict(_pins)}
     fields.update(extra)
@@ -477,7 +475,9 @@ def _read_text(path):
 
 def _profile_entries():
     entries = []
-    if INSTALLED and INSTALLED.get("profile"):
+    if INSTALLED and INSTALLED.get("entries") is not None:  # parsed at install time
+        entries.extend(tuple(e) for e in INSTALLED["entries"])
+    elif INSTALLED and INSTALLED.get("profile"):
         entries.extend(parse_profile(INSTALLED["profile"], "installed profile"))
     path = os.environ.get(PROFILE_VAR)
     if path:
@@ -542,7 +542,7 @@ def start():
         _host = os.uname().nodename
         _dir = _log_dir()
         _start.update(pid=os.getpid(), mode=mode, argv=_argv())
-        before = _watched(os.environ)
+        before = _watched_now()
         try:
             entries = _profile_entries()
         except (OSError, ValueError) as exc:
@@ -550,7 +550,8 @@ def start():
             _fail("profile", exc)
         profile, unwatched = _apply_profile(entries)
         _start.update(profile=profile, profile_unwatched=unwatched)
-        fields = _process_start({})
+        changed = unwatched or any(p["applied"] for p in profile)
+        fields = _process_start({}, None if changed else before)
         exec_env = fields["exec_env"]
         fields["exec_env_differs"] = None if exec_env is None else exec_env != before
         _emit("process_start", fields)

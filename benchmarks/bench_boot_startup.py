@@ -1,0 +1,78 @@
+"""Start-up cost of the boot probe: `python -c pass` in a venv with the persistent probe installed,
+against the same in an identical venv without it (and, for reference, the ephemeral wiring).
+
+Runs alternate between the interpreters so that drift (CPU frequency, page cache) hits both alike;
+the verdict is the ratio of medians. Goal: persistent <= 1.10x.
+
+    python benchmarks/bench_boot_startup.py [--runs 300] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ncclprobe import inject, profile  # noqa: E402
+
+GOAL = 1.10
+
+
+def _venv(path: Path) -> str:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    return str(path / "bin" / "python")
+
+
+def _time_once(python: str, env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([python, "-c", "pass"], env=env, check=True)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=300, help="timed runs per case")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("NCCLPROBE_") and k != "PYTHONPATH"}
+    with tempfile.TemporaryDirectory(prefix="ncclprobe-bench-") as tmp:
+        tmp = Path(tmp)
+        plain, probed = _venv(tmp / "plain"), _venv(tmp / "probed")
+        prof = profile.from_cli(["NCCL_PROTO=LL"], ["NCCL_ALGO=Ring"], ["NCCL_PROTO"])
+        inject.install(probed, profile=prof, log_dir=tmp / "log-persistent")
+        eph_env = {**base_env, **inject.ephemeral_env(base_env, tmp / "log-ephemeral", prof)}
+        cases = {"baseline": (plain, base_env), "persistent": (probed, base_env), "ephemeral": (plain, eph_env)}
+        times: dict[str, list[float]] = {name: [] for name in cases}
+        for name, (py, env) in cases.items():  # warm-up: page cache, .pyc files
+            for _ in range(5):
+                _time_once(py, env)
+        for _ in range(args.runs):
+            for name, (py, env) in cases.items():
+                times[name].append(_time_once(py, env))
+        files = len(list((tmp / "log-persistent").glob("*.jsonl")))
+    med = {name: statistics.median(v) for name, v in times.items()}
+    ratio = {name: med[name] / med["baseline"] for name in med}
+    out = {"runs": args.runs, "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+           "ratio": {k: round(v, 3) for k, v in ratio.items()}, "goal": GOAL,
+           "ok": ratio["persistent"] <= GOAL, "persistent_log_files": files}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"python -c pass, median of {args.runs} runs each (alternating)")
+        for name in cases:
+            print(f"  {name:<11} {med[name] * 1e3:7.2f} ms   {ratio[name]:.3f}x")
+        verdict = "ok" if out["ok"] else "OVER"
+        print(f"persistent / baseline = {ratio['persistent']:.3f}x (goal <= {GOAL:.2f}x): {verdict}")
+    return 0 if out["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

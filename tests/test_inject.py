@@ -1,0 +1,161 @@
+"""Persistent mode (`ncclprobe inject install/status/uninstall`) in throwaway venvs, never the system
+interpreter."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ncclprobe import inject, profile
+from ncclprobe.doc import Unexaminable
+from tests.boot_support import clean_env, events, make_venv, run, site_packages, snapshot, starts_by_pid
+
+
+@pytest.fixture
+def venv(tmp_path):
+    py = make_venv(tmp_path / "venv")
+    return py, site_packages(py)
+
+
+def test_install_files_and_survives_flags_and_curated_envs(venv, tmp_path):
+    py, sp = venv
+    log = tmp_path / "log"
+    res = inject.install(str(py), profile=profile.from_cli(["NCCL_PROTO=LL"], [], ["NCCL_PROTO"]), log_dir=log)
+    assert res.data["installed"] and res.data["site_packages"] == str(sp)
+    assert (sp / inject.PTH).read_text() == "import _ncclprobe_boot; _ncclprobe_boot.start()\n"
+    assert (sp / inject.START).read_text() == "_ncclprobe_boot:start\n"
+    assert list((sp / "__pycache__").glob("_ncclprobe_boot.*.pyc"))  # compiled by the target now
+    assert not [p for p in sp.iterdir() if "ncclprobe-tmp" in p.name]
+    code = "import os; os.environ['NCCL_PROTO'] = 'Simple'; print(os.getpid(), os.environ['NCCL_PROTO'])"
+    pids = {}
+    for flags in ([], ["-I"], ["-E"], ["-S"]):
+        out = run([py, *flags, "-c", code], clean_env(PYTHONPATH="/nonexistent")).stdout.split()
+        pids[" ".join(flags)] = int(out[0])
+        assert out[1] == ("Simple" if flags == ["-S"] else "LL")
+    # a launcher that hands its worker an empty environment (no PYTHONPATH, no NCCLPROBE_*)
+    out = run([py, "-c", f"import subprocess; subprocess.run([{str(py)!r}, '-c', {code!r}], env={{}})"],
+              clean_env()).stdout.split()
+    pids["env={}"] = int(out[0])
+    starts = starts_by_pid(log)
+    for what in ("", "-I", "-E", "env={}"):
+        ev = starts[pids[what]]
+        assert ev["mode"] == "persistent" and ev["prefix"] == str(tmp_path / "venv")
+        assert ev["pinned"] == {"NCCL_PROTO": "LL"}
+    assert pids["-S"] not in starts
+    blocked = [w for w in events(log, "env_write") if w["pid"] == pids["env={}"]]
+    assert [(w["var"], w["new"], w["blocked"]) for w in blocked] == [("NCCL_PROTO", "Simple", True)]
+
+
+def test_status_shows_profile_seen_processes_and_those_without_the_probe(venv, tmp_path):
+    py, sp = venv
+    log = tmp_path / "log"
+    inject.install(str(py), profile=profile.from_cli([], ["NCCL_ALGO=Ring"], []), log_dir=log)
+    seen = run([py, "-c", "import os; print(os.getpid())"], clean_env())
+    sleepers = [subprocess.Popen([str(py), *flags, "-c", "import time; time.sleep(60)"], env=clean_env())
+                for flags in (["-S"], ["-I"])]
+    other = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])  # not this venv
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and len(starts_by_pid(log)) < 2:
+            time.sleep(0.05)
+        res = inject.status(str(py))
+    finally:
+        for p in sleepers + [other]:
+            p.kill()
+            p.wait()
+    d = res.data
+    assert d["installed"] and d["log_dir"] == str(log)
+    assert d["profile"] == {"set": {}, "default": {"NCCL_ALGO": "Ring"}, "pin": []}
+    assert {s["pid"] for s in d["seen"]} == {int(seen.stdout), sleepers[1].pid}
+    without = {w["pid"]: w for w in d["without_probe"]}
+    assert set(without) == {sleepers[0].pid}
+    assert without[sleepers[0].pid]["reason"] == "site disabled (-S)"
+    assert res.doc  # something to draw
+
+
+def test_uninstall_restores_exactly_and_is_idempotent(venv, tmp_path):
+    py, sp = venv
+    before = snapshot(sp)
+    inject.install(str(py), log_dir=tmp_path / "log")
+    inject.install(str(py), profile=profile.from_cli(["NCCL_PROTO=LL"], [], []), log_dir=tmp_path / "log")
+    run([py, "-c", "pass"], clean_env())
+    assert snapshot(sp) != before
+    res = inject.uninstall(str(py))
+    assert len(res.data["removed"]) >= 4
+    assert snapshot(sp) == before
+    again = inject.uninstall(str(py))
+    assert again.data["removed"] == [] and "nothing to remove" in again.doc[0].text
+    assert inject.status(str(py)).data["installed"] is False
+
+
+def test_uninstall_keeps_a_pycache_that_was_there(venv, tmp_path):
+    py, sp = venv
+    (sp / "__pycache__").mkdir()
+    (sp / "__pycache__" / "other.cpython-311.pyc").write_bytes(b"x")
+    before = snapshot(sp)
+    inject.install(str(py), log_dir=tmp_path / "log")
+    inject.uninstall(str(py))
+    assert snapshot(sp) == before
+
+
+def test_refuses_unwritable_site_packages_with_nothing_written(venv, tmp_path, monkeypatch):
+    py, sp = venv
+    before = snapshot(sp)
+    # root ignores file modes, so the refusal is triggered through the check install() makes
+    monkeypatch.setattr(inject.os, "access", lambda path, mode: False)
+    with pytest.raises(Unexaminable, match="not writable.*nothing was written") as err:
+        inject.install(str(py), log_dir=tmp_path / "log")
+    assert err.value.reason == "permission"
+    assert snapshot(sp) == before
+
+
+def test_failure_midway_leaves_nothing_half_written(venv, tmp_path):
+    py, sp = venv
+    # the second file's temporary name is taken: writing it fails after the first was written
+    (sp / f".{inject.START}.{os.getpid()}.ncclprobe-tmp").mkdir()
+    before = snapshot(sp)
+    with pytest.raises(Unexaminable, match="nothing was written"):
+        inject.install(str(py), log_dir=tmp_path / "log")
+    assert snapshot(sp) == before
+
+
+def test_not_an_interpreter(tmp_path):
+    with pytest.raises(Unexaminable, match="cannot run the interpreter"):
+        inject.status(str(tmp_path / "no-python"))
+
+
+def test_default_log_dir_is_per_user(venv):
+    py, sp = venv
+    res = inject.install(str(py))
+    assert res.data["log_dir"] == f"/tmp/ncclprobe-{os.geteuid()}"
+    out = run([py, "-c", "import os; print(os.getpid())"], clean_env())
+    inject.uninstall(str(py))
+    assert int(out.stdout) in starts_by_pid(res.data["log_dir"])
+    for f in Path(res.data["log_dir"]).glob(f"*-{int(out.stdout)}.jsonl"):
+        f.unlink()
+
+
+def test_ephemeral_on_top_of_persistent_boots_once(venv, tmp_path):
+    py, sp = venv
+    inject.install(str(py), profile=profile.from_cli(["NCCL_ALGO=Ring"], [], []), log_dir=tmp_path / "inst")
+    env = clean_env()
+    env.update(inject.ephemeral_env(env, tmp_path / "run", profile.from_cli([], [], ["NCCL_ALGO"])))
+    out = run([py, "-c", "import os; os.environ['NCCL_ALGO'] = 'Tree'; print(os.getpid(), os.environ['NCCL_ALGO'])"], env)
+    pid, algo = out.stdout.split()
+    assert algo == "Ring"
+    (start,) = events(tmp_path / "run", "process_start")  # NCCLPROBE_DIR of the run wins
+    assert start["pid"] == int(pid) and start["mode"] == "persistent" and start["pinned"] == {"NCCL_ALGO": "Ring"}
+    assert not (tmp_path / "inst").exists()
+
+
+def test_cli_usage_errors_exit_2(venv):
+    py, _ = venv
+    for args, words in ((["--set", "NCCL_PROTO"], "--set NCCL_PROTO: expected NAME=VALUE"),
+                        (["--pin", "HOME"], "HOME is not a watched variable")):
+        res = run([sys.executable, "-m", "ncclprobe", "inject", "install", "--python", py, *args], clean_env())
+        assert res.returncode == 2 and words in res.stderr, res.stderr
+    assert not (site_packages(py) / inject.PTH).exists()
