@@ -1,0 +1,132 @@
+"""The profiler plugin role, driven by tests/c/prof_driver.c exactly as NCCL drives a plugin:
+dlopen, dlsym("ncclProfiler_vN"), init per communicator, startEvent/stopEvent per collective with
+real descriptors, finalize. Checks the coll_summary aggregation, flush at finalize, periodically
+and at exit, threads, fork, the shape table bound, and silence."""
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "c"))
+import probe_support as ps  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    d = tmp_path_factory.mktemp("probe_profiler")
+    return {"lib": ps.build_probe(d), "driver": ps.build_prof_driver(d)}
+
+
+def drive(built, log, version, *args, **env):
+    r = ps.run([built["driver"], built["lib"], version, *args], ps.probe_env(log, None, **env))
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def totals(summaries):
+    """(comm_hash, func, algo, proto, nchannels) -> [count, bytes_min, bytes_max] over all flushes."""
+    acc = defaultdict(lambda: [0, None, None])
+    for s in summaries:
+        a = acc[(s["comm_hash"], s["func"], s["algo"], s["proto"], s["nchannels"])]
+        a[0] += s["count"]
+        a[1] = s["bytes_min"] if a[1] is None else min(a[1], s["bytes_min"])
+        a[2] = s["bytes_max"] if a[2] is None else max(a[2], s["bytes_max"])
+    return {k: tuple(v) for k, v in acc.items()}
+
+
+@pytest.mark.parametrize("version", [4, 5, 6, 7])
+def test_collectives_summarized_per_communicator_and_shape(built, tmp_path, version):
+    log = tmp_path / "log"
+    r = drive(built, log, version, "basic")
+    assert "mask=0x2" in r.stdout  # only ncclProfileColl requested
+    result = ps.read(log)
+    assert result.skipped_total == 0
+    summaries = ps.of_kind(result, "coll_summary")
+    assert all(s["reason"] == "finalize" and s["src"] == "profiler" for s in summaries)
+    assert totals(summaries) == {
+        # 100 x 256 float32 + 50 x 1024 float32 + 5 x 512 bf16 (same text, other pointer)
+        ("0xabcdef", "AllReduce", "Ring", "LL", 2): (155, 1024, 4096),
+        ("0xabcdef", "AllGather", "Ring", "Simple", 4): (30, 10, 39),
+        ("0x1234", "ReduceScatter", "Tree", "LL128", 8): (10, 8 << 20, 8 << 20),
+    }
+    inits = ps.of_kind(result, "comm_plugin_init")
+    assert [(i["comm_hash"], i["comm_name"], i["nranks"], i["rank"], i["nnodes"]) for i in inits] == [
+        ("0xabcdef", "tp", 2, 0, 1), ("0x1234", None, 4, 3, 1)]
+    assert all(i["plugin"] == f"ncclProfiler_v{version}" and i["call"] is None for i in inits)
+    assert inits[0]["env"] == {"NCCLPROBE_DIR": str(log)}
+    assert [f["comm_hash"] for f in ps.of_kind(result, "comm_plugin_finalize")] == ["0xabcdef", "0x1234"]
+    load, = ps.of_kind(result, "plugin_load")
+    assert load["plugin"] == f"ncclProfiler_v{version}"
+
+
+def test_many_threads_each_with_its_communicator(built, tmp_path):
+    log = tmp_path / "log"
+    drive(built, log, 5, "threads", "32", "3000")
+    result = ps.read(log)
+    assert result.skipped_total == 0
+    t = totals(ps.of_kind(result, "coll_summary"))
+    assert len(t) == 32
+    for i in range(32):
+        proto = "LL" if i & 1 else "Simple"
+        assert t[(hex(0x100 + i), "AllReduce", "Ring", proto, 2)] == (3000, 256, 256)
+
+
+def test_periodic_flush_lines_add_up(built, tmp_path):
+    log = tmp_path / "log"
+    drive(built, log, 6, "threads", "1", "1000", NCCLPROBE_FLUSH_S="0")
+    summaries = ps.of_kind(ps.read(log), "coll_summary")
+    # The clock is read every 256 collectives: three periodic lines, then the rest at finalize.
+    assert [(s["reason"], s["count"]) for s in summaries] == [
+        ("periodic", 256), ("periodic", 256), ("periodic", 256), ("finalize", 232)]
+
+
+def test_default_interval_does_not_flush_a_short_run(built, tmp_path):
+    log = tmp_path / "log"
+    drive(built, log, 6, "threads", "1", "5000")
+    summaries = ps.of_kind(ps.read(log), "coll_summary")
+    assert [(s["reason"], s["count"]) for s in summaries] == [("finalize", 5000)]
+
+
+def test_exit_without_finalize_still_flushes(built, tmp_path):
+    log = tmp_path / "log"
+    drive(built, log, 7, "exit")
+    summaries = ps.of_kind(ps.read(log), "coll_summary")
+    assert [(s["comm_hash"], s["algo"], s["proto"], s["count"], s["reason"]) for s in summaries] == [
+        ("0xe1", "Tree", "Simple", 7, "exit")]
+
+
+def test_fork_child_reports_only_its_own_communicator(built, tmp_path):
+    log = tmp_path / "log"
+    r = drive(built, log, 5, "fork")
+    child_pid = int(next(line for line in r.stdout.splitlines() if line.startswith("child ")).split()[1])
+    result = ps.read(log)
+    assert len(result.files) == 2
+    child = totals([s for s in ps.of_kind(result, "coll_summary") if s["pid"] == child_pid])
+    parent = totals([s for s in ps.of_kind(result, "coll_summary") if s["pid"] != child_pid])
+    assert child == {("0xcccc", "Broadcast", "Ring", "Simple", 1): (5, 400, 400)}
+    assert parent == {("0xaaaa", "AllReduce", "Ring", "LL", 2): (20, 400, 400)}
+
+
+def test_shape_table_is_bounded(built, tmp_path):
+    log = tmp_path / "log"
+    drive(built, log, 5, "shapes", "70")
+    result = ps.read(log)
+    assert len(ps.of_kind(result, "coll_summary")) == 64
+    err, = ps.of_kind(result, "probe_error")
+    assert "6 collectives not summarized" in err["message"]
+
+
+def test_silent_without_log_dir_requests_no_events(built, tmp_path):
+    r = drive(built, None, 5, "basic")
+    assert "mask=0x0" in r.stdout and r.stderr == ""
+
+
+def test_unwritable_dir(built, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    r = drive(built, blocker / "log", 5, "threads", "4", "100")
+    assert r.stderr.count("ncclprobe:") == 1
+    assert "mask=0x0" in r.stdout  # nothing can be written, so nothing is asked for
