@@ -12,16 +12,32 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
   env_write      boot      var, old, new (null = unset), where ("file:line function"), op
                            (set|unset|putenv|unsetenv), blocked (pinned: the write was refused)
   probe_error    any       message, part (a probe failed once and went silent for that part)
-  plugin_load    profiler | envplugin   plugin (e.g. "ncclProfiler_v5"), nccl_version (int), lib
+  plugin_load    profiler | envplugin   plugin (e.g. "ncclProfiler_v5"), nccl_version (int), lib,
+                           nccl_suffix (envplugin)
   nccl_getenv    envplugin var, value (null if unset), lib
   comm_init      preload   api, call, comm, nranks, rank, parent, color, key, uid, config, env (watched,
-                           as getenv saw it at the call), rc, lib, version, simulated, ms, dev
+                           as getenv saw it at the call), rc, lib, version, simulated, ms, dev;
+                           also ndev, devlist (InitAll: one event per communicator, same call),
+                           nid (Scalable: uid hashes all ids), exclude, flags (Shrink). A key is
+                           absent where the API has no such argument; null means NULL/unknown.
+                           config: {size, valid, version, <fields the caller set>} (fields left at
+                           NCCL_CONFIG_UNDEF, past `size` or newer than `version` are left out;
+                           magic instead of version when it is wrong); null for a NULL config.
+                           rank/nranks/dev: asked from the new communicator after success, else
+                           the arguments
   comm_plugin_init profiler comm_hash ("0x..."), comm_name, nnodes, nranks, rank, env, lib, call, plugin
-  coll_summary   profiler  comm_hash, func, algo, proto, nchannels, bytes_min, bytes_max, count
+  coll_summary   profiler  comm_hash, func, algo, proto, nchannels, bytes_min, bytes_max, count,
+                           rank, reason (periodic | finalize | exit). Each line covers the
+                           collectives since the previous line for that communicator: sum counts,
+                           take min/max of sizes. bytes = count x element size
   comm_plugin_finalize profiler comm_hash
-  comm_destroy   preload   comm, api, rc
+  comm_destroy   preload   comm, api, rc, call, ms, lib
 
-`call` joins a profiler init to the preload hook whose real NCCL call it ran inside (same thread).
+`call` joins a profiler init to the preload hook whose real NCCL call it ran inside (same thread;
+null when NCCL ran the init on another thread, e.g. inside ncclGroupEnd or non-blocking init).
+A line whose bounded buffer could not hold every member says `"truncated": true` (members are left
+out whole; string values are cut at 2048 bytes). Strings from the C probes escape bytes that are not
+UTF-8 as JSON \\udcXX escapes: `value.encode("utf-8", "surrogateescape")` gives the bytes back.
 `uid` is a 64-bit FNV-1a hash (hex) of the ncclUniqueId bytes: equal across the ranks of one
 communicator created from one id. A log directory may also hold `run.json`, written by
 `ncclprobe run` (the command, what it set, what it left alone, exit status).
