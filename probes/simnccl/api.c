@@ -270,7 +270,10 @@ static ncclResult_t commInit(ncclComm_t* out, int nranks, uint64_t hash, int ran
   c->api = api;
   ncclResult_t r = ncclSuccess;
   if (config) r = parseConfig(config, &c->config);
-  else if (parent) c->config = parent->config; /* ncclCommSplit: NULL config inherits the parent's */
+  else if (parent) { /* ncclCommSplit: a NULL config inherits the parent's, name included */
+    c->config = parent->config;
+    memcpy(c->commName, parent->commName, sizeof(c->commName));
+  }
   else undefConfig(&c->config);
   if (r != ncclSuccess) { free(c); return r; }
   if (c->config.commName) snprintf(c->commName, sizeof(c->commName), "%s", c->config.commName);
