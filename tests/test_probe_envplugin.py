@@ -115,7 +115,7 @@ def test_table_overflow_is_one_probe_error(lib, tmp_path):
     result = ps.read(log)
     assert len(ps.of_kind(result, "nccl_getenv")) == 2048
     err, = ps.of_kind(result, "probe_error")
-    assert err["src"] == "envplugin" and "2048" in err["message"]
+    assert err["src"] == "envplugin" and "2048" in err["message"] and err["part"] == "getenv table"
 
 
 def test_silent_without_log_dir(lib, tmp_path):

@@ -208,6 +208,7 @@ def test_no_libnccl_loaded_returns_error_without_crashing(built, tmp_path):
     errors = ps.of_kind(ps.read(log), "probe_error")
     assert {e["message"].split(";")[0] for e in errors} == {"no loaded libnccl defines ncclCommInitRank",
                                                            "no loaded libnccl defines ncclCommDestroy"}
+    assert {e["part"] for e in errors} == {"ncclCommInitRank", "ncclCommDestroy"}
 
 
 def _real_nccl() -> Path:

@@ -116,7 +116,7 @@ def test_shape_table_is_bounded(built, tmp_path):
     result = ps.read(log)
     assert len(ps.of_kind(result, "coll_summary")) == 64
     err, = ps.of_kind(result, "probe_error")
-    assert "6 collectives not summarized" in err["message"]
+    assert "6 collectives not summarized" in err["message"] and err["part"] == "coll_summary"
 
 
 def test_silent_without_log_dir_requests_no_events(built, tmp_path):

@@ -52,7 +52,7 @@ static const char* get_env(const char* name) {
   np_lib* lib = np_lib_of(CALLER);
   int first = first_sight(lib ? lib->base : NULL, name, value);
   if (first < 0) {
-    np_probe_error("envplugin", &g_overflow_once,
+    np_probe_error("envplugin", "getenv table", &g_overflow_once,
                    "more than 2048 distinct variable values read; later nccl_getenv events are not logged");
   } else if (first) {
     char buf[8192];

@@ -167,7 +167,7 @@ void np_event_end(np_jb* jb) {
   }
 }
 
-void np_probe_error(const char* src, int* once, const char* message) {
+void np_probe_error(const char* src, const char* part, int* once, const char* message) {
   if (once && __atomic_exchange_n(once, 1, __ATOMIC_RELAXED)) return;
   if (!np_log_enabled()) return;
   char buf[2048];
@@ -175,5 +175,6 @@ void np_probe_error(const char* src, int* once, const char* message) {
   np_jb_init(&jb, buf, sizeof buf);
   np_event_begin(&jb, "probe_error", src);
   np_jb_str(&jb, "message", message);
+  np_jb_str(&jb, "part", part);
   np_event_end(&jb);
 }

@@ -121,7 +121,7 @@ static int g_missing_once[API_N];
 static void report_missing(int api) {
   char msg[160];
   snprintf(msg, sizeof msg, "no loaded libnccl defines %s; the call returns ncclInternalError", api_name[api]);
-  np_probe_error("preload", &g_missing_once[api], msg);
+  np_probe_error("preload", api_name[api], &g_missing_once[api], msg);
 }
 
 /* ---------------------------------------------------------------- event pieces */

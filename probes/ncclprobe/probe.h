@@ -61,8 +61,9 @@ int np_log_enabled(void); /* NCCLPROBE_DIR set and the file usable (opens it on 
 void np_event_begin(np_jb* jb, const char* ev, const char* src);
 /* Closes the object and writes the line with one write(). */
 void np_event_end(np_jb* jb);
-/* probe_error event (at most once per `once` flag, which the caller owns). */
-void np_probe_error(const char* src, int* once, const char* message);
+/* probe_error event: `part` is what went silent (at most once per `once` flag, which the caller
+ * owns). */
+void np_probe_error(const char* src, const char* part, int* once, const char* message);
 uint64_t np_now_ns(void); /* CLOCK_MONOTONIC */
 
 /* ---------------------------------------------------------------- loaded NCCL libraries (libs.c) */

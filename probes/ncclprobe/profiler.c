@@ -171,7 +171,7 @@ static void flush(struct pctx* c, const char* reason) {
       char msg[200];
       snprintf(msg, sizeof msg, "comm 0x%llx: more than %d collective shapes; %llu collectives not summarized",
                (unsigned long long)c->comm_hash, NP_SHAPES, (unsigned long long)c->dropped);
-      np_probe_error("profiler", &c->dropped_reported, msg);
+      np_probe_error("profiler", "coll_summary", &c->dropped_reported, msg);
     }
   }
   __atomic_store_n(&c->flushing, 0, __ATOMIC_RELEASE);
@@ -271,7 +271,8 @@ static ncclResult_t finalize(void* context) {
 }
 
 /* NCCL calls stopEvent only for a non-NULL handle (ncclProfilerStopTaskEvents), so everything is
- * done in startEvent and no handle is returned. */
+ * done in startEvent and collectives get no handle; the one handle ever returned (v4's group
+ * handle) needs no work at stop. */
 static ncclResult_t stop_event(void* handle) { return ncclSuccess; }
 
 static ncclResult_t record_state(void* handle, ncclProfilerEventState_t state, ncclProfilerEventStateArgs_v4_t* args) {
@@ -286,8 +287,12 @@ static ncclResult_t init_v4(void** context, int* mask, const char* commName, uin
   return init_common(context, mask, commName, commHash, nNodes, nranks, rank, "ncclProfiler_v4", CALLER);
 }
 
+/* NCCL 2.27 starts a collective's event only under a non-NULL group handle (v2.27.3-1
+ * src/plugin/profiler.cc ncclProfilerStartTaskEvents); 2.28+ dropped that condition. */
+static char g_group_handle;
+
 static ncclResult_t start_v4(void* context, void** eHandle, ncclProfilerEventDescr_v4_t* d) {
-  *eHandle = NULL;
+  *eHandle = context && d->type == ncclProfileGroup ? (void*)&g_group_handle : NULL;
   if (context && d->type == ncclProfileColl)
     record((struct pctx*)context, d->coll.func, d->coll.algo, d->coll.proto, d->coll.nChannels, d->coll.count,
            d->coll.datatype);

@@ -1,8 +1,8 @@
 /* prof_driver.c - drives a profiler plugin exactly as NCCL does (src/plugin/profiler.cc):
  * dlopen(RTLD_NOW|RTLD_LOCAL), dlsym("ncclProfiler_v<N>"), init per communicator with NCCL's
- * global mask, startEvent for each collective with a filled descriptor (group and API events
- * too, which the plugin did not ask for and must ignore), stopEvent only for a non-NULL handle,
- * finalize per communicator.
+ * global mask, for each collective the group/API/collective events NCCL would start given that
+ * mask, with filled descriptors, stopEvent only for a non-NULL handle, finalize per
+ * communicator.
  * usage: prof_driver <plugin.so> <version 4..7> <mode> [args]
  *   basic             two communicators, known collective mix, finalize both
  *   threads <t> <n>   t threads, each its own communicator and n collectives
@@ -47,8 +47,15 @@ static void comm_finalize(void* ctx) {
   ((ncclProfiler_v5_t*)table)->finalize(ctx); /* same slot in every version */
 }
 
-/* One collective: a group event, for v5+ a collective API event, then the collective itself, as
- * ncclProfilerStartGroupEvent / StartTaskEvents / StopTaskEvents / StopGroupEvent do. */
+/* One collective, under the conditions NCCL applies (src/plugin/profiler.cc): the collective API
+ * event (v5+) if asked for, the group event whenever any plan-level event is asked for, the
+ * collective event (in v4 / NCCL 2.27 only under a non-NULL group handle), stopEvent only for
+ * non-NULL handles, innermost first. */
+#define PLAN_EVENTS (ncclProfileGroup | ncclProfileColl | ncclProfileP2p | ncclProfileProxyOp | \
+                     ncclProfileProxyStep | ncclProfileKernelCh | ncclProfileNetPlugin)
+#define TASK_EVENTS (ncclProfileColl | ncclProfileProxyOp | ncclProfileProxyStep | ncclProfileKernelCh | \
+                     ncclProfileNetPlugin)
+
 static void coll(void* ctx, int rank, const char* func, const char* algo, const char* proto, int nch, size_t count,
                  const char* dtype) {
   void* group = NULL;
@@ -57,12 +64,12 @@ static void coll(void* ctx, int rank, const char* func, const char* algo, const 
   if (version == 4) {
     ncclProfiler_v4_t* p = (ncclProfiler_v4_t*)table;
     ncclProfilerEventDescr_v4_t d;
-    memset(&d, 0, sizeof d);
-    if (mask & ncclProfileGroup) {
+    if (mask & PLAN_EVENTS) {
+      memset(&d, 0, sizeof d);
       d.type = ncclProfileGroup;
       p->startEvent(ctx, &group, &d);
     }
-    if (mask & ncclProfileColl) {
+    if (group && (mask & TASK_EVENTS)) {
       memset(&d, 0, sizeof d);
       d.type = ncclProfileColl;
       d.parentObj = group;
@@ -80,19 +87,24 @@ static void coll(void* ctx, int rank, const char* func, const char* algo, const 
     if (group) p->stopEvent(group);
     return;
   }
-  /* v5/v6/v7: build the newest descriptor; older ones are prefixes of it for what is set here. */
+  /* v5/v6/v7: the v7 descriptor; v5 and v6 lay out type, parentObj, rank and every coll member
+   * used here at the same offsets (nccl_abi.h asserts it). */
   ncclProfiler_v7_t* p = (ncclProfiler_v7_t*)table;
   ncclProfilerEventDescr_v7_t d;
-  memset(&d, 0, sizeof d);
-  d.type = ncclProfileCollApi;
-  d.collApi.func = func;
-  d.collApi.count = count;
-  d.collApi.datatype = dtype;
-  p->startEvent(ctx, &api, &d);
-  memset(&d, 0, sizeof d);
-  d.type = ncclProfileGroup;
-  p->startEvent(ctx, &group, &d);
-  if (mask & ncclProfileColl) {
+  if (mask & ncclProfileCollApi) {
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileCollApi;
+    d.collApi.func = func;
+    d.collApi.count = count;
+    d.collApi.datatype = dtype;
+    p->startEvent(ctx, &api, &d);
+  }
+  if (mask & PLAN_EVENTS) {
+    memset(&d, 0, sizeof d);
+    d.type = ncclProfileGroup;
+    p->startEvent(ctx, &group, &d);
+  }
+  if (mask & TASK_EVENTS) {
     memset(&d, 0, sizeof d);
     d.type = ncclProfileColl;
     d.parentObj = api;
