@@ -136,14 +136,13 @@ def test_plot_file_is_a_png(matrix_run):
 
 def test_hung_configuration_is_killed_and_the_rest_go_on(tmp_path):
     stall = _hang_dir(tmp_path)
-    t0 = time.monotonic()
-    result = command.bench_command(**dict(SMALL, timeout=6.0), proto="", algo="",
+    result = command.bench_command(**dict(SMALL, timeout=10.0), proto="", algo="",
                                    configs=(f"stuck:PYTHONPATH={stall}", "after:NCCL_PROTO=Simple"),
                                    workdir=tmp_path / "work")
-    assert time.monotonic() - t0 < 45
     status = {c["name"]: c for c in result.data["configs"]}
     assert status["stuck"]["status"] == "hang"
-    assert "timeout" in status["stuck"]["reason"] and "ranks not finished: 0" in status["stuck"]["reason"]
+    assert status["stuck"]["reason"] == ("killed after the 10 s timeout; ranks not finished: 0; "
+                                         "ranks that never reached the harness: 1")
     assert status["defaults"]["status"] == "ok" and status["after"]["status"] == "ok"
     stalled = int((tmp_path / "stalled.pid").read_text())
     assert stalled in status["stuck"]["pids"]

@@ -95,7 +95,7 @@ def build_result(ctx: Context, runs, d: drv.Driver, sizes, token_sizes, layers, 
     findings, configs = [], []
     meta = next((r.meta for r in runs if r.meta), {})
     for r in runs:
-        real = report.realized(ctx, r.dir, sizes, d.profiler_reason)
+        real = report.realized(ctx, r.dir, sizes, r.profiler)
         configs.append({"name": r.config.name, "env": r.env, "status": r.status, "reason": r.reason,
                         "realized": real, "results": report.results(r.rows, ctx.nranks), "pids": r.pids,
                         "workers": [{k: w.get(k) for k in ("rank", "pid", "ppid", "host", "env", "state")}

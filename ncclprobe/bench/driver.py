@@ -68,6 +68,7 @@ class ConfigRun:
     meta: dict[str, Any] = field(default_factory=dict)
     dir: str = ""
     seconds: float = 0.0
+    profiler: str = ""                  # why the profiler plugin was not wired in ('' when it was)
 
 
 def _free_port() -> int:
@@ -111,7 +112,6 @@ class Driver:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ncclprobe-bench-"))
         self.live: list = []
         self.dropped: list[str] = []
-        self.profiler_reason = ""
 
     # -- processes ---------------------------------------------------------------------------
     def _kill(self, procs) -> None:
@@ -131,12 +131,13 @@ class Driver:
         self._kill(self.live)
         self.live = []
 
-    def _start(self, index: int, cfg: Config, cdir: Path) -> tuple[list, dict[str, str]]:
+    def _start(self, index: int, cfg: Config, cdir: Path) -> tuple[list, dict[str, str], str]:
         import subprocess
         spec = dict(self.spec, out=str(cdir))
         (cdir / "spec.json").write_text(json.dumps(spec))
         user_env = dict(self.common, **cfg.env)
-        prof, self.profiler_reason = _profiler_env(cdir / "events", user_env)
+        prof, prof_reason = ({}, "gloo: no NCCL") if self.spec["backend"] == "gloo" else \
+            _profiler_env(cdir / "events", user_env)
         if self.job.local:
             port, ranks = _free_port(), list(range(self.job.nranks))
             addr = "127.0.0.1"
@@ -157,14 +158,14 @@ class Driver:
             finally:
                 log.close()
             self.live.append(procs[-1])
-        return procs, user_env
+        return procs, user_env, prof_reason
 
     def run_config(self, index: int, cfg: Config) -> ConfigRun:
         cdir = self.workdir / f"{index:02d}-{cfg.name.replace('/', '_')}"
         cdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         t0 = time.monotonic()
-        procs, user_env = self._start(index, cfg, cdir)
-        run = ConfigRun(cfg, user_env, dir=str(cdir))
+        procs, user_env, prof_reason = self._start(index, cfg, cdir)
+        run = ConfigRun(cfg, user_env, dir=str(cdir), profiler=prof_reason)
         deadline, failed_at = t0 + self.timeout, None
         while True:
             codes = [p.poll() for p in procs]
@@ -196,9 +197,14 @@ class Driver:
         run.workers.sort(key=lambda w: w.get("rank", 0))
         result = cdir / "result.json"
         if run.status == "hang":
+            expected = range(self.job.nranks) if self.job.local else [self.job.rank]
+            seen = {w.get("rank") for w in run.workers}
             stuck = [w["rank"] for w in run.workers if w.get("state") != "done"]
+            silent = [r for r in expected if r not in seen]
             if stuck:
                 run.reason += f"; ranks not finished: {', '.join(map(str, stuck))}"
+            if silent:
+                run.reason += f"; ranks that never reached the harness: {', '.join(map(str, silent))}"
             return
         errors = [f"rank {w['rank']}: {w['error']}" for w in run.workers if w.get("state") == "error"]
         if errors:
@@ -206,9 +212,9 @@ class Driver:
             return
         if self.job.local or self.job.rank == 0:
             if not result.is_file():
-                codes = [p.returncode for p in procs]
-                tail = _tail(cdir / "rank0.log") if self.job.local or self.job.rank == 0 else ""
-                run.status, run.reason = "error", f"no result (exit codes {codes}){': ' + tail if tail else ''}"
+                tail = _tail(cdir / f"rank{0 if self.job.local else self.job.rank}.log")
+                run.status = "error"
+                run.reason = f"no result (exit codes {[p.returncode for p in procs]})" + (f": {tail}" if tail else "")
                 return
             data = json.loads(result.read_text())
             run.rows = data.pop("rows")
