@@ -174,7 +174,7 @@ def document(ctx: Context, data: dict[str, Any], token_sizes: dict[int, int]) ->
     if host:
         doc.append(Text(host, "note"))
     if token_sizes and data["projection"]:
-        doc += _projection_nodes(data["projection"], token_sizes)
+        doc += _projection_nodes(data["projection"], token_sizes, ctx.label)
     line, style = report.recommendation_text(data["recommendation"], ctx.label)
     doc.append(Text("Recommendation: " + line, style))
     return doc
@@ -220,7 +220,7 @@ def _host_overhead(ctx: Context, configs, sizes) -> str:
             f"the latency a decode step sees; the eager excess is launch overhead.")
 
 
-def _projection_nodes(proj: dict[str, Any], token_sizes: dict[int, int]) -> list:
+def _projection_nodes(proj: dict[str, Any], token_sizes: dict[int, int], label: str) -> list:
     ks = sorted(token_sizes)
     per = (f"{proj['layers']} layers" if proj["layers"] else "one layer (give --layers for a whole forward)")
     cols = ["config"] + [f"{k} tok ({report._size(token_sizes[k])}) µs" for k in ks]
@@ -232,5 +232,5 @@ def _projection_nodes(proj: dict[str, Any], token_sizes: dict[int, int]) -> list
     caption = (f"Communication per forward = {proj['allreduces_per_forward']} all-reduces ({per}, 2 per layer) x "
                f"latency ({proj['basis']} mode). A verify step of k tokens beats plain decoding on "
                f"communication only if it accepts more than 'break-even' tokens per step.")
-    return [Text("Per-forward communication floor"), Table(cols, rows, caption=caption)]
+    return [Text(f"Per-forward communication floor ({label})"), Table(cols, rows, caption=caption)]
 

@@ -9,7 +9,7 @@
  *   fork              parent and child each run a communicator
  *   exit              collectives, then exit without finalize
  *   shapes <k>        k distinct shapes on one communicator
- *   loop <n>          n collectives; prints ns per startEvent+stopEvent and peak RSS samples */
+ *   loop <n>          n collectives; prints ns per collective's events and RSS samples */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -195,20 +195,30 @@ static long rss_kb(void) {
   return res * (sysconf(_SC_PAGESIZE) / 1024);
 }
 
+/* n collectives after n/10 of warm-up; RSS sampled ten times along the way. */
 static void loop(long n) {
   void* ctx = comm_init(0x5eed, NULL, 8, 0);
   static const char* const protos[3] = {"LL", "LL128", "Simple"};
   struct timespec t0, t1;
-  long warm = n / 10;
+  long warm = n / 10, step = n / 10 > 0 ? n / 10 : 1;
+  long rss[11];
+  int nrss = 0;
   for (long i = 0; i < warm; i++) coll(ctx, 0, "AllReduce", "Ring", protos[i % 3], 4, (size_t)(i & 4095), "ncclFloat32");
-  long rss0 = rss_kb();
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (long i = 0; i < n; i++) coll(ctx, 0, "AllReduce", "Ring", protos[i % 3], 4, (size_t)(i & 4095), "ncclFloat32");
-  clock_gettime(CLOCK_MONOTONIC, &t1);
-  long rss1 = rss_kb();
-  double ns = (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
+  rss[nrss++] = rss_kb();
+  double ns = 0;
+  for (long done = 0; done < n; done += step) {
+    long chunk = n - done < step ? n - done : step;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (long i = 0; i < chunk; i++)
+      coll(ctx, 0, "AllReduce", "Ring", protos[i % 3], 4, (size_t)(i & 4095), "ncclFloat32");
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    ns += (t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec);
+    if (nrss < 11) rss[nrss++] = rss_kb();
+  }
   comm_finalize(ctx);
-  printf("ns_per_coll=%.2f rss_after_warmup_kb=%ld rss_end_kb=%ld\n", ns / n, rss0, rss1);
+  printf("ns_per_coll=%.2f rss_kb=", ns / n);
+  for (int i = 0; i < nrss; i++) printf(i ? ",%ld" : "%ld", rss[i]);
+  printf("\n");
 }
 
 int main(int argc, char** argv) {
