@@ -9,7 +9,7 @@ import pytest
 
 from ncclprobe import profile
 from ncclprobe.inject import ephemeral_env
-from tests.boot_support import PYTHON, clean_env, events, make_venv, raw_log_text, run, starts_by_pid
+from boot_support import PYTHON, clean_env, events, make_venv, raw_log_text, run, site_packages, starts_by_pid
 
 FRAMEWORK = """\
 import os
@@ -203,7 +203,6 @@ def test_existing_sitecustomize_runs_after_the_probe(wired, tmp_path):
 
 def test_venv_sitecustomize_chained_in_isolated_venv(wired, tmp_path):
     py = make_venv(tmp_path / "venv")
-    from tests.boot_support import site_packages
     (site_packages(py) / "sitecustomize.py").write_text("MARK = 'venv'\n")
     env, log = wired()
     res = run([py, "-c", "import sitecustomize, os; print(sitecustomize.MARK, os.getpid())"], env)

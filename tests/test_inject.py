@@ -12,7 +12,7 @@ import pytest
 
 from ncclprobe import inject, profile
 from ncclprobe.doc import Unexaminable
-from tests.boot_support import clean_env, events, make_venv, run, site_packages, snapshot, starts_by_pid
+from boot_support import clean_env, events, make_venv, run, site_packages, snapshot, starts_by_pid
 
 
 @pytest.fixture
