@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ncclprobe.events import EventLog
+from ncclprobe.tuning import canonical
 
 
 @dataclass
@@ -44,7 +45,7 @@ class ProcessView:
     mode: str | None = None
     sources: set[str] = field(default_factory=set)
     writes: list[EnvWrite] = field(default_factory=list)
-    reads: dict[tuple[str, str], NcclRead] = field(default_factory=dict)   # (lib, var) -> first read
+    reads: dict[tuple[str, str, str | None], NcclRead] = field(default_factory=dict)  # (lib, var, value) -> first read
     libs: set[str] = field(default_factory=set)
     plugins: list[dict[str, Any]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
@@ -57,7 +58,7 @@ class ProcessView:
         return (self.host, self.pid)
 
     def first_read(self, var: str) -> NcclRead | None:
-        hits = [r for (lib, v), r in self.reads.items() if v == var]
+        hits = [r for r in self.reads.values() if r.var == var]
         return min(hits, key=lambda r: r.t) if hits else None
 
 
@@ -179,8 +180,9 @@ def build(log: EventLog) -> Model:
             lib, var = str(e.get("lib") or "?"), str(e.get("var"))
             if lib != "?":
                 proc.libs.add(lib)
-            if (lib, var) not in proc.reads:
-                proc.reads[(lib, var)] = NcclRead(var, e.get("value"), lib, t, "envplugin")
+            key = (lib, var, e.get("value"))
+            if key not in proc.reads:
+                proc.reads[key] = NcclRead(var, e.get("value"), lib, t, "envplugin")
         elif kind == "comm_init":
             c = CommView(host, pid, t, api=e.get("api"), comm=e.get("comm"), call=e.get("call"),
                          rank=e.get("rank"), nranks=e.get("nranks"), parent=e.get("parent"),
@@ -232,7 +234,8 @@ def build(log: EventLog) -> Model:
 def _add_coll(c: CommView, e: dict[str, Any]) -> None:
     """Merge one flush. A flush carries counts since the previous one for the same key."""
     try:
-        key = (str(e.get("func")), str(e.get("algo")), str(e.get("proto")), int(e.get("nchannels") or 0))
+        key = (str(e.get("func")), canonical(str(e.get("algo"))), canonical(str(e.get("proto"))),
+               int(e.get("nchannels") or 0))
         bmin, bmax, count = int(e.get("bytes_min", 0)), int(e.get("bytes_max", 0)), int(e.get("count", 0))
     except (TypeError, ValueError):
         return

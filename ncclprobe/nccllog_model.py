@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from ncclprobe import nccllog
+from ncclprobe.tuning import canonical
 from ncclprobe.model import CollStat, CommView, Model, NcclRead, ProcessView
 
 
@@ -31,7 +32,7 @@ def merge(m: Model, paths) -> Model:
         p.sources.add("nccl-log")
         if isinstance(rec, nccllog.EnvSetting):
             # The log carries no time we can order against env writes: never "earlier" than one.
-            p.reads.setdefault(("nccl-log", rec.var), NcclRead(rec.var, rec.value, "nccl-log", math.inf, "nccl-log"))
+            p.reads.setdefault(("nccl-log", rec.var, rec.value), NcclRead(rec.var, rec.value, "nccl-log", math.inf, "nccl-log"))
         elif isinstance(rec, nccllog.VersionLine):
             p.nccl_version = rec.code
             p.simulated_nccl = rec.simulated
@@ -54,12 +55,17 @@ def merge(m: Model, paths) -> Model:
 
 
 def _comm(m: Model, p: ProcessView, rec) -> None:
-    c = next((c for c in m.comms_of(p.host, p.pid) if c.comm and c.comm == rec.comm), None)
+    # commId in Init lines is comm->commHash from 2.26, the profiler's id: join on it or on the pointer
+    h = f"0x{rec.comm_id:x}" if rec.comm_id is not None else None
+    c = next((c for c in m.comms_of(p.host, p.pid)
+              if (c.comm and c.comm == rec.comm) or (h and c.comm_hash == h)), None)
     if c is None:
         c = CommView(p.host, p.pid, math.inf, api=rec.api, comm=rec.comm, rank=rec.rank, nranks=rec.nranks,
                      parent=rec.parent, color=rec.color, key=rec.key, dev=rec.cuda_dev)
         m.comms.append(c)
     c.seen_by.add("nccl-log")
+    c.api = c.api or rec.api  # NCCL names the API even where no preload hook saw the call
+    c.comm = c.comm or rec.comm
     if rec.comm_id is not None and c.comm_hash is None:
         c.comm_hash = f"0x{rec.comm_id:x}"
     c.version = c.version or p.nccl_version
@@ -67,7 +73,7 @@ def _comm(m: Model, p: ProcessView, rec) -> None:
 
 def _add_tuning(c: CommView, t) -> None:
     ch = (t.channel_hi - t.channel_lo + 1) if t.channel_hi is not None and t.channel_lo is not None else 0
-    key = (t.func or "?", t.algo, t.proto or "?", ch)
+    key = (t.func or "?", canonical(t.algo), canonical(t.proto or "?"), ch)
     s = c.colls.get(key)
     if s is None:
         c.colls[key] = CollStat(*key, t.nbytes, t.nbytes, 1)

@@ -2,6 +2,7 @@
 probes' log directories (several hosts' directories merge) and NCCL's own INFO logs."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ def augment_inspection(result: Result, log_dirs, nccl_logs=()) -> Result:
         result.doc.append(Text(f"In-process view: {exc}", "warn"))
         result.data["in_process"] = {"error": str(exc)}
         return result
-    result.findings = dedupe([*result.findings, *inprocess.all_rules(m, result.data.get("expect") or {})])
+    result.findings = dedupe([*inprocess.all_rules(m, result.data.get("expect") or {}), *result.findings])
     result.data["communicators"] = model_json(m)["communicators"]
     result.data["in_process"] = {"dirs": [str(d) for d in log_dirs], "processes": len(m.processes)}
     result.doc.extend(model_doc(m, log_dirs, title="In-process view (probes)"))
@@ -61,9 +62,11 @@ def augment_inspection(result: Result, log_dirs, nccl_logs=()) -> Result:
 
 
 def dedupe(findings: list[Finding]) -> list[Finding]:
+    """One finding per (code, processes, variable): where two witnesses say the same thing, the first
+    one given (callers put the in-process witnesses first: they carry more evidence) stays."""
     seen, out = set(), []
     for f in findings:
-        key = (f.code, f.pids, f.var, f.message)
+        key = (f.code, tuple(sorted(f.pids)), f.var)
         if key not in seen:
             seen.add(key)
             out.append(f)
@@ -75,6 +78,13 @@ def dedupe(findings: list[Finding]) -> list[Finding]:
 def one_line(text: str, limit: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _command(p) -> str:
+    argv = list(p.argv or [p.exe or "?"])
+    if argv:
+        argv[0] = Path(argv[0]).name
+    return one_line(" ".join(argv), 70)
 
 
 def _short_lib(path: str | None) -> str:
@@ -119,12 +129,29 @@ def _size(n: int) -> str:
 
 
 def _nccl_read(m: Model, c: CommView) -> str:
+    """What NCCL itself read for this communicator: for a variable NCCL re-reads per communicator,
+    the first read after this communicator started (else the last one before it); for a cached one,
+    the process's first read."""
     p = m.processes.get((c.host, c.pid))
     if p is None or not p.reads:
         return "-"
-    vals = [f"{r.var[5:]}={r.value}" for (lib, _), r in sorted(p.reads.items())
-            if inprocess.is_tuning(r.var) and r.value is not None and (c.lib is None or lib == c.lib)]
-    return " ".join(vals[:SHOWN_VARS_MAX]) or "(defaults)"
+    starts = sorted(x.t for x in m.comms_of(c.host, c.pid) if x.t > c.t)
+    end = starts[0] if starts else float("inf")
+    shown = []
+    for var in sorted({r.var for r in p.reads.values() if inprocess.is_tuning(r.var)}):
+        reads = sorted((r for r in p.reads.values() if r.var == var and (c.lib is None or r.lib in (c.lib, "nccl-log"))),
+                       key=lambda r: r.t)
+        if not reads:
+            continue
+        if inprocess.process_cached(var, c.version):
+            pick = reads[0]
+        else:
+            inside = [r for r in reads if c.t <= r.t < end]
+            before = [r for r in reads if r.t < c.t]
+            pick = inside[0] if inside else (before[-1] if before else reads[0])
+        if pick.value is not None:
+            shown.append(f"{var[5:]}={pick.value}")
+    return " ".join(shown[:SHOWN_VARS_MAX]) or "(defaults)"
 
 
 def _api(c: CommView, m: Model) -> str:
@@ -149,7 +176,7 @@ def model_doc(m: Model, dirs, title: str = "") -> list:
     rows = []
     for p in procs:
         ranks = sorted({str(c.rank) for c in m.comms_of(p.host, p.pid) if c.rank is not None})
-        rows.append([p.host, str(p.pid), str(p.ppid or "?"), one_line(" ".join((p.argv or [p.exe or "?"])[:4]), 60),
+        rows.append([p.host, str(p.pid), str(p.ppid or "?"), _command(p),
                      ",".join(sorted(p.sources)), ",".join(ranks) or "-",
                      " ".join(_short_lib(lib) for lib in sorted(p.libs)) or "-"])
     doc.append(Table(["host", "pid", "ppid", "command", "witnesses", "ranks", "NCCL library"], rows, title="Processes"))
@@ -176,14 +203,19 @@ def model_doc(m: Model, dirs, title: str = "") -> list:
     return doc
 
 
+def _finite(t: float) -> float | None:
+    """Times NCCL's log does not give are infinite in the model; JSON has no infinity (null)."""
+    return t if math.isfinite(t) else None
+
+
 def model_json(m: Model) -> dict[str, Any]:
     procs = [{"host": p.host, "pid": p.pid, "ppid": p.ppid, "argv": p.argv, "exe": p.exe,
               "witnesses": sorted(p.sources), "env": p.start_env, "exec_env_differs": p.exec_env_differs,
               "forked_from": p.forked_from, "nccl_libs": sorted(p.libs),
               "env_writes": [w.__dict__ for w in p.writes],
-              "nccl_reads": [r.__dict__ for r in sorted(p.reads.values(), key=lambda r: r.t)],
+              "nccl_reads": [{**r.__dict__, "t": _finite(r.t)} for r in sorted(p.reads.values(), key=lambda r: r.t)],
               "probe_errors": p.errors} for p in m.processes.values()]
-    comms = [{"host": c.host, "pid": c.pid, "t": c.t, "api": c.api, "comm": c.comm, "comm_hash": c.comm_hash,
+    comms = [{"host": c.host, "pid": c.pid, "t": _finite(c.t), "api": c.api, "comm": c.comm, "comm_hash": c.comm_hash,
               "rank": c.rank, "nranks": c.nranks, "parent": c.parent, "color": c.color, "key": c.key,
               "uid": c.uid, "config": c.config, "env": c.env, "env_source": c.env_source, "rc": c.rc,
               "lib": c.lib, "version": c.version, "simulated": c.simulated, "ms": c.ms, "dev": c.dev,

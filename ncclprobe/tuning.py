@@ -11,12 +11,18 @@ ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "P
 _CANON = {n.lower(): n for n in PROTOS + ALGOS}
 
 
+def canonical(name: str) -> str:
+    """The NCCL_ALGO/NCCL_PROTO spelling of a name as NCCL prints it (RING, SIMPLE, COLLNET_DIRECT,
+    NVLS_TREE in 2.24+ TUNING lines and profiler descriptors)."""
+    return _CANON.get(name.replace("_", "").lower(), name)
+
+
 def _names(text: str, universe: tuple[str, ...]) -> frozenset[str]:
     text = text.strip()
     exclude = text.startswith("^")
     if exclude:
         text = text[1:]
-    picked = {_CANON.get(t.strip().lower(), t.strip()) for t in text.split(",") if t.strip()}
+    picked = {canonical(t.strip()) for t in text.split(",") if t.strip()}
     return frozenset(n for n in universe if n not in picked) if exclude else frozenset(picked)
 
 

@@ -44,7 +44,9 @@ class SimOps:
     def init_linked(self, world: int, uid_hex: str, rank: int, name: str):
         comm = ctypes.c_void_p()
         uid = _uid(uid_hex)
-        rc = self.torchlike.simtorch_init_rank_config(ctypes.byref(comm), world, ctypes.byref(uid), rank)
+        # -1 / NULL: leave blocking, CTAs and name unset, as PyTorch does by default
+        rc = self.torchlike.simtorch_init_rank_config(ctypes.byref(comm), world, ctypes.byref(uid), rank,
+                                                      -1, -1, -1, None)
         if rc != 0:
             raise RuntimeError(f"simtorch_init_rank_config failed: {rc}")
         self.comms.append(("linked", comm))
@@ -59,7 +61,8 @@ class SimOps:
         kind, comm = handle
         count = nbytes // 2
         if kind == "linked":
-            rc = self.torchlike.simtorch_all_reduce(comm, self.buf, self.buf, ctypes.c_size_t(count), NCCL_BFLOAT16)
+            rc = self.torchlike.simtorch_all_reduce(comm, self.buf, self.buf, ctypes.c_size_t(count), NCCL_BFLOAT16,
+                                                    NCCL_SUM)
         else:
             rc = self.nccl.ncclAllReduce(self.buf, self.buf, ctypes.c_size_t(count), NCCL_BFLOAT16, NCCL_SUM, comm, None)
         if rc != 0:

@@ -65,10 +65,10 @@ def comm_tuning_divergent(m: Model) -> list[Finding]:
                 culprit = ""
                 if w:
                     ev["changed_at"] = w.where
-                    culprit = f" after {w.where} set {var}={w.new}"
+                    culprit = f" (set by {w.where})"
                 out.append(Finding(
                     "COMM_TUNING_DIVERGENT", "error",
-                    f"pid {pid}: {_label(c)} was created{culprit} with {var}={v!r}, while "
+                    f"pid {pid}: {_label(c)} was created with {var}={v!r}{culprit}, while "
                     f"{_label(first_c)} got {var}={first_v!r}",
                     pids=(pid,), var=var, evidence=ev,
                     hint=(f"remove or guard the write at {w.where}, or pin it: ncclprobe run --pin {var}"
@@ -311,7 +311,8 @@ def conf_file_values(m: Model) -> list[Finding]:
     for p in m.processes.values():
         if p.start_env is None:
             continue
-        for (lib, var), r in p.reads.items():
+        for r in p.reads.values():
+            var, lib = r.var, r.lib
             if r.value is None or p.start_env.get(var) == r.value:
                 continue
             if any(w.var == var and w.new == r.value for w in p.writes):
