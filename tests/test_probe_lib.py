@@ -169,3 +169,18 @@ def test_oversized_environment_gives_valid_truncated_lines(built, tmp_path):
         assert len(e["env"]) < len(big)
         assert "rc" in e and "lib" in e  # the fields after the environment still fit
         assert all(len(v) <= 2048 for v in e["env"].values())
+
+
+def test_config_members_too_large_for_the_line_are_left_out_whole(built, tmp_path):
+    log = tmp_path / "log"
+    huge = "\x01" * 3000  # each byte escapes to 6: two of these cannot fit one line
+    r = ps.run([built["app"], "basic"], ps.probe_env(log, built["lib"], APP_COMM_NAME=huge, APP_NET_NAME=huge))
+    assert r.returncode == 0
+    result = ps.read(log)
+    assert result.skipped_total == 0
+    cfg, bad = [e for e in ps.of_kind(result, "comm_init") if e["api"] == "ncclCommInitRankConfig"]
+    # netName fits and is kept; commName no longer fits and is left out whole.
+    assert cfg["config"]["netName"] == "\x01" * 2048 and "commName" not in cfg["config"]
+    assert cfg["truncated"] is True and cfg["rc"] == 0 and cfg["lib"] and cfg["comm"]
+    # With a wrong magic nothing past the header is read, so the line is complete.
+    assert bad["config"] == {"size": 80, "magic": "0x1234", "valid": False} and "truncated" not in bad

@@ -97,6 +97,13 @@ size_t np_json_escape(const char* in, size_t n, char* out, size_t cap) {
   return jb.full ? 0 : jb.len;
 }
 
+void np_jb_settle(np_jb* jb, size_t mark) {
+  if (!jb->full) return;
+  jb->len = mark;
+  jb->full = 0;
+  jb->truncated = 1;
+}
+
 void np_jb_key(np_jb* jb, const char* key) {
   /* The first member of an object (nested ones included) takes no comma. */
   if (jb->len && jb->buf[jb->len - 1] != '{') put(jb, ',');
@@ -106,17 +113,16 @@ void np_jb_key(np_jb* jb, const char* key) {
 }
 
 /* A member is either written whole or not at all: on overflow the line is rolled back to before
- * its key (the line then says "truncated":true), so the object stays valid JSON. */
-#define MEMBER(jb, key, body)  \
-  do {                         \
-    size_t mark_ = (jb)->len;  \
-    np_jb_key((jb), (key));    \
-    body;                      \
-    if ((jb)->full) {          \
-      (jb)->len = mark_;       \
-      (jb)->full = 0;          \
-      (jb)->truncated = 1;     \
-    }                          \
+ * its key (the line then says "truncated":true), so the object stays valid JSON. Inside a compound
+ * member whose own framing already failed (full on entry), nothing is written and `full` stays
+ * set for that member's np_jb_settle. */
+#define MEMBER(jb, key, body)         \
+  do {                                \
+    if ((jb)->full) break;            \
+    size_t mark_ = (jb)->len;         \
+    np_jb_key((jb), (key));           \
+    body;                             \
+    np_jb_settle((jb), mark_);        \
   } while (0)
 
 void np_jb_strn(np_jb* jb, const char* key, const char* val, size_t n) {
@@ -192,6 +198,7 @@ int np_watched(const char* name, size_t n) {
 
 void np_jb_env(np_jb* jb) {
   /* Leave room for the members written after the environment (rc, lib path, comm, ...). */
+  if (jb->full) return;
   size_t cap = jb->cap;
   if (cap > 4 * NP_ENV_RESERVE) jb->cap = cap - NP_ENV_RESERVE;
   size_t mark = jb->len;
@@ -222,10 +229,6 @@ void np_jb_env(np_jb* jb) {
     first = 0;
   }
   put(jb, '}');
-  if (jb->full) {
-    jb->len = mark;
-    jb->full = 0;
-    jb->truncated = 1;
-  }
+  np_jb_settle(jb, mark);
   jb->cap = cap;
 }

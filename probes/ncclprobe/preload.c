@@ -149,7 +149,7 @@ static void jb_config(np_jb* jb, const ncclConfig_t* cfg) {
     np_jb_null(jb, "config");
     return;
   }
-  size_t size;
+  size_t size, mark = jb->len;
   memcpy(&size, cfg, sizeof size);
   np_jb_key(jb, "config");
   np_jb_raw(jb, "{", 1);
@@ -177,8 +177,8 @@ static void jb_config(np_jb* jb, const ncclConfig_t* cfg) {
 #undef NP_CFG_INT
 #undef NP_CFG_STR
   }
-  /* np_jb_raw drops a brace that does not fit; the NP_LINE buffer always leaves room here. */
   np_jb_raw(jb, "}", 1);
+  np_jb_settle(jb, mark);
 }
 
 static void jb_int_array(np_jb* jb, const char* key, const int* v, int n) {
@@ -186,14 +186,16 @@ static void jb_int_array(np_jb* jb, const char* key, const int* v, int n) {
     np_jb_null(jb, key);
     return;
   }
+  size_t mark = jb->len;
   np_jb_key(jb, key);
   np_jb_raw(jb, "[", 1);
-  for (int i = 0; i < n && i < 64; i++) {
+  for (int i = 0; i < n && i < 64; i++) { /* at most 64 entries: a device list, a rank list */
     char t[16];
     int l = snprintf(t, sizeof t, i ? ",%d" : "%d", v[i]);
     np_jb_raw(jb, t, (size_t)l);
   }
   np_jb_raw(jb, "]", 1);
+  np_jb_settle(jb, mark);
 }
 
 /* State carried from before the real call to after it. */

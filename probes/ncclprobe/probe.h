@@ -34,6 +34,9 @@ typedef struct {
 void np_jb_init(np_jb* jb, char* buf, size_t cap);
 void np_jb_raw(np_jb* jb, const char* s, size_t n);
 void np_jb_key(np_jb* jb, const char* key); /* ,"key": */
+/* For a member built from several appends: if any did not fit, cut the line back to `mark` (the
+ * length before the member) and flag it truncated, so the object stays valid JSON. */
+void np_jb_settle(np_jb* jb, size_t mark);
 void np_jb_str(np_jb* jb, const char* key, const char* val); /* null when val is NULL */
 void np_jb_strn(np_jb* jb, const char* key, const char* val, size_t n);
 void np_jb_int(np_jb* jb, const char* key, long long v);
