@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,6 +101,8 @@ def _scan(path: str, display: str, want_version: bool | None) -> ElfInfo:
         with open(path, "rb") as fh:
             if fh.read(4) != b"\x7fELF":
                 return ElfInfo(display, reason="not ELF")
+            if not is_libnccl(display) and not _may_mention_nccl(fh):
+                return ElfInfo(display)
             fh.seek(0)
             elf = ELFFile(fh)
             imports, defines, needed = _nccl_symbols(elf)
@@ -109,8 +112,40 @@ def _scan(path: str, display: str, want_version: bool | None) -> ElfInfo:
             return ElfInfo(display, None, imports, defines, needed, version, source)
     except OSError as exc:
         return ElfInfo(display, reason=_reason(exc))
-    except (ELFError, ValueError, KeyError, IndexError) as exc:  # truncated or odd ELF
+    except (ELFError, ValueError, KeyError, IndexError, struct.error) as exc:  # truncated or odd ELF
         return ElfInfo(display, reason=f"unreadable ELF: {exc}")
+
+
+def _may_mention_nccl(fh) -> bool:
+    """Fast path before pyelftools (which costs milliseconds per file): read the section headers with
+    struct and look for 'nccl' in the symbol string tables. False only when no symbol can be ours."""
+    fh.seek(0)
+    ident = fh.read(64)
+    if len(ident) < 52:
+        return True  # let pyelftools report what is wrong
+    is64, endian = ident[4] == 2, "<" if ident[5] == 1 else ">"
+    if is64:
+        shoff, = struct.unpack_from(endian + "Q", ident, 0x28)
+        shentsize, shnum = struct.unpack_from(endian + "HH", ident, 0x3A)
+        fmt, fields = endian + "IIQQQQIIQQ", 10
+    else:
+        shoff, = struct.unpack_from(endian + "I", ident, 0x20)
+        shentsize, shnum = struct.unpack_from(endian + "HH", ident, 0x2E)
+        fmt, fields = endian + "IIIIIIIIII", 10
+    size = struct.calcsize(fmt)
+    if not shoff or not shnum or shentsize < size:
+        return True
+    fh.seek(shoff)
+    table = fh.read(shentsize * shnum)
+    headers = [struct.unpack_from(fmt, table, i * shentsize) for i in range(min(shnum, len(table) // shentsize))]
+    assert fields == 10  # name, type, flags, addr, offset, size, link, info, align, entsize
+    for h in headers:
+        if h[1] in (2, 11) and h[6] < len(headers):  # SHT_SYMTAB, SHT_DYNSYM -> sh_link: its strings
+            strings = headers[h[6]]
+            fh.seek(strings[4])
+            if b"nccl" in fh.read(strings[5]):
+                return True
+    return False
 
 
 def _nccl_symbols(elf: ELFFile) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:

@@ -2,8 +2,10 @@
 nccl.conf files — diffed against parents and expectations, with the places that view is blind."""
 from __future__ import annotations
 
+import errno
 import os
 import re
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,14 @@ from ncclprobe.watched import REDACTED, is_watched, looks_secret, select
 
 _ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
 _MAX_SCRIPT = 1 << 20
+
+
+def _read_regular(path: Path) -> str:
+    """A regular file's text; a pipe, socket or device is refused (opening a FIFO would block)."""
+    with open(path, "rb", opener=lambda f, fl: os.open(f, fl | os.O_NONBLOCK)) as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return fh.read(_MAX_SCRIPT).decode("utf-8", errors="backslashreplace")
 
 
 def _default_gpus() -> tuple[dict[int, list[int]], str]:
@@ -29,7 +39,8 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
                       scope: str = "nccl", all_vars: bool = False, redact: bool = True,
                       log_dirs: list[str] | None = None, nccl_logs: list[str] | None = None, *,
                       proc_root: Path = procs.DEFAULT_PROC, reader: procs.Reader | None = None,
-                      gpu_lookup: Callable[[], tuple[dict[int, list[int]], str]] | None = None) -> Result:
+                      gpu_lookup: Callable[[], tuple[dict[int, list[int]], str]] | None = None,
+                      merge_probe_dirs: bool = True) -> Result:
     expect = dict(expect or {})
     fs = procs.ProcFS(proc_root, reader)
     roots = _roots(fs, pids, pgrep)
@@ -57,8 +68,9 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
             "gpu_reason": gpu_reason or None}
     doc = _document(recs, tree, notes, gpu_reason)
     result = Result("inspect", findings, data, doc)
-    dirs = list(log_dirs or []) or sorted({d for p in tree.procs.values() if p.env and p.env.env
-                                           for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
+    dirs = list(log_dirs or []) or (sorted({d for p in tree.procs.values() if p.env and p.env.env
+                                            for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
+                                    if merge_probe_dirs else [])
     if dirs or nccl_logs:
         try:
             from ncclprobe.report import augment_inspection
@@ -137,6 +149,7 @@ class _Context:
     def record(self, p: procs.Proc) -> dict:
         block = p.env
         env = block.env if block else None
+        watched = select(env or {}, False)
         start = self.tree.start_time(p)
         libs, callers, maps_reason = self.libraries(p)
         gpus, gpus_source, gpus_reason = self.gpus(p)
@@ -147,13 +160,14 @@ class _Context:
             "start_time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)) if start else None,
             "env_source": block.source if block else "unreadable",
             "env_reason": block.reason if block else "not read",
-            "env": select(env, self.all_vars, self.redact) if block and block.source != "unreadable" else None,
+            "env": (watched if not self.all_vars else select(env, True, self.redact))
+                   if block and block.source != "unreadable" else None,
             "env_size": block.size if block else 0,
             "cuda_visible_devices": (env or {}).get("CUDA_VISIBLE_DEVICES"),
             "nccl_libs": libs, "nccl_callers": callers, "maps_reason": maps_reason,
             "gpus": gpus, "gpus_source": gpus_source, "gpus_reason": gpus_reason,
             "conf_files": None, "root": p.root, "notes": list(p.notes),
-            "_watched": {k: v for k, v in (env or {}).items() if is_watched(k)},
+            "_watched": watched,
             "_exp": {k: env[k] for k in self.expect if env and k in env},
             "_hash": block.raw_hash if block else None, "_span": p.env_span, "_start": start,
         }
@@ -186,6 +200,7 @@ class _Context:
         return text if len(text) <= limit else text[: limit - 1] + "…"
 
     def _root_key(self, p: procs.Proc):
+        self.fs.resolve_root(p)
         return "/" if p.same_mnt_ns and p.root == "/" else p.pid
 
     def libraries(self, p: procs.Proc) -> tuple[list[dict], list[dict], str | None]:
@@ -195,7 +210,7 @@ class _Context:
         for m in p.maps:
             if not m.executable:
                 continue
-            key = (self._root_key(p), m.path, m.inode)
+            key = (m.dev, m.inode, m.path)  # device and inode name one file in any namespace
             info = self._elf.get(key)
             if info is None:
                 info = self._elf[key] = elf.scan(self.fs.in_root(p, m.path), display=m.path)
@@ -218,6 +233,12 @@ class _Context:
     def gpus(self, p: procs.Proc) -> tuple[list[int], str | None, str | None]:
         if not self.gpu_reason:
             return list(self.gpu_map.get(p.pid, [])), "nvml", None
+        if p.maps is not None:
+            # CUDA maps /dev/nvidiactl and /dev/nvidia<N>: maps (already read) usually says it all
+            nv = [m.path for m in p.maps if m.path.startswith("/dev/nvidia")]
+            gpus = sorted({int(path[11:]) for path in nv if path[11:].isdigit()})
+            if gpus or not nv:
+                return gpus, "maps", None
         try:
             return self.fs.nvidia_fds(p.pid), "fds", None
         except OSError as exc:
@@ -228,8 +249,7 @@ class _Context:
         hit = self._text.get(key)
         if hit is None:
             try:
-                with open(self.fs.in_root(p, path), "rb") as fh:
-                    hit = fh.read(_MAX_SCRIPT).decode("utf-8", errors="backslashreplace")
+                hit = _read_regular(self._fd_path(p, path) or self.fs.in_root(p, path))
             except OSError as exc:
                 hit = exc
             self._text[key] = hit
@@ -237,9 +257,15 @@ class _Context:
             raise hit
         return hit
 
+    def _fd_path(self, p: procs.Proc, path: str) -> Path | None:
+        """/dev/fd/N and /proc/self/fd/N name the process's own descriptors, not ours."""
+        m = re.match(r"^/(?:dev|proc/self)/fd/(\d+)$", path)
+        return self.fs.path(p.pid, "fd", m.group(1)) if m else None
+
     def conf(self, p: procs.Proc, rec: dict) -> list[dict]:
         env = p.env.env if p.env and p.env.source == "exec" else None
         version = next((lib["version"] for lib in rec["nccl_libs"] if lib["version"]), None)
+        self.fs.resolve_root(p)
         files = conffiles.applicable(env, p.uid, version, lambda path: self.read_text(p, path), p.cwd)
         return [f.to_json() for f in files if f.exists or f.reason]
 
@@ -253,6 +279,7 @@ class _Context:
         for shell in everyone.values():
             script = shells.shell_script(shell.cmdline)
             if script is None:
+                self.fs.resolve_root(shell)
                 path = shells.script_file(shell.cmdline)
                 if path is None:
                     continue

@@ -82,26 +82,28 @@ class Mapping:
     deleted: bool
 
 
+_MAPS_LINE = re.compile(rb"^\S+ (\S{4}) \S+ (\S+) (\d+) +(/[^\n]*)$", re.M)
+
+
 def parse_maps(raw: bytes) -> list[Mapping]:
     """File-backed mappings, one per (path, inode), executable if any of its mappings is."""
-    seen: dict[tuple[str, int], Mapping] = {}
-    for line in raw.split(b"\n"):
-        parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith(b"/"):
+    seen: dict[tuple[bytes, bytes], list] = {}
+    for perms, dev, inode, path in _MAPS_LINE.findall(raw):
+        if inode == b"0":
             continue
-        inode = int(parts[4])
-        if inode == 0:
-            continue
-        path = decode(parts[5])
+        entry = seen.get((path, inode))
+        if entry is None:
+            seen[(path, inode)] = [dev, b"x" in perms]
+        elif not entry[1] and b"x" in perms:
+            entry[1] = True
+    out = []
+    for (path_b, inode), (dev, exe) in seen.items():
+        path = decode(path_b)
         deleted = path.endswith(" (deleted)")
         if deleted:
             path = path[: -len(" (deleted)")]
-        key = (path, inode)
-        exe = b"x" in parts[1]
-        old = seen.get(key)
-        if old is None or (exe and not old.executable):
-            seen[key] = Mapping(path, decode(parts[3]), inode, exe or bool(old and old.executable), deleted)
-    return list(seen.values())
+        out.append(Mapping(path, decode(dev), int(inode), exe, deleted))
+    return out
 
 
 @dataclass(frozen=True)
@@ -117,14 +119,15 @@ class EnvBlock:
 def parse_environ(raw: bytes) -> tuple[dict[str, str], int]:
     env: dict[str, str] = {}
     garbled = 0
-    for entry in raw.split(b"\0"):
+    for entry in decode(raw).split("\0"):  # one decode for the block: this is the hot path
         if not entry:
             continue
-        name, eq, value = entry.partition(b"=")
+        name, eq, value = entry.partition("=")
         if not eq or not name:
             garbled += 1
             continue
-        env.setdefault(decode(name), decode(value))  # getenv returns the first match
+        if name not in env:  # getenv returns the first match
+            env[name] = value
     return env, garbled
 
 
@@ -144,7 +147,8 @@ class Proc:
     env: EnvBlock | None = None
     maps: list[Mapping] | None = None
     maps_reason: str | None = None
-    root: str | None = None
+    root: str | None = None  # read lazily (ProcFS.resolve_root)
+    root_reason: str | None = None
     same_mnt_ns: bool = True
     cwd: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -159,11 +163,12 @@ class ProcFS:
 
     def __init__(self, proc_root: Path = DEFAULT_PROC, reader: Reader | None = None):
         self.root = Path(proc_root)
+        self._root_s = str(self.root)
         self.reader = reader or Reader()
         self._self_mnt: str | None = None
 
-    def path(self, pid: int | str, *rest: str) -> Path:
-        return self.root.joinpath(str(pid), *rest)
+    def path(self, pid: int | str, *rest: str) -> str:
+        return "/".join((self._root_s, str(pid), *rest))  # str, not Path: this is the hot path
 
     # -- system-wide ---------------------------------------------------------------------------
     def pids(self) -> list[int]:
@@ -204,6 +209,12 @@ class ProcFS:
                 out[k] = v.strip()
         return out
 
+    def uid(self, pid: int) -> int | None:
+        """The real uid, from the Uid: line of status (searched as bytes: this is the hot path)."""
+        raw = self.reader.read_bytes(self.path(pid, "status"))
+        i = raw.find(b"\nUid:")
+        return int(raw[i + 5:].split(None, 1)[0]) if i >= 0 else None
+
     def cmdline(self, pid: int) -> list[str]:
         raw = self.reader.read_bytes(self.path(pid, "cmdline"))
         if raw.endswith(b"\0"):
@@ -233,7 +244,7 @@ class ProcFS:
         out = []
         for name in self.reader.listdir(d):
             try:
-                out.append(self.reader.readlink(d / name))
+                out.append(self.reader.readlink(f"{d}/{name}"))
             except OSError:
                 continue  # closed between listdir and readlink
         return out
@@ -246,12 +257,27 @@ class ProcFS:
                 gpus.add(int(m.group(1)))
         return sorted(gpus)
 
+    def resolve_root(self, proc: Proc) -> None:
+        """Read the process's root and mount namespace once, when a path must be resolved in it."""
+        if proc.root is not None or proc.root_reason is not None:
+            return
+        try:
+            proc.root = self.reader.readlink(self.path(proc.pid, "root"))
+            proc.cwd = self.reader.readlink(self.path(proc.pid, "cwd"))
+        except OSError as exc:
+            proc.root_reason = reason_of(exc)  # needs ptrace access
+        try:
+            proc.same_mnt_ns = self.reader.readlink(self.path(proc.pid, "ns", "mnt")) == self.self_mnt_ns()
+        except OSError:
+            proc.same_mnt_ns = True
+
     def in_root(self, proc: Proc, path: str) -> Path:
         """Where `path`, as the process sees it, is for us: inside /proc/<pid>/root unless it
         shares our mount namespace and root (the common, cheaper case)."""
+        self.resolve_root(proc)
         if proc.same_mnt_ns and proc.root == "/":
             return Path(path)
-        return self.path(proc.pid, "root") / path.lstrip("/")
+        return Path(self.path(proc.pid, "root")) / path.lstrip("/")
 
     def load(self, pid: int, st: Stat | None = None, with_env: bool = True, with_maps: bool = True) -> Proc:
         """Everything about one process; raises OSError only if even its stat is gone or refused."""
@@ -259,10 +285,7 @@ class ProcFS:
         proc = Proc(pid=pid, ppid=st.ppid, name=st.comm, state=st.state, uid=None,
                     start_ticks=st.start_ticks, flags=st.flags, env_span=st.env_span)
         try:
-            status = self.status(pid)
-            proc.name = status.get("Name", proc.name)
-            uid = status.get("Uid", "").split()
-            proc.uid = int(uid[0]) if uid else None
+            proc.uid = self.uid(pid)
         except OSError as exc:
             # stat readable but status refused: procfs mounted with hidepid=1 (proc(5))
             hidden = reason_of(exc) == "permission"
@@ -271,16 +294,10 @@ class ProcFS:
             proc.cmdline = self.cmdline(pid)
         except OSError as exc:
             proc.cmdline_reason = reason_of(exc)
-        for attr, link in (("exe", "exe"), ("root", "root"), ("cwd", "cwd")):
-            try:
-                setattr(proc, attr, self.reader.readlink(self.path(pid, link)))
-            except OSError:
-                pass  # needs ptrace access; kernel threads have none
         try:
-            mnt = self.reader.readlink(self.path(pid, "ns", "mnt"))
-            proc.same_mnt_ns = mnt == self.self_mnt_ns()
+            proc.exe = self.reader.readlink(self.path(pid, "exe"))
         except OSError:
-            proc.same_mnt_ns = True
+            pass  # needs ptrace access; kernel threads have none
         if with_env:
             proc.env = self.environ(pid, proc.state, proc.kernel_thread)
             if proc.env.reason == "permission" and "hidden by hidepid" in proc.notes:

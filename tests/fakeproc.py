@@ -43,6 +43,8 @@ class FakeProc:
             addr = 0x7f0000000000 + i * 0x10000
             lines.append(f"{addr:x}-{addr + 0x1000:x} r--p 00000000 08:01 {1000 + i} {path}")
             lines.append(f"{addr + 0x1000:x}-{addr + 0x2000:x} r-xp 00001000 08:01 {1000 + i} {path}")
+        if any(t.startswith("/dev/nvidia") for t in fds):  # CUDA maps the control device
+            lines.append("7ffc00000000-7ffc00001000 rw-s 00000000 00:05 501 /dev/nvidiactl")
         lines.append("7ffd00000000-7ffd00021000 rw-p 00000000 00:00 0 [stack]")
         (d / "maps").write_text("\n".join(lines) + "\n")
         (d / "fd").mkdir()

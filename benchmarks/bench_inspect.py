@@ -1,0 +1,107 @@
+"""Cost of `inspect` on a live tree of N processes, against a baseline loop that only reads the same
+/proc/<pid>/{stat,environ,maps} files in Python. Process start is excluded: the tree is started
+once, then both are timed on it, alternating, and the medians compared (goal: ratio <= 1.5).
+
+    python benchmarks/bench_inspect.py [--procs 256] [--repeat 7]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ncclprobe import elf  # noqa: E402
+from ncclprobe.inspection import inspect_processes  # noqa: E402
+
+CHILD = "import sys, time; sys.stdout.write('x'); sys.stdout.flush(); time.sleep(600)"
+# A parent that starts N-1 sleeping children by fork+exec of a tiny interpreter (python -S -c).
+PARENT = r"""
+import os, sys, time
+n = int(sys.argv[1])
+kids = []
+for _ in range(n - 1):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(w, 1)
+        os.execv(sys.executable, [sys.executable, "-S", "-c", sys.argv[2]])
+    os.close(w)
+    kids.append(r)
+for r in kids:
+    os.read(r, 1)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def baseline(pids: list[int]) -> None:
+    for pid in pids:
+        for name in ("stat", "environ", "maps"):
+            try:
+                with open(f"/proc/{pid}/{name}", "rb") as fh:
+                    fh.read()
+            except OSError:
+                pass
+
+
+def tree_pids(root: int) -> list[int]:
+    out = [root]
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    if int(fh.read().rpartition(b")")[2].split()[1]) == root:
+                        out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--procs", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=7)
+    args = ap.parse_args()
+    env = {**os.environ, "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
+    parent = subprocess.Popen([sys.executable, "-S", "-c", PARENT, str(args.procs), CHILD],
+                              stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert parent.stdout.readline().strip() == "ready"
+        pids = tree_pids(parent.pid)
+        assert len(pids) == args.procs, f"expected {args.procs} processes, found {len(pids)}"
+        base_t, insp_t = [], []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            baseline(pids)
+            base_t.append(time.perf_counter() - t)
+            elf.clear_cache()  # every run pays for its ELF reads, as a fresh `ncclprobe inspect` would
+            t = time.perf_counter()
+            res = inspect_processes([parent.pid], scope="all", expect={"NCCL_PROTO": "LL"},
+                                    gpu_lookup=lambda: ({}, "benchmark: fds"))
+            insp_t.append(time.perf_counter() - t)
+            assert len(res.data["processes"]) == args.procs
+        b, i = statistics.median(base_t), statistics.median(insp_t)
+        print(f"processes            {args.procs}")
+        print(f"baseline (read stat, environ, maps)  median {b * 1e3:8.1f} ms")
+        print(f"inspect_processes                    median {i * 1e3:8.1f} ms")
+        ratio = i / b
+        print(f"ratio inspect/baseline               {ratio:8.2f}x  (goal <= 1.5x: {'ok' if ratio <= 1.5 else 'OVER'})")
+        return 0
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in pids if "pids" in locals() else []:
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())
