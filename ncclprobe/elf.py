@@ -50,7 +50,13 @@ class ElfInfo:
 
     @property
     def contains_nccl(self) -> bool:
-        return bool(self.nccl_defines)
+        """NCCL's code is in this object: it defines the entry points and carries NCCL's version
+        string. Defining them without it is an interposer (a preload hook such as ncclprobe's own)."""
+        return bool(self.nccl_defines) and self.version_source == "rodata"
+
+    @property
+    def interposes_nccl(self) -> bool:
+        return bool(self.nccl_defines) and not self.contains_nccl
 
     def to_json(self) -> dict:
         return {"path": self.path, "reason": self.reason, "version": self.version,

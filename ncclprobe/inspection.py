@@ -219,13 +219,16 @@ class _Context:
                 libs.append({"path": m.path, "inode": m.inode, "version": info.version,
                              "version_source": info.version_source, "kind": "shared" if shared else "static",
                              "defines": list(info.nccl_defines), "deleted": m.deleted, "reason": info.reason})
+            elif info.interposes_nccl:
+                callers.append({"path": m.path, "interposes": list(info.nccl_defines)[:8], "hookable": True})
             elif info.nccl_imports:
                 callers.append({"path": m.path, "imports": list(info.nccl_imports)[:8],
                                 "hookable": True})
         for lib in libs:
             if lib["kind"] == "shared":
                 # §5.4: NEEDED/undefined-symbol callers are interposable; ctypes/dlopen(dlsym) ones are not
-                lib["reached_by"] = "dynamic symbols (hookable)" if callers else "dlopen/ctypes only (not hookable)"
+                users = [c for c in callers if "imports" in c]
+                lib["reached_by"] = "dynamic symbols (hookable)" if users else "dlopen/ctypes only (not hookable)"
             else:
                 lib["reached_by"] = "linked in (not hookable)"
         return libs, callers, None

@@ -142,3 +142,36 @@ def test_cache_follows_inode_and_mtime(built, tmp_path):
     lib.unlink()
     lib.write_bytes(data)  # a new file (new inode) at the same path
     assert elf.scan(lib).version == "2.98.7"
+
+
+@needs_cc
+def test_interposer_is_not_a_static_nccl(tmp_path):
+    """A preload hook defines the entry points but carries no NCCL code (no version string)."""
+    (tmp_path / "hook.c").write_text(
+        "typedef struct ncclComm* ncclComm_t; typedef struct { char i[128]; } ncclUniqueId;\n"
+        "int ncclCommInitRank(ncclComm_t* c, int n, ncclUniqueId id, int r) { (void)c; (void)id; return n + r; }\n")
+    subprocess.run([CC, "-shared", "-fPIC", "-o", tmp_path / "libhook.so", tmp_path / "hook.c"], check=True)
+    info = elf.scan(tmp_path / "libhook.so")
+    assert info.nccl_defines == ("ncclCommInitRank",)
+    assert info.interposes_nccl and not info.contains_nccl
+
+
+@needs_cc
+def test_live_dynamic_and_static_callers(built):
+    from ncclprobe.inspection import inspect_processes
+    procs = {name: subprocess.Popen([str(built / name), "30"]) for name in ("dyn", "static")}
+    try:
+        import time
+        time.sleep(0.3)
+        dyn = inspect_processes([procs["dyn"].pid], gpu_lookup=lambda: ({}, "test"))
+        (lib,) = dyn.data["processes"][0]["nccl_libs"]
+        assert lib["kind"] == "shared" and lib["version"] == "2.99.1"
+        assert lib["reached_by"] == "dynamic symbols (hookable)"
+        assert not [f for f in dyn.findings if f.code == "NCCL_UNHOOKABLE"]
+        static = inspect_processes([procs["static"].pid], gpu_lookup=lambda: ({}, "test"))
+        (f,) = [f for f in static.findings if f.code == "NCCL_UNHOOKABLE"]
+        assert f.pids == (procs["static"].pid,) and f.evidence["version"] == "2.99.1"
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
