@@ -21,9 +21,9 @@ from ncclprobe._lib import lib_path
 from ncclprobe.bench.matrix import Config
 
 # Inherited NCCL_* variables are dropped so "defaults" means NCCL's defaults; these only say how to
-# reach the network or what to log, never how to tune, and stay.
+# reach the network or what to log, or are a site's safety policy (NVLink multicast off), and stay.
 KEEP_INHERITED = ("NCCL_SOCKET_IFNAME", "NCCL_IB_", "NCCL_NET", "NCCL_DEBUG", "NCCL_DEBUG_SUBSYS",
-                  "NCCL_DEBUG_FILE", "NCCL_HOSTID", "NCCL_COMM_ID")
+                  "NCCL_DEBUG_FILE", "NCCL_HOSTID", "NCCL_COMM_ID", "NCCL_NVLS_ENABLE")
 ERROR_GRACE_S = 3.0  # after one rank fails, how long the others get to fail on their own
 POLL_S = 0.02
 

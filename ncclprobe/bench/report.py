@@ -11,6 +11,7 @@ from ncclprobe.bench import allreduce
 from ncclprobe.bench.matrix import DEFAULTS, export_line
 from ncclprobe.diagnose import topology as topo_rules
 from ncclprobe.events import read_dirs
+from ncclprobe import tuning
 from ncclprobe.findings import Finding
 
 MIN_GAIN = 1.02  # below this a configuration is noise against the defaults, not a recommendation
@@ -71,21 +72,14 @@ def realized(ctx: Context, run_dir: str, sizes: list[int], profiler_reason: str)
     return {"available": True, "reason": "", "per_size": per_size}
 
 
-def _allowed(value: str | None) -> set[str] | None:
-    """The names a plain NCCL_ALGO/NCCL_PROTO list allows; None for forms we do not model (^, per-op)."""
-    if not value or value.startswith("^") or re.search(r"[:;]", value):
-        return None
-    return {v.strip().lower() for v in value.split(",") if v.strip()}
-
-
 def mismatch_findings(name: str, env: dict[str, str], real: dict[str, Any], pids) -> list[Finding]:
     out = []
-    for var, part in (("NCCL_ALGO", 0), ("NCCL_PROTO", 1)):
-        allowed = _allowed(env.get(var))
+    for var, part, universe in (("NCCL_ALGO", 0, tuning.ALGOS), ("NCCL_PROTO", 1, tuning.PROTOS)):
+        allowed = tuning.allowed(env.get(var), "AllReduce", universe)
         if not allowed or not real["available"]:
             continue
         bad = {size: got for size, got in real["per_size"].items() if got and any(
-            pair.split("/")[part].lower() not in allowed for pair in got.split("+"))}
+            tuning.canonical(pair.split("/")[part]) not in allowed for pair in got.split("+"))}
         if bad:
             shown = ", ".join(f"{s} B: {g}" for s, g in list(bad.items())[:6])
             out.append(Finding(
