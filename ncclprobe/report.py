@@ -54,11 +54,22 @@ def augment_inspection(result: Result, log_dirs, nccl_logs=()) -> Result:
         result.doc.append(Text(f"In-process view: {exc}", "warn"))
         result.data["in_process"] = {"error": str(exc)}
         return result
-    result.findings = dedupe([*inprocess.all_rules(m, result.data.get("expect") or {}), *result.findings])
+    result.findings = merge_witnesses(inprocess.all_rules(m, result.data.get("expect") or {}), result.findings)
     result.data["communicators"] = model_json(m)["communicators"]
     result.data["in_process"] = {"dirs": [str(d) for d in log_dirs], "processes": len(m.processes)}
     result.doc.extend(model_doc(m, log_dirs, title="In-process view (probes)"))
     return result
+
+
+def merge_witnesses(in_process: list[Finding], exec_time: list[Finding]) -> list[Finding]:
+    """Findings of both views, in-process first (more evidence), one per (code, pids, var); a
+    parent/child environment difference the exec-time view already named for a child is not
+    repeated from the boot probe's view of the same child."""
+    covered = {(f.code, pid) for f in exec_time if "parent" in f.evidence for pid in f.pids}
+    kept = [f for f in in_process
+            if not ("parent" in f.evidence and f.code in ("ENV_MISSING", "ENV_CHANGED")
+                    and f.severity == "warning" and all((f.code, pid) in covered for pid in f.pids))]
+    return dedupe([*kept, *exec_time])
 
 
 def dedupe(findings: list[Finding]) -> list[Finding]:

@@ -26,6 +26,16 @@ def codes(res):
     return sorted((f.code, f.severity, f.var) for f in res.findings)
 
 
+def pids_by_var(res, code):
+    """var -> pids of every `code` finding naming it (parent diffs group several variables)."""
+    out: dict[str, tuple] = {}
+    for f in res.findings:
+        if f.code == code:
+            for var in (f.evidence.get("vars") or {f.var: None}):
+                out[var] = tuple(sorted({*out.get(var, ()), *f.pids}))
+    return out
+
+
 # -- rules on a fake /proc ---------------------------------------------------------------------
 @pytest.fixture
 def server(tmp_path):
@@ -55,8 +65,10 @@ def test_parent_diff_warnings_in_nccl_scope(server):
 
 def test_scope_all_includes_processes_without_gpu(server):
     res = run_fake(server, [100], scope="all")
-    missing = {f.var: f.pids for f in res.findings if f.code == "ENV_MISSING"}
+    missing = pids_by_var(res, "ENV_MISSING")
     assert missing["NCCL_PROTO"] == (102, 103) and missing["NCCL_ALGO"] == (103,)
+    # one finding per parent and set of children: 103 lost both variables, 102 one
+    assert sorted(len(f.evidence["vars"]) for f in res.findings if f.code == "ENV_MISSING") == [1, 2]
 
 
 def test_expectations_are_errors_and_replace_parent_warnings(server):
@@ -222,7 +234,7 @@ def test_live_start_methods(live):
     assert any(kids["titled"] in p for p in stale.values())
     curated = rows[kids["curated"]]
     assert curated["env"] == {"NCCL_ALGO": "Tree"}
-    missing = [f for f in res.findings if f.code == "ENV_MISSING" and f.var == "NCCL_PROTO"]
+    missing = [f for f in res.findings if f.code == "ENV_MISSING" and "NCCL_PROTO" in f.evidence.get("vars", {})]
     assert missing and kids["curated"] in missing[0].pids and missing[0].severity == "warning"
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 from ncclprobe.demo import worker
 
 # What a launcher that copies an allow-list of prefixes hands its workers (vLLM's Ray path did this
-# before it copied NCCL_*). NCCLPROBE_DIR is kept only so the demo can still watch the replica.
-CURATED_PREFIXES = ("PATH", "HOME", "PYTHON", "LD_", "CUDA_", "NCCLPROBE_DIR", "LANG", "TMPDIR")
+# before it copied NCCL_*). NCCLPROBE_DIR is kept only so the demo can still watch the replica, and
+# NCCL_NVLS_ENABLE because GPU hosts may require NVLink multicast off in every process (site policy).
+CURATED_PREFIXES = ("PATH", "HOME", "PYTHON", "LD_", "CUDA_", "NCCLPROBE_DIR", "NCCL_NVLS_ENABLE", "LANG", "TMPDIR")
 
 
 def curated_env() -> dict[str, str]:

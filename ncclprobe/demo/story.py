@@ -85,7 +85,7 @@ def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool) -> R
         if rc is None:
             group.reap_group()
     inproc = report.build_report([d], expect=dict(TUNING))
-    findings = report.dedupe([*inproc.findings, *live.findings])  # in-process first: more evidence
+    findings = report.merge_witnesses(inproc.findings, live.findings)
     found = {f.code for f in findings}
     unplanted = sorted({f.code for f in findings if f.severity != "info"} - set(PLANTED) - CONSEQUENCES)
     missed = [c for c in PLANTED if c not in found]

@@ -110,38 +110,44 @@ def stale(recs: list[Mapping]) -> list[Finding]:
 
 
 def parent_diffs(recs: list[Mapping], expect: Mapping[str, str]) -> list[Finding]:
-    """Watched variables dropped or changed between a process and its parent (warnings); names with
-    an expectation are left to `expectations`, which reports them as errors."""
+    """Watched variables dropped or changed between a process and its parent (warnings), one finding
+    per parent, kind and set of children, naming every variable; names with an expectation are left
+    to `expectations`, which reports them as errors."""
     by_pid = {r["pid"]: r for r in recs}
-    groups: dict[tuple, list[int]] = defaultdict(list)
+    per_child: dict[tuple[str, int, int], dict[str, tuple]] = defaultdict(dict)
     for r in recs:
         parent = by_pid.get(r["ppid"])
         if not r.get("in_scope") or parent is None or not readable(r) or parent.get("env_source") != "exec":
             continue
         mine, theirs = r["_watched"], parent["_watched"]
         for var, old in theirs.items():
-            if var in expect:
+            if var in expect or var.startswith("NCCLPROBE_"):  # ncclprobe's own wiring is not the job's
                 continue
             if var not in mine:
-                groups[("ENV_MISSING", var, r["ppid"], old, None)].append(r["pid"])
+                per_child[("ENV_MISSING", r["ppid"], r["pid"])][var] = (old, None)
             elif mine[var] != old:
-                groups[("ENV_CHANGED", var, r["ppid"], old, mine[var])].append(r["pid"])
+                per_child[("ENV_CHANGED", r["ppid"], r["pid"])][var] = (old, mine[var])
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for (code, ppid, pid), diff in per_child.items():
+        groups[(code, ppid, tuple(sorted(diff.items())))].append(pid)
     out = []
-    for (code, var, ppid, old, new), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
+    for (code, ppid, diff), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
         parent = by_pid[ppid]
-        ev = {"parent": ppid, "parent_command": _cmd(parent), "parent_value": old}
+        names = [v for v, _ in diff]
+        ev = {"parent": ppid, "parent_command": _cmd(parent),
+              "vars": {v: {"parent": old, "child": new} for v, (old, new) in diff}}
         if code == "ENV_MISSING":
-            msg = f"{var}={old} in pid {ppid} but absent from the environment its child(ren) were started with"
+            msg = (f"pid {ppid} had {', '.join(names)}, absent from the environment its child(ren) "
+                   f"{', '.join(map(str, sorted(pids)))} were started with")
             hint = (f"whatever starts these children from pid {ppid} ({_cmd(parent)}) passes a curated "
                     f"environment (subprocess env=, a launcher allowlist such as Ray runtime_env or "
-                    f"mpirun -x): add {var} there")
+                    f"mpirun -x): add {', '.join(names)} there")
         else:
-            ev["value"] = new
-            msg = f"{var} changed from {old!r} in pid {ppid} to {new!r} in its child(ren)"
-            hint = (f"the code in pid {ppid} ({_cmd(parent)}) that starts them sets {var}={new}; "
-                    "find the override (framework defaults, env= of the launch call) and make it keep "
-                    "an explicit value")
-        out.append(Finding(code, "warning", msg, tuple(sorted(pids)), var, ev, hint))
+            msg = (f"{', '.join(f'{v} {old!r} -> {new!r}' for v, (old, new) in diff)}: changed between "
+                   f"pid {ppid} and its child(ren) {', '.join(map(str, sorted(pids)))}")
+            hint = (f"the code in pid {ppid} ({_cmd(parent)}) that starts them sets these; find the "
+                    "override (framework defaults, env= of the launch call) and make it keep an explicit value")
+        out.append(Finding(code, "warning", msg, tuple(sorted(pids)), names[0] if len(names) == 1 else None, ev, hint))
     return out
 
 

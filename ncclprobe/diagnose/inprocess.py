@@ -269,6 +269,7 @@ def env_vs_parent(m: Model) -> list[Finding]:
         parent = m.processes.get((p.host, p.ppid)) if p.ppid else None
         if p.start_env is None or parent is None or parent.start_env is None or p.forked_from:
             continue
+        # ncclprobe's own wiring (NCCLPROBE_*) is not the job's environment
         missing = sorted(v for v in parent.start_env if v not in p.start_env and v.startswith("NCCL_"))
         changed = sorted(v for v in parent.start_env if v in p.start_env and v.startswith("NCCL_")
                          and p.start_env[v] != parent.start_env[v])
@@ -280,8 +281,9 @@ def env_vs_parent(m: Model) -> list[Finding]:
                 f"pid {p.pid} started without {len(names)} NCCL variable(s) its parent {parent.pid} had: "
                 f"{', '.join(names)}" if code == "ENV_MISSING" else
                 f"pid {p.pid} started with different values than its parent {parent.pid} for: {', '.join(names)}",
-                pids=(p.pid, parent.pid),
-                evidence={"vars": {v: {"parent": parent.start_env.get(v), "child": p.start_env.get(v)} for v in names},
+                pids=(p.pid,), var=names[0] if len(names) == 1 else None,
+                evidence={"parent": parent.pid, "vars": {v: {"parent": parent.start_env.get(v),
+                                                            "child": p.start_env.get(v)} for v in names},
                           "child_argv": (p.argv or [])[:6]},
                 hint="the code that starts this process passes its own environment (subprocess env=, a "
                      "launcher allow-list): forward the NCCL_* variables explicitly"))
