@@ -219,3 +219,22 @@ def test_canonical_algo_proto_names(raw, canon):
 def test_real_uppercase_tuning_names_become_nccl_algo_spelling():
     small, big = parse("nccl-2.26-ts.log").of(nl.Tuning)
     assert (small.algo, small.proto, big.proto) == ("Ring", "LL", "Simple")
+
+
+def test_real_2_28_9_log_from_the_h200():
+    """A real NCCL 2.28.9 INFO log (one H200, torch 2.11, `ncclprobe demo --real`): a lazily created
+    torch communicator and a ctypes one, with ncclprobe's env and profiler plugins loaded."""
+    log = nl.parse_files([DATA / "real-2.28.9-h200-1gpu.log"])
+    assert log.counts.get("malformed", 0) == 0
+    (version,) = log.of(nl.VersionLine)
+    assert version.code == 22809 and not version.simulated and version.build == "cuda13.0"
+    done = [r for r in log.of(nl.CommInit) if r.phase == "COMPLETE"]
+    assert [(r.api, r.comm, r.comm_id) for r in done] == [
+        ("ncclCommInitRankConfig", "0x1541a650", 0x90f6b7090f9d3c29),
+        ("ncclCommInitRank", "0x1cc411e0", 0xdd7f3ed9e10deeed)]
+    env = {(r.var, r.value) for r in log.of(nl.EnvSetting)}
+    assert {("NCCL_NVLS_ENABLE", "0"), ("NCCL_MAX_NCHANNELS", "16")} <= env
+    assert not any(var == "NCCL_PROTO" for var, _ in env)  # a single rank never reads it (observed.md)
+    plugins = {(p.kind, p.version) for p in log.of(nl.PluginLoaded)}
+    assert ("profiler", 5) in plugins and ("env", 1) in plugins
+    assert {r.at.pid for r in log.records} == {519}
