@@ -4,6 +4,7 @@ interconnect: NCCL short-cuts a single-rank all-reduce (observed.md), and the ou
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -16,7 +17,9 @@ BASE = [sys.executable, "-m", "ncclprobe", "bench", "--gpus", "1", "-b", "1K", "
 
 
 def _run(args, tmp_path):
-    proc = subprocess.run(BASE + args, capture_output=True, text=True, timeout=540, cwd=tmp_path)
+    # wide enough that table headers are not wrapped across lines
+    env = {**os.environ, "COLUMNS": "220"}
+    proc = subprocess.run(BASE + args, capture_output=True, text=True, timeout=540, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
 
