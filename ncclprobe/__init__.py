@@ -1,9 +1,14 @@
 """ncclprobe: which NCCL tuning each communicator of a multi-process GPU server actually got."""
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("ncclprobe")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
 
 SCHEMA = "ncclprobe/1"
+
+
+def __getattr__(name: str):
+    # importlib.metadata costs ~20 ms: read the version only when something asks for it (not --help)
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+        try:
+            return version("ncclprobe")
+        except PackageNotFoundError:  # a source tree that was never installed
+            return "0+unknown"
+    raise AttributeError(f"module 'ncclprobe' has no attribute {name!r}")
