@@ -116,3 +116,26 @@ def test_report_merges_several_hosts(tmp_path):
     assert r.returncode == 1  # COMM_RANKS_DIVERGENT is an error
     assert {c["host"] for c in out["communicators"]} == {"a", "b"}
     assert [f["code"] for f in out["findings"]] == ["COMM_RANKS_DIVERGENT"]
+
+
+def test_run_keeps_a_profiler_plugin_the_user_set_and_says_so(tmp_path):
+    d = tmp_path / "l"
+    env = {**os.environ, "NCCL_PROFILER_PLUGIN": "/opt/site/libnccl-profiler-inspector.so"}
+    code = "import os; print(os.environ['NCCL_PROFILER_PLUGIN'], os.environ['NCCL_ENV_PLUGIN'], os.environ['LD_PRELOAD'])"
+    r = subprocess.run([*NCCLPROBE, "run", "--dir", str(d), "--", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    seen_profiler, seen_env, preload = r.stdout.splitlines()[0].split()
+    assert seen_profiler == "/opt/site/libnccl-profiler-inspector.so"
+    assert seen_env.endswith("libncclprobe.so") and preload.split()[0].endswith("libncclprobe.so")
+    assert "NCCL_PROFILER_PLUGIN=/opt/site/libnccl-profiler-inspector.so was set by you and kept" in r.stdout
+    meta = json.loads((d / "run.json").read_text())
+    assert meta["plugins"] == ["env"] and meta["preload"] is True
+
+
+def test_run_without_probes_still_reports_the_boot_view(tmp_path):
+    r = cli("run", "--dir", str(tmp_path / "l"), "--no-preload", "--no-plugins", "--json", "--", sys.executable, "-c",
+            "import os; print(os.environ.get('LD_PRELOAD', ''), os.environ.get('NCCL_PROFILER_PLUGIN', ''))")
+    out = json.loads(r.stdout[r.stdout.index("{"):])
+    assert r.returncode == 0 and out["runs"][0]["preload"] is False and out["runs"][0]["plugins"] == []
+    assert [p["witnesses"] for p in out["processes"]] == [["boot"]]
