@@ -17,6 +17,7 @@ from ncclprobe.watched import REDACTED, is_watched, looks_secret, select
 
 _ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
 _MAX_SCRIPT = 1 << 20
+_FD_PATH = re.compile(r"^/(?:dev|proc/self)/fd/(\d+)$")
 
 
 def _read_regular(path: Path) -> str:
@@ -144,12 +145,34 @@ class _Context:
         self._elf: dict[tuple, elf.ElfInfo] = {}
         self._text: dict[tuple, str | OSError] = {}
         self._users: dict[int, str] = {}
+        # Per-tree memos keyed by the identity of what procs.ProcFS shares between processes (the
+        # parsed environ block, the parsed maps); each entry keeps its key object alive. The values
+        # are shared by the records of those processes, which nothing modifies after they are built.
+        self._selected: dict[tuple[int, bool], tuple[dict, dict]] = {}
+        self._libs: dict[int | tuple, tuple[list, tuple]] = {}
+        self._conf: dict[tuple, tuple[object, list[dict]]] = {}
+        self._times: dict[float, str] = {}
+
+    def select(self, env: dict[str, str], all_vars: bool) -> dict[str, str]:
+        key = (id(env), all_vars)
+        hit = self._selected.get(key)
+        if hit is None:
+            hit = self._selected[key] = (env, select(env, all_vars, self.redact))
+        return hit[1]
+
+    def start_time(self, start: float | None) -> str | None:
+        if not start:
+            return None
+        text = self._times.get(start)
+        if text is None:
+            text = self._times[start] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start))
+        return text
 
     # -- per process --------------------------------------------------------------------------
     def record(self, p: procs.Proc) -> dict:
         block = p.env
         env = block.env if block else None
-        watched = select(env or {}, False)
+        watched = self.select(env, False) if env is not None else {}
         start = self.tree.start_time(p)
         libs, callers, maps_reason = self.libraries(p)
         gpus, gpus_source, gpus_reason = self.gpus(p)
@@ -157,10 +180,10 @@ class _Context:
             "pid": p.pid, "ppid": p.ppid, "user": self.user(p.uid), "uid": p.uid, "name": p.name,
             "cmdline": self.cmdline(p.cmdline), "command": self.short(p),
             "exe": p.exe, "state": p.state,
-            "start_time": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start)) if start else None,
+            "start_time": self.start_time(start),
             "env_source": block.source if block else "unreadable",
             "env_reason": block.reason if block else "not read",
-            "env": (watched if not self.all_vars else select(env, True, self.redact))
+            "env": (watched if not self.all_vars else self.select(env, True))
                    if block and block.source != "unreadable" else None,
             "env_size": block.size if block else 0,
             "cuda_visible_devices": (env or {}).get("CUDA_VISIBLE_DEVICES"),
@@ -206,6 +229,13 @@ class _Context:
     def libraries(self, p: procs.Proc) -> tuple[list[dict], list[dict], str | None]:
         if p.maps is None:
             return [], [], p.maps_reason
+        hit = self._libs.get(id(p.maps))
+        if hit is None:
+            # the ELF scans below resolve p's root on a miss only, as they would for each process
+            hit = self._libs[id(p.maps)] = (p.maps, self._libraries(p))
+        return hit[1]
+
+    def _libraries(self, p: procs.Proc) -> tuple[list[dict], list[dict], None]:
         libs, callers = [], []
         for m in p.maps:
             if not m.executable:
@@ -238,14 +268,21 @@ class _Context:
             return list(self.gpu_map.get(p.pid, [])), "nvml", None
         if p.maps is not None:
             # CUDA maps /dev/nvidiactl and /dev/nvidia<N>: maps (already read) usually says it all
-            nv = [m.path for m in p.maps if m.path.startswith("/dev/nvidia")]
-            gpus = sorted({int(path[11:]) for path in nv if path[11:].isdigit()})
-            if gpus or not nv:
-                return gpus, "maps", None
+            gpus, any_nv = self._mapped_gpus(p.maps)
+            if gpus or not any_nv:
+                return list(gpus), "maps", None
         try:
             return self.fs.nvidia_fds(p.pid), "fds", None
         except OSError as exc:
             return [], None, procs.reason_of(exc)
+
+    def _mapped_gpus(self, maps: list[procs.Mapping]) -> tuple[list[int], bool]:
+        key = ("gpus", id(maps))
+        hit = self._libs.get(key)
+        if hit is None:
+            nv = [m.path for m in maps if m.path.startswith("/dev/nvidia")]
+            hit = self._libs[key] = (maps, (sorted({int(path[11:]) for path in nv if path[11:].isdigit()}), bool(nv)))
+        return hit[1]
 
     def read_text(self, p: procs.Proc, path: str) -> str:
         key = (self._root_key(p), path)
@@ -262,15 +299,27 @@ class _Context:
 
     def _fd_path(self, p: procs.Proc, path: str) -> Path | None:
         """/dev/fd/N and /proc/self/fd/N name the process's own descriptors, not ours."""
-        m = re.match(r"^/(?:dev|proc/self)/fd/(\d+)$", path)
+        m = _FD_PATH.match(path)
         return self.fs.path(p.pid, "fd", m.group(1)) if m else None
 
     def conf(self, p: procs.Proc, rec: dict) -> list[dict]:
         env = p.env.env if p.env and p.env.source == "exec" else None
         version = next((lib["version"] for lib in rec["nccl_libs"] if lib["version"]), None)
+        named = (env or {}).get("NCCL_CONF_FILE", "")
+        # the same files in the same root for the same block, uid and version: the same answer, unless
+        # the named file is relative to the cwd or one of the process's own descriptors
+        key = None
+        if not named or (named.startswith("/") and not _FD_PATH.match(named)):
+            key = (self._root_key(p), id(env), p.uid, version)
+            hit = self._conf.get(key)
+            if hit is not None:
+                return hit[1]
         self.fs.resolve_root(p)
         files = conffiles.applicable(env, p.uid, version, lambda path: self.read_text(p, path), p.cwd)
-        return [f.to_json() for f in files if f.exists or f.reason]
+        out = [f.to_json() for f in files if f.exists or f.reason]
+        if key is not None:
+            self._conf[key] = (env, out)
+        return out
 
     # -- shells -------------------------------------------------------------------------------
     def shell_pitfalls(self) -> list[dict]:

@@ -16,19 +16,24 @@ from pathlib import Path
 DEFAULT_PROC = Path("/proc")
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads have no mm, so no environ
 _NVIDIA_DEV = re.compile(r"^/dev/nvidia(\d+)$")
+_O_READ = os.O_RDONLY | os.O_CLOEXEC
 
 
 class Reader:
     """The only place that touches the proc filesystem; tests subclass it to inject failures."""
 
-    def read_bytes(self, path: Path) -> bytes:
-        with open(path, "rb", buffering=0) as fh:
+    def read_bytes(self, path: Path | str) -> bytes:
+        # os.open/os.read, not open(): no file object and no fstat per file (this is the hot path)
+        fd = os.open(path, _O_READ)
+        try:
             chunks = []
             while True:
-                chunk = fh.read(1 << 20)
-                if not chunk:
-                    return b"".join(chunks)
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:  # procfs returns short reads before the end (environ, maps): read to 0
+                    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 chunks.append(chunk)
+        finally:
+            os.close(fd)
 
     def readlink(self, path: Path) -> str:
         return os.readlink(path)
@@ -60,6 +65,7 @@ class Stat:
     flags: int
     start_ticks: int
     env_span: tuple[int, int, int, int]  # arg_start, arg_end, env_start, env_end (0s if masked)
+    threads: int = 1
 
 
 def parse_stat(raw: bytes) -> Stat:
@@ -70,7 +76,7 @@ def parse_stat(raw: bytes) -> Stat:
     # f[0] is field 3 (state); proc(5) numbers fields from 1.
     span = tuple(int(x) for x in f[44:48]) if len(f) >= 48 else (0, 0, 0, 0)
     return Stat(pid=int(pid_s), comm=comm, state=f[0], ppid=int(f[1]), flags=int(f[6]),
-                start_ticks=int(f[19]), env_span=span)  # type: ignore[arg-type]
+                start_ticks=int(f[19]), env_span=span, threads=int(f[17]))  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -82,13 +88,23 @@ class Mapping:
     deleted: bool
 
 
-_MAPS_LINE = re.compile(rb"^\S+ (\S{4}) \S+ (\S+) (\d+) +(/[^\n]*)$", re.M)
+_MAPS_ROW = re.compile(rb"^(\S{4}) \S+ (\S+) (\d+) +(/[^\n]*)$", re.M)
+
+
+def maps_rows(raw: bytes) -> tuple[bytes, ...]:
+    """The lines of a maps file without their first column, the address range: the only part that
+    differs between processes that map the same files (ASLR), so the rows are a cache key."""
+    return tuple([line.partition(b" ")[2] for line in raw.split(b"\n")])
 
 
 def parse_maps(raw: bytes) -> list[Mapping]:
     """File-backed mappings, one per (path, inode), executable if any of its mappings is."""
+    return parse_rows(maps_rows(raw))
+
+
+def parse_rows(rows: tuple[bytes, ...]) -> list[Mapping]:
     seen: dict[tuple[bytes, bytes], list] = {}
-    for perms, dev, inode, path in _MAPS_LINE.findall(raw):
+    for perms, dev, inode, path in _MAPS_ROW.findall(b"\n".join(rows)):
         if inode == b"0":
             continue
         entry = seen.get((path, inode))
@@ -166,6 +182,10 @@ class ProcFS:
         self._root_s = str(self.root)
         self.reader = reader or Reader()
         self._self_mnt: str | None = None
+        # Parsed environ blocks and maps, shared by the processes of a tree that have the same ones
+        # (exec'ed siblings have the same block; their maps differ only in addresses).
+        self._environs: dict[bytes, tuple[dict[str, str], int]] = {}
+        self._maps: dict[tuple[bytes, ...], list[Mapping]] = {}
 
     def path(self, pid: int | str, *rest: str) -> str:
         return "/".join((self._root_s, str(pid), *rest))  # str, not Path: this is the hot path
@@ -230,14 +250,22 @@ class ProcFS:
             # fs/proc/base.c environ_read: 0 bytes when there is no mm (kernel thread, exited)
             why = "kernel thread" if kernel_thread else "zombie" if state in ("Z", "X") else "clobbered"
             return EnvBlock({}, "empty", why, 0, 0, None)
-        env, garbled = parse_environ(raw)
+        parsed = self._environs.get(raw)
+        if parsed is None:
+            parsed = self._environs[raw] = parse_environ(raw)
+        env, garbled = parsed
         if not env:
             # setproctitle moves environ to the heap and zeroes or overwrites the exec-time block
             return EnvBlock({}, "empty", "clobbered", len(raw), garbled, hash(raw))
         return EnvBlock(env, "exec", "partly overwritten" if garbled else None, len(raw), garbled, hash(raw))
 
     def maps(self, pid: int) -> list[Mapping]:
-        return parse_maps(self.reader.read_bytes(self.path(pid, "maps")))
+        """The process's file mappings (a list shared with processes that map the same files)."""
+        rows = maps_rows(self.reader.read_bytes(self.path(pid, "maps")))
+        hit = self._maps.get(rows)
+        if hit is None:
+            hit = self._maps[rows] = parse_rows(rows)
+        return hit
 
     def fd_targets(self, pid: int) -> list[str]:
         d = self.path(pid, "fd")
@@ -335,18 +363,65 @@ def tgid_of(fs: ProcFS, pid: int) -> int:
         return pid
 
 
-def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True) -> ProcTree:
-    """The processes under each root (threads excluded), each loaded once, in tree order."""
+def children_of(fs: ProcFS, st: Stat) -> list[int]:
+    """The process's children from /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN), which lists
+    the children each thread forked (fs/proc/array.c get_children_pid): every thread's, when it has
+    several. Raises OSError when the file is absent or unreadable."""
+    tids = [str(st.pid)] if st.threads <= 1 else fs.reader.listdir(fs.path(st.pid, "task"))
+    out: list[int] = []
+    for tid in tids:
+        out.extend(int(c) for c in fs.reader.read_bytes(fs.path(st.pid, "task", tid, "children")).split())
+    return out
+
+
+def _by_parent(stats: dict[int, Stat]) -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for st in stats.values():
+        children.setdefault(st.ppid, []).append(st.pid)
+    return children
+
+
+def _tree_by_children(fs: ProcFS, roots: list[int]) -> tuple[dict[int, Stat], dict[int, list[int]]] | None:
+    """Stats and children of the processes under the roots only, read top down; None when a
+    children file cannot be read (kernel without CONFIG_PROC_CHILDREN, a fake /proc, a process that
+    exited or is hidden mid-walk): then only a scan of every process is sure to see the same tree."""
     stats: dict[int, Stat] = {}
-    skipped: list[dict] = []
+    todo = list(roots)
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            continue
+        try:
+            st = fs.stat(pid)
+        except OSError:
+            continue  # a root that is gone is reported by load; a child that is gone is not ours
+        stats[pid] = st
+        try:
+            kids = children_of(fs, st)
+        except (OSError, ValueError):
+            return None
+        todo.extend(kids)
+    return stats, _by_parent(stats)  # by each stat's parent, as the scan does
+
+
+def _tree_by_scan(fs: ProcFS) -> tuple[dict[int, Stat], dict[int, list[int]]]:
+    """Stats of every process on the system, and children by parent (read from each stat)."""
+    stats: dict[int, Stat] = {}
     for pid in fs.pids():
         try:
             stats[pid] = fs.stat(pid)
         except OSError:
             continue  # exited between listdir and read; not ours unless it is in the tree
-    children: dict[int, list[int]] = {}
-    for st in stats.values():
-        children.setdefault(st.ppid, []).append(st.pid)
+    return stats, _by_parent(stats)
+
+
+def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True) -> ProcTree:
+    """The processes under each root (threads excluded), each loaded once, in tree order.
+
+    The tree is read from the children files under the roots; when those are missing, from the
+    stat of every process (the cost then grows with the whole system, not with the tree)."""
+    skipped: list[dict] = []
+    stats, children = _tree_by_children(fs, roots) or _tree_by_scan(fs)
     order: list[int] = []
     seen: set[int] = set()
     for root in roots:
