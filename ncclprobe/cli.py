@@ -126,16 +126,15 @@ def run(sets, defaults, pins, log_dir, no_preload, no_plugins, no_boot, expects,
     expect = _assignments(expects, "--expect")
     result, code = _guarded("run", as_json, launch.run_command, list(cmd), profile=profile, log_dir=log_dir,
                             preload=not no_preload, plugins=not no_plugins, boot=not no_boot,
-                            expect=expect)
+                            expect=expect, stdout_to_stderr=as_json)
     if quiet:
         sys.exit(code)
     _emit(result, as_json, code=code)
 
 
 @main.command(context_settings=CONTEXT)
-@click.argument("dirs", nargs=-1, type=click.Path())
-@click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(dir_okay=False),
-              help="Also read this NCCL_DEBUG=INFO log (repeatable).")
+@click.argument("dirs", nargs=-1)
+@click.option("--nccl-log", "nccl_logs", multiple=True, help="Also read this NCCL_DEBUG=INFO log (repeatable).")
 @click.option("--expect", "expects", multiple=True, metavar="K=V", help="Expected value of a variable (repeatable).")
 @json_option
 @strict_option
@@ -246,7 +245,9 @@ def bench(as_json, **opts):
 def demo(real, keep, as_json):
     """Replay the 'did my workers get NCCL_PROTO=LL?' story on a miniature server and diagnose it.
 
-    Without --real it runs on ncclprobe's simulated NCCL (no GPU needed; labelled as simulated)."""
+    Without --real it runs on ncclprobe's simulated NCCL (no GPU needed; labelled as simulated).
+    The findings are the planted faults, so the exit code says whether the diagnosis was right:
+    0 when every planted cause was named and nothing else was, 1 otherwise."""
     from ncclprobe import demo as demo_mod
     result = _guarded("demo", as_json, demo_mod.run_demo, real=real, keep=keep)
     _emit(result, as_json)

@@ -12,15 +12,17 @@ class AssignmentError(ValueError):
     """A malformed assignment; the message names the offending text (and line, for files)."""
 
 
-def parse_assignment(text: str, where: str = "") -> tuple[str, str]:
-    """`K=V` -> (K, V); the value may be empty, the name must be a valid variable name."""
+def parse_assignment(text: str, where: str = "", echo: bool = True) -> tuple[str, str]:
+    """`K=V` -> (K, V); the value may be empty, the name must be a valid variable name. With
+    echo=False (file contents, which may hold secrets) the error names the place, not the text."""
     prefix = f"{where}: " if where else ""
     if "=" not in text:
-        raise AssignmentError(f"{prefix}expected NAME=VALUE, got {text!r}")
+        raise AssignmentError(f"{prefix}expected NAME=VALUE" + (f", got {text!r}" if echo else ""))
     name, value = text.split("=", 1)
     name = name.strip()
     if not NAME_RE.match(name):
-        raise AssignmentError(f"{prefix}{name!r} is not a valid environment variable name")
+        raise AssignmentError(f"{prefix}" + (f"{name!r} is" if echo else "the name is")
+                              + " not a valid environment variable name")
     return name, value
 
 
@@ -42,7 +44,7 @@ def parse_env_text(text: str, source: str = "<text>") -> dict[str, str]:
         if line.startswith("export "):
             line = line[len("export "):].lstrip()
         where = f"{source}:{lineno}"
-        name, value = parse_assignment(line, where)
+        name, value = parse_assignment(line, where, echo=False)
         value = value.strip()
         if value[:1] in ("'", '"'):
             try:

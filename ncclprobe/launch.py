@@ -45,6 +45,9 @@ def make_log_dir(log_dir: str | os.PathLike | None) -> Path:
             raise Unexaminable(f"log directory {d} is a symlink or not a directory", "bad log directory") from None
         if st.st_uid != os.getuid():
             raise Unexaminable(f"log directory {d} belongs to another user", "bad log directory") from None
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise Unexaminable(f"log directory {d} is not writable", "bad log directory",
+                               {"hint": "give a directory you can write, or leave --dir out for a fresh one"}) from None
     except OSError as exc:
         raise Unexaminable(f"cannot create log directory {d}: {exc.strerror}", "bad log directory") from None
     return d
@@ -79,7 +82,11 @@ def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = 
                     meta["plugins"].append(role)
     if boot:  # the profile goes into CMD's environment and is re-applied in every Python interpreter
         from ncclprobe import inject
-        env.update(inject.ephemeral_env(env, log_dir, profile))
+        try:
+            env.update(inject.ephemeral_env(env, log_dir, profile))
+        except OSError as exc:
+            raise Unexaminable(f"cannot write the boot probe into {log_dir}: {exc.strerror or exc}",
+                               "bad log directory") from None
         meta["boot"] = True
     elif profile is not None:
         env.update(profile.env_changes(env))
@@ -100,8 +107,8 @@ def _write_meta(log_dir: Path, meta: dict[str, Any]) -> None:
 class Group:
     """The command in its own process group, with signals forwarded to the whole group."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str]):
-        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True)
+    def __init__(self, cmd: list[str], env: dict[str, str], stdout=None):
+        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=stdout)
         self.pgid = self.proc.pid
         self._old = {}
         for sig in FORWARDED:
@@ -162,7 +169,10 @@ def describe_status(code: int) -> tuple[str, int]:
 
 
 def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True, plugins: bool = True,
-                boot: bool = True, expect: dict[str, str] | None = None) -> tuple[Result, int]:
+                boot: bool = True, expect: dict[str, str] | None = None,
+                stdout_to_stderr: bool = False) -> tuple[Result, int]:
+    """Run cmd under the probes; with stdout_to_stderr (for --json) CMD's output goes to stderr so that
+    stdout carries only the JSON document."""
     d = make_log_dir(log_dir)
     wiring = wire(dict(os.environ), d, profile, preload, plugins, boot)
     meta = {"command": cmd, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
@@ -170,7 +180,7 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
             "profile": profile.to_json() if profile is not None else None, **wiring.meta}
     _write_meta(d, meta)
     try:
-        group = Group(cmd, wiring.env)
+        group = Group(cmd, wiring.env, stdout=sys.stderr if stdout_to_stderr else None)
     except FileNotFoundError:
         return _launch_failed(cmd, d, f"command not found: {cmd[0]}", 127)
     except PermissionError:

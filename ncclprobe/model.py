@@ -7,6 +7,7 @@ from typing import Any
 
 from ncclprobe.events import EventLog
 from ncclprobe.tuning import canonical
+from ncclprobe.watched import is_watched
 
 
 @dataclass
@@ -144,7 +145,11 @@ class Model:
 
 
 def _env(obj: Any) -> dict[str, str] | None:
-    return {str(k): str(v) for k, v in obj.items() if v is not None} if isinstance(obj, dict) else None
+    """A watched-variable map from an event; anything outside the watched set is dropped, whatever
+    wrote the file (the probes never log it, a foreign or hand-made file might)."""
+    if not isinstance(obj, dict):
+        return None
+    return {str(k): str(v) for k, v in obj.items() if v is not None and is_watched(str(k))}
 
 
 def build(log: EventLog) -> Model:
@@ -228,7 +233,17 @@ def build(log: EventLog) -> Model:
             c = by_ptr.get((host, pid, str(e.get("comm")))) or by_hash.get((host, pid, str(e.get("comm_hash"))))
             if c is not None:
                 c.destroyed = True
+    _label_simulated(m)
     return m
+
+
+def _label_simulated(m: Model) -> None:
+    """A communicator only the profiler saw runs on the same library copy as one the preload saw:
+    carry over what that copy is (version, simulated)."""
+    known = {c.lib: (c.version, c.simulated) for c in m.comms if c.lib and c.version}
+    for c in m.comms:
+        if c.lib in known and c.version is None:
+            c.version, c.simulated = known[c.lib][0], c.simulated or known[c.lib][1]
 
 
 def _add_coll(c: CommView, e: dict[str, Any]) -> None:

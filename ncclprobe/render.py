@@ -16,6 +16,7 @@ from ncclprobe.doc import Result, Table, Text, Title, Tree
 from ncclprobe.findings import sort_findings
 
 PIPE_WIDTH = 140
+DIAGNOSING = {"inspect", "report", "run", "topo", "bench", "demo"}  # commands whose silence means "all clear"
 _STYLES = {"": "", "note": "cyan", "warn": "yellow", "dim": "dim", "good": "green", "bad": "red"}
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
@@ -64,7 +65,7 @@ def render_text(result: Result, stream: TextIO | None = None, width: int | None 
                 con.print(f"    {escape(str(k))}: {escape(_short(v))}")
             if f.hint:
                 con.print(f"    hint: {escape(f.hint)}", style="green" if not plain else "")
-    elif any(isinstance(n, (Table, Tree)) for n in result.doc):
+    elif result.command in DIAGNOSING and any(isinstance(n, (Table, Tree)) for n in result.doc):
         con.print()
         con.print("No findings.")
 

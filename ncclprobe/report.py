@@ -3,6 +3,7 @@ probes' log directories (several hosts' directories merge) and NCCL's own INFO l
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,13 @@ def load(dirs, nccl_logs=()) -> Model:
     if missing:
         raise Unexaminable(f"no such log directory: {', '.join(missing)}", "no log directory",
                            {"hint": "give the directory `ncclprobe run` printed, or the NCCLPROBE_DIR of the job"})
+    unreadable = [str(d) for d in dirs if not os.access(d, os.R_OK | os.X_OK)]
+    if unreadable:
+        raise Unexaminable(f"cannot read log directory: {', '.join(unreadable)}", "permission",
+                           {"hint": "log directories are private (0700) to the user who ran the job: run as that user or root"})
+    bad_logs = [str(f) for f in nccl_logs if not Path(f).is_file() or not os.access(f, os.R_OK)]
+    if bad_logs:
+        raise Unexaminable(f"cannot read NCCL log: {', '.join(bad_logs)}", "no nccl log")
     log = events.read_dirs(dirs)  # may be empty: NCCL logs alone still tell what NCCL read and ran
     m = model_mod.build(log)
     if nccl_logs:
@@ -33,8 +41,13 @@ def load(dirs, nccl_logs=()) -> Model:
             from ncclprobe import nccllog_model
             nccllog_model.merge(m, debug_files)
     if not m.processes and not m.comms:
-        reason = (f"{len(log.files)} event file(s), nothing usable" if log.files else "no event files")
-        raise Unexaminable(f"nothing to report in {', '.join(map(str, dirs))}: {reason}", "empty log directory",
+        unreadable_files = sum(v for k, v in log.skipped.items() if k.startswith("unreadable file"))
+        reason = (f"{unreadable_files} event file(s) unreadable" if unreadable_files else
+                  f"{len(log.files)} event file(s), nothing usable" if log.files else "no event files")
+        if nccl_logs:
+            reason += f"; no NCCL log lines recognised in {', '.join(map(str, nccl_logs))}"
+        raise Unexaminable(f"nothing to report in {', '.join(map(str, [*dirs, *nccl_logs]))}: {reason}",
+                           "empty log directory",
                            {"skipped": dict(log.skipped), "hint": "was the job started under `ncclprobe run` "
                             "(or with NCCLPROBE_DIR set and the probes wired in)?"})
     return m
@@ -43,7 +56,7 @@ def load(dirs, nccl_logs=()) -> Model:
 def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None) -> Result:
     m = load(dirs, nccl_logs)
     findings = dedupe(inprocess.all_rules(m, expect or {}))
-    return Result("report", findings=findings, data=model_json(m), doc=model_doc(m, dirs))
+    return Result("report", findings=findings, data=model_json(m), doc=model_doc(m, [*dirs, *nccl_logs]))
 
 
 def augment_inspection(result: Result, log_dirs, nccl_logs=()) -> Result:

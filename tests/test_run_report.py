@@ -139,3 +139,40 @@ def test_run_without_probes_still_reports_the_boot_view(tmp_path):
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert r.returncode == 0 and out["runs"][0]["preload"] is False and out["runs"][0]["plugins"] == []
     assert [p["witnesses"] for p in out["processes"]] == [["boot"]]
+
+
+def test_strict_turns_warnings_into_exit_1(tmp_path):
+    d = tmp_path / "l"
+    d.mkdir()
+    w = {"ev": "env_write", "t": 2.0, "host": "h", "pid": 5, "src": "boot", "var": "NCCL_PROTO", "old": "LL",
+         "new": "Simple", "where": "engine.py:3 f", "op": "set", "blocked": False}
+    (d / "h-5.jsonl").write_text(json.dumps(w) + "\n")
+    plain = cli("report", str(d))
+    assert plain.returncode == 0 and "ENV_OVERRIDDEN" in plain.stdout  # a warning only
+    assert cli("report", str(d), "--strict").returncode == 1
+
+
+def test_report_drops_unwatched_variables_from_foreign_event_files(tmp_path):
+    d = tmp_path / "l"
+    d.mkdir()
+    e = {"ev": "process_start", "t": 1.0, "host": "h", "pid": 5, "src": "boot", "ppid": 1,
+         "env": {"NCCL_PROTO": "LL", "HF_TOKEN": "sekrit123", "AWS_SECRET_ACCESS_KEY": "abc"}}
+    (d / "h-5.jsonl").write_text(json.dumps(e) + "\n")
+    r = cli("report", str(d), "--json")
+    assert r.returncode == 0 and "sekrit123" not in r.stdout and "HF_TOKEN" not in r.stdout
+    assert json.loads(r.stdout)["processes"][0]["env"] == {"NCCL_PROTO": "LL"}
+
+
+def test_run_json_keeps_stdout_for_the_document(tmp_path):
+    r = cli("run", "--dir", str(tmp_path / "l"), "--json", "--", sys.executable, "-c", "print('hello from CMD')")
+    assert json.loads(r.stdout)["command"] == "run" and "hello from CMD" in r.stderr
+
+
+def test_run_refuses_an_unwritable_log_directory(tmp_path):
+    r = cli("run", "--dir", "/proc/self", "--", "true")
+    assert r.returncode == 3 and "Traceback" not in r.stderr
+
+
+def test_report_missing_nccl_log_is_named(tmp_path):
+    r = cli("report", "--nccl-log", str(tmp_path / "nope.log"))
+    assert r.returncode == 3 and "nope.log" in r.stderr

@@ -1,7 +1,8 @@
 """How the demo's workers call NCCL: the PyTorch way (a library linked against libnccl, so the
 preload hook sees it) and the SGLang/vLLM way (ctypes on the library, which it cannot see).
 
-`sim` runs on ncclprobe's simulated NCCL (no GPU); `torch` on torch's real NCCL and a GPU."""
+`sim` runs on ncclprobe's simulated NCCL (no GPU); `torch` on torch's real NCCL and a GPU
+(ncclprobe.bench.torchnccl, since bench/ is the only package that imports torch)."""
 from __future__ import annotations
 
 import ctypes
@@ -22,7 +23,7 @@ def _uid(hex_id: str) -> UniqueId:
     return uid
 
 
-def _ctypes_init(lib, world: int, uid: UniqueId, rank: int) -> ctypes.c_void_p:
+def init_rank_ctypes(lib, world: int, uid: UniqueId, rank: int) -> ctypes.c_void_p:
     comm = ctypes.c_void_p()
     rc = lib.ncclCommInitRank(ctypes.byref(comm), ctypes.c_int(world), uid, ctypes.c_int(rank))
     if rc != 0:
@@ -53,7 +54,7 @@ class SimOps:
         return ("linked", comm)
 
     def init_ctypes(self, world: int, uid_hex: str, rank: int):
-        comm = _ctypes_init(self.nccl, world, _uid(uid_hex), rank)
+        comm = init_rank_ctypes(self.nccl, world, _uid(uid_hex), rank)
         self.comms.append(("ctypes", comm))
         return ("ctypes", comm)
 
@@ -77,61 +78,8 @@ class SimOps:
         self.comms.clear()
 
 
-class TorchOps:
-    """Real NCCL through torch: a process group (lazy ncclCommInitRankConfig at the first collective),
-    and PyNccl-style ctypes calls on the libnccl.so.2 torch already loaded (a bare soname returns it)."""
-
-    def __init__(self, rank: int, sync: Path):
-        import torch
-        import torch.distributed as dist
-        self.torch, self.dist, self.sync = torch, dist, sync
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-        self.nccl = None
-        self.ctypes_comms: list[ctypes.c_void_p] = []
-
-    def init_linked(self, world: int, uid_hex: str, rank: int, name: str):
-        store = self.dist.FileStore(str(self.sync / f"store-{name}"), world)
-        self.dist.init_process_group("nccl", store=store, rank=rank, world_size=world)
-        return ("pg", None)
-
-    def init_ctypes(self, world: int, uid_hex: str, rank: int):
-        self.torch.zeros(1, device="cuda")  # torch's libnccl is loaded with libtorch_cuda
-        self.nccl = self.nccl or ctypes.CDLL("libnccl.so.2")
-        self.nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
-        store = self.dist.FileStore(str(self.sync / "store-verify"), world)
-        if rank == 0:  # a real id carries the bootstrap root's address: rank 0 makes it, the rest read it
-            uid = UniqueId()
-            if self.nccl.ncclGetUniqueId(ctypes.byref(uid)) != 0:
-                raise RuntimeError("ncclGetUniqueId failed")
-            store.set("uid", bytes(uid.internal))
-        raw = store.get("uid")
-        uid = UniqueId()
-        ctypes.memmove(ctypes.byref(uid), raw, UID_BYTES)
-        comm = _ctypes_init(self.nccl, world, uid, rank)
-        self.ctypes_comms.append(comm)
-        return ("ctypes", comm)
-
-    def all_reduce(self, handle, nbytes: int) -> None:
-        kind, comm = handle
-        t = self.torch.ones(nbytes // 2, dtype=self.torch.bfloat16, device="cuda")
-        if kind == "pg":
-            self.dist.all_reduce(t)
-        else:
-            stream = self.torch.cuda.current_stream().cuda_stream
-            rc = self.nccl.ncclAllReduce(ctypes.c_void_p(t.data_ptr()), ctypes.c_void_p(t.data_ptr()),
-                                         ctypes.c_size_t(t.numel()), NCCL_BFLOAT16, NCCL_SUM, comm,
-                                         ctypes.c_void_p(stream))
-            if rc != 0:
-                raise RuntimeError(f"ncclAllReduce failed: {rc}")
-        self.torch.cuda.synchronize()
-
-    def close(self) -> None:
-        for comm in self.ctypes_comms:
-            self.nccl.ncclCommDestroy(comm)
-        self.ctypes_comms.clear()
-        if self.dist.is_initialized():
-            self.dist.destroy_process_group()
-
-
 def load(backend: str, rank: int, sync: Path):
-    return SimOps(rank, sync) if backend == "sim" else TorchOps(rank, sync)
+    if backend == "sim":
+        return SimOps(rank, sync)
+    from ncclprobe.bench.torchnccl import TorchOps  # bench/ is the only torch importer
+    return TorchOps(rank, sync)

@@ -38,13 +38,15 @@ def _backend(real: bool) -> tuple[str, int]:
                 raise Unexaminable(f"the simulated NCCL is not built ({lib_path(name)} is missing)", "not built",
                                    {"hint": "reinstall ncclprobe: pip install ."})
         return "sim", 2
-    try:
-        import torch
-    except ImportError:
-        raise Unexaminable("--real needs torch with CUDA", "no torch") from None
-    if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+    import importlib.util
+    if importlib.util.find_spec("torch") is None:
+        raise Unexaminable("--real needs torch with CUDA", "no torch",
+                           {"hint": "pip install 'ncclprobe[bench]' on a machine with an NVIDIA GPU"})
+    from ncclprobe.bench.torchnccl import gpu_count
+    gpus = gpu_count()
+    if gpus < 1:
         raise Unexaminable("--real needs at least one NVIDIA GPU", "no GPU")
-    return "torch", torch.cuda.device_count()
+    return "torch", gpus
 
 
 def run_demo(real: bool = False, keep: bool = False) -> Result:

@@ -15,6 +15,11 @@ NOT_TUNING_PREFIXES = ("NCCL_DEBUG", "NCCLPROBE_", "NCCL_PROFILER_PLUGIN", "NCCL
                        "NCCL_TUNER_PLUGIN", "NCCL_COMM_ID", "NCCL_HOSTID", "NCCL_LOCAL_RANK", "NCCL_INSPECTOR")
 
 
+def is_probe_wiring(value: str) -> bool:
+    """A value that is ncclprobe's own wiring (its library as a plugin), not the job's environment."""
+    return "libncclprobe" in value
+
+
 def is_tuning(var: str) -> bool:
     return var.startswith("NCCL_") and not var.startswith(NOT_TUNING_PREFIXES)
 
@@ -253,6 +258,10 @@ def env_expected(m: Model, expect: dict[str, str]) -> list[Finding]:
 
 def _missing_hint(m: Model, c: CommView, var: str, want: str) -> str:
     p = m.processes.get((c.host, c.pid))
+    w = _write_between(p, var, float("-inf"), c.t)
+    if w is not None:
+        return (f"{w.where} set {var}={'unset' if w.new is None else w.new} in this process before the "
+                f"communicator was created: remove or guard that write, or pin it: ncclprobe run --pin {var}")
     parent = m.processes.get((c.host, p.ppid)) if p and p.ppid else None
     if parent and parent.start_env is not None and parent.start_env.get(var) == want and \
             p.start_env is not None and var not in p.start_env:
@@ -269,10 +278,9 @@ def env_vs_parent(m: Model) -> list[Finding]:
         parent = m.processes.get((p.host, p.ppid)) if p.ppid else None
         if p.start_env is None or parent is None or parent.start_env is None or p.forked_from:
             continue
-        # ncclprobe's own wiring (NCCLPROBE_*) is not the job's environment
-        missing = sorted(v for v in parent.start_env if v not in p.start_env and v.startswith("NCCL_"))
-        changed = sorted(v for v in parent.start_env if v in p.start_env and v.startswith("NCCL_")
-                         and p.start_env[v] != parent.start_env[v])
+        job = [v for v in parent.start_env if v.startswith("NCCL_") and not is_probe_wiring(parent.start_env[v])]
+        missing = sorted(v for v in job if v not in p.start_env)
+        changed = sorted(v for v in job if v in p.start_env and p.start_env[v] != parent.start_env[v])
         for code, names in (("ENV_MISSING", missing), ("ENV_CHANGED", changed)):
             if not names:
                 continue
