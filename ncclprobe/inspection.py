@@ -57,7 +57,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     for r in recs:
         parent = by_pid.get(r["ppid"])
         r["stale"] = exectime.stale_kind(r, parent)
-        r["env_diff"] = _diff(r, parent) if parent else None
+        r["env_diff"] = ctx.diff(r, parent) if parent else None
         if r["in_scope"] or scope == "all":
             r["conf_files"] = ctx.conf(tree.procs[r["pid"]], r)
     _refuse_if_blind(recs, roots)
@@ -152,6 +152,15 @@ class _Context:
         self._libs: dict[int | tuple, tuple[list, tuple]] = {}
         self._conf: dict[tuple, tuple[object, list[dict]]] = {}
         self._times: dict[float, str] = {}
+        self._diffs: dict[tuple[int, int], tuple[dict | None, dict | None, dict | None]] = {}
+
+    def diff(self, rec: dict, parent: dict) -> dict | None:
+        """_diff, once per pair of shown environments (siblings share theirs, see select)."""
+        key = (id(rec["env"]), id(parent["env"]))
+        hit = self._diffs.get(key)
+        if hit is None:
+            hit = self._diffs[key] = (rec["env"], parent["env"], _diff(rec, parent))
+        return hit[2]
 
     def select(self, env: dict[str, str], all_vars: bool) -> dict[str, str]:
         key = (id(env), all_vars)
@@ -314,8 +323,8 @@ class _Context:
             hit = self._conf.get(key)
             if hit is not None:
                 return hit[1]
-        self.fs.resolve_root(p)
-        files = conffiles.applicable(env, p.uid, version, lambda path: self.read_text(p, path), p.cwd)
+        cwd = self.fs.cwd_of(p) if named and not named.startswith("/") else None  # only a relative name needs it
+        files = conffiles.applicable(env, p.uid, version, lambda path: self.read_text(p, path), cwd)
         out = [f.to_json() for f in files if f.exists or f.reason]
         if key is not None:
             self._conf[key] = (env, out)
@@ -331,12 +340,12 @@ class _Context:
         for shell in everyone.values():
             script = shells.shell_script(shell.cmdline)
             if script is None:
-                self.fs.resolve_root(shell)
                 path = shells.script_file(shell.cmdline)
                 if path is None:
                     continue
-                if not path.startswith("/") and shell.cwd:
-                    path = f"{shell.cwd.rstrip('/')}/{path}"
+                cwd = self.fs.cwd_of(shell) if not path.startswith("/") else None
+                if cwd:
+                    path = f"{cwd.rstrip('/')}/{path}"
                 try:
                     script = self.read_text(shell, path)
                 except OSError:

@@ -69,13 +69,13 @@ class Stat:
 
 
 def parse_stat(raw: bytes) -> Stat:
-    text = decode(raw)
-    head, _, tail = text.rpartition(")")  # comm may contain spaces and ')'
-    pid_s, _, comm = head.partition(" (")
+    head, _, tail = raw.rpartition(b")")  # comm may contain spaces and ')'
+    pid_s, _, comm_b = head.partition(b" (")
+    comm = decode(comm_b)  # ASCII ' (' and ')' never occur inside a UTF-8 sequence: same as decoding all
     f = tail.split()
     # f[0] is field 3 (state); proc(5) numbers fields from 1.
     span = tuple(int(x) for x in f[44:48]) if len(f) >= 48 else (0, 0, 0, 0)
-    return Stat(pid=int(pid_s), comm=comm, state=f[0], ppid=int(f[1]), flags=int(f[6]),
+    return Stat(pid=int(pid_s), comm=comm, state=decode(f[0]), ppid=int(f[1]), flags=int(f[6]),
                 start_ticks=int(f[19]), env_span=span, threads=int(f[17]))  # type: ignore[arg-type]
 
 
@@ -166,8 +166,9 @@ class Proc:
     root: str | None = None  # read lazily (ProcFS.resolve_root)
     root_reason: str | None = None
     same_mnt_ns: bool = True
-    cwd: str | None = None
+    cwd: str | None = None  # read lazily (ProcFS.cwd_of)
     notes: list[str] = field(default_factory=list)
+    cwd_read: bool = False
 
     @property
     def kernel_thread(self) -> bool:
@@ -291,13 +292,24 @@ class ProcFS:
             return
         try:
             proc.root = self.reader.readlink(self.path(proc.pid, "root"))
-            proc.cwd = self.reader.readlink(self.path(proc.pid, "cwd"))
         except OSError as exc:
             proc.root_reason = reason_of(exc)  # needs ptrace access
         try:
             proc.same_mnt_ns = self.reader.readlink(self.path(proc.pid, "ns", "mnt")) == self.self_mnt_ns()
         except OSError:
             proc.same_mnt_ns = True
+
+    def cwd_of(self, proc: Proc) -> str | None:
+        """The process's working directory, read once, when a relative path must be resolved."""
+        if not proc.cwd_read:
+            proc.cwd_read = True
+            self.resolve_root(proc)
+            if proc.root is not None:
+                try:
+                    proc.cwd = self.reader.readlink(self.path(proc.pid, "cwd"))
+                except OSError as exc:
+                    proc.root_reason = reason_of(exc)  # needs ptrace access, as the root does
+        return proc.cwd
 
     def in_root(self, proc: Proc, path: str) -> Path:
         """Where `path`, as the process sees it, is for us: inside /proc/<pid>/root unless it
