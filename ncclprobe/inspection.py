@@ -3,6 +3,7 @@ nccl.conf files — diffed against parents and expectations, with the places tha
 from __future__ import annotations
 
 import errno
+import operator
 import os
 import re
 import stat
@@ -64,7 +65,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     pitfalls = ctx.shell_pitfalls()
     findings = exectime.all_rules(recs, expect, pitfalls)
     data = {"roots": tree.roots, "expect": expect, "scope": scope,
-            "processes": [{k: v for k, v in r.items() if not k.startswith("_")} for r in recs],
+            "processes": _public(recs),
             "skipped": tree.skipped, "gpu_source": "nvml" if not gpu_reason else "fds",
             "gpu_reason": gpu_reason or None}
     doc = _document(recs, tree, notes, gpu_reason)
@@ -105,6 +106,22 @@ def _roots(fs: procs.ProcFS, pids: list[int], pgrep: str | None) -> list[int]:
                                {"hint": exectime.PTRACE_HINT, "pid": pid}) from None
         roots.append(procs.tgid_of(fs, pid))
     return list(dict.fromkeys(roots))
+
+
+def _public(recs: list[dict]) -> list[dict]:
+    """The records without their private `_` keys, in their order; the keys to keep are found once
+    per record layout (every record has the same one) and picked in C (itemgetter, zip)."""
+    picks: dict[tuple, tuple[tuple, Callable]] = {}
+    out = []
+    for r in recs:
+        layout = tuple(r)
+        pick = picks.get(layout)
+        if pick is None:
+            keys = tuple(k for k in layout if not k.startswith("_"))
+            getter = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, ks=keys: tuple(d[k] for k in ks))
+            pick = picks[layout] = (keys, getter)
+        out.append(dict(zip(pick[0], pick[1](r))))
+    return out
 
 
 def _refuse_if_blind(recs: list[dict], roots: list[int]) -> None:
