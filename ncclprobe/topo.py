@@ -239,6 +239,12 @@ def _pcie(cur, top) -> str:
     return f"{cur}/{top}" if not (isinstance(cur, Missing) and isinstance(top, Missing)) else "N/A"
 
 
+def _below_max(gpus, field: str) -> list[str]:
+    """GPUs whose current PCIe `field` (pcie_gen, pcie_width) reads lower than its maximum."""
+    return [f"GPU{g.index}" for g in gpus if isinstance(getattr(g, field), int)
+            and isinstance(getattr(g, field + "_max"), int) and getattr(g, field) < getattr(g, field + "_max")]
+
+
 def document(topo: Topology, env: Mapping[str, str]) -> list:
     """Title, GPU table, link matrix, P2P matrices and what NCCL's P2P level implies."""
     doc: list = [Title(f"GPU topology (NVML, driver {topo.driver})")]
@@ -250,6 +256,19 @@ def document(topo: Topology, env: Mapping[str, str]) -> list:
         rows.append([f"GPU{g.index}", str(g.name), str(g.bus_id), str(g.numa_node),
                      _pcie(g.pcie_gen, g.pcie_gen_max), _pcie(g.pcie_width, g.pcie_width_max)])
     doc.append(Table(["GPU", "name", "bus id", "NUMA", "PCIe gen now/max", "width now/max"], rows))
+    gen, width = _below_max(topo.gpus, "pcie_gen"), _below_max(topo.gpus, "pcie_width")
+    if gen:
+        doc.append(Text(f"PCIe generation below its maximum on {', '.join(gen)}: GPUs lower it while idle, so "
+                        f"this alone is not a degraded link; read it again under load.", "note"))
+    if width:
+        doc.append(Text(f"PCIe width below its maximum on {', '.join(width)}: the slot, a riser or a "
+                        f"power state can narrow it; read it again under load before blaming the slot.", "note"))
+    if len(topo.gpus) < 2:
+        # A 1x1 matrix holds only "X": nothing to show, and nothing to claim beyond this node.
+        doc.append(Text("One GPU on this node: there are no GPU pairs here, so no NVLink/PCIe path or P2P "
+                        "question between GPUs. This view reads only this node's GPUs, not the network "
+                        "(NICs, GPUDirect RDMA) a multi-node job's NCCL traffic would take.", "note"))
+        return doc
     names = [f"GPU{g.index}" for g in topo.gpus]
     for title, matrix in (("Links, as nvidia-smi topo -m", topo.links),
                           ("P2P read status (nvmlDeviceGetP2PStatus)", topo.p2p_read),
@@ -261,9 +280,7 @@ def document(topo: Topology, env: Mapping[str, str]) -> list:
     pairs = rules.shm_pairs(topo.links, topo.p2p_read, env)
     unread = sum(1 for i, r in enumerate(topo.links) for j, v in enumerate(r) if i < j and v == "?")
     unread_note = f" ({unread} pair(s) could not be read)" if unread else ""
-    if len(topo.gpus) < 2:
-        doc.append(Text("One GPU: there are no GPU pairs, so no P2P or link choice to make.", "note"))
-    elif pairs:
+    if pairs:
         doc.append(Text(f"P2P level {source}: {len(pairs)} pair(s) go through host memory (SHM){unread_note}.",
                         "warn"))
     else:

@@ -100,6 +100,8 @@ GPU topology (NVML, driver 570.86.15)
 | GPU0 | NVIDIA H200               | 00000000:18:00.0 | 0    | 1/5              | 16/16         |
 | GPU1 | (unreadable: GPU is lost) |                  |      |                  |               |
 +-----------------------------------------------------------------------------------------------+
+PCIe generation below its maximum on GPU0: GPUs lower it while idle, so this alone is not a degraded
+link; read it again under load.
 Links, as nvidia-smi topo -m
 +--------------------+
 |      | GPU0 | GPU1 |
@@ -138,6 +140,8 @@ GPU topology (NVML, driver 570.86.15)
 | GPU0 | NVIDIA H200 | 00000000:18:00.0 | N/A  | 1/N/A            | 16/16         |
 | GPU1 | NVIDIA H200 | 00000000:2A:00.0 | 0    | 1/5              | 16/16         |
 +---------------------------------------------------------------------------------+
+PCIe generation below its maximum on GPU1: GPUs lower it while idle, so this alone is not a degraded
+link; read it again under load.
 Links, as nvidia-smi topo -m
 +--------------------+
 |      | GPU0 | GPU1 |
@@ -180,6 +184,38 @@ their data through host memory (SHM) instead
 p2psys:NCCL_P2P_LEVEL=SYS` (CPUs make poor PCI switches, NVIDIA/nccl#1603); AMD CPUs with at most 2
 GPUs get P2P across PHB/SYS anyway
 """
+
+
+GOLDEN_ONE_GPU = """\
+GPU topology (NVML, driver 570.86.15)
++---------------------------------------------------------------------------------+
+| GPU  | name        | bus id           | NUMA | PCIe gen now/max | width now/max |
+|------+-------------+------------------+------+------------------+---------------|
+| GPU0 | NVIDIA H200 | 00000000:18:00.0 | 0    | 5/5              | 8/16          |
++---------------------------------------------------------------------------------+
+PCIe width below its maximum on GPU0: the slot, a riser or a power state can narrow it; read it
+again under load before blaming the slot.
+One GPU on this node: there are no GPU pairs here, so no NVLink/PCIe path or P2P question between
+GPUs. This view reads only this node's GPUs, not the network (NICs, GPUDirect RDMA) a multi-node
+job's NCCL traffic would take.
+
+No findings.
+"""
+
+
+def one_gpu_scenario() -> FakeNvml:
+    nv = nvlink_pair()
+    nv.gpus = nv.gpus[:1]
+    nv.gpus[0].nvlinks = []
+    nv.gpus[0].gen, nv.gpus[0].width = (5, 5), (8, 16)
+    return nv
+
+
+def test_one_gpu_golden_claims_nothing_about_pairs_or_the_network():
+    """One GPU: no 1x1 matrices of 'X', no P2P-level verdict, no claim that NCCL has no link choice at
+    all (a multi-node job's traffic takes the network, which NVML does not show); a narrowed PCIe link
+    is pointed out without calling it a fault."""
+    assert rendered(one_gpu_scenario(), {"NCCL_PROTO": "LL128"}) == GOLDEN_ONE_GPU
 
 
 def test_ok_pcie_box_golden():
