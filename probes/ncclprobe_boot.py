@@ -17,6 +17,7 @@ import os
 import stat
 import sys
 import time
+import _weakref
 
 # Same set as ncclprobe/watched.py (tests/test_boot_profile.py checks they agree); nothing else is
 # ever logged.
@@ -26,9 +27,13 @@ WATCHED_NAMES = frozenset({
     "SGLANG_NCCL_SO_PATH", "VLLM_NCCL_SO_PATH",
 })
 SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
-# bytes forms: filtering the raw environment without decoding every name keeps start-up cheap
-_PREFIXES_B = tuple(p.encode() for p in WATCHED_PREFIXES)
-_NAMES_B = frozenset(n.encode() for n in WATCHED_NAMES)
+# Watched entries of a raw (bytes) environment are found with bytes.find on the whole block, entries
+# separated by NUL: a prefix matches at the start of an entry only, a name is followed by '=' in an
+# environment block and by NUL in a block of names. No Python work per variable, none decoded but
+# the watched ones: start-up stays cheap however large the environment.
+_FIND_PREFIXES = tuple(b"\0" + p.encode() for p in WATCHED_PREFIXES)
+_FIND_IN_ENV = _FIND_PREFIXES + tuple(b"\0" + n.encode() + b"=" for n in WATCHED_NAMES)
+_FIND_IN_NAMES = _FIND_PREFIXES + tuple(b"\0" + n.encode() + b"\0" for n in WATCHED_NAMES)
 
 DIR_VAR = "NCCLPROBE_DIR"          # log directory (wins over the installed one)
 PROFILE_VAR = "NCCLPROBE_PROFILE"  # path of a profile file, applied after the installed profile
@@ -154,6 +159,11 @@ def _jstr(s):
 
 
 def _json(v):
+    t = type(v)  # the common exact types first (a line is written in every process start)
+    if t is str:
+        return _jstr(v)
+    if t is dict:
+        return "{" + ",".join([_jstr(str(k)) + ":" + _json(x) for k, x in v.items()]) + "}"
     if v is None:
         return "null"
     if v is True:
@@ -167,9 +177,9 @@ def _json(v):
     if isinstance(v, str):
         return _jstr(v)
     if isinstance(v, dict):
-        return "{" + ",".join(_jstr(str(k)) + ":" + _json(x) for k, x in v.items()) + "}"
+        return "{" + ",".join([_jstr(str(k)) + ":" + _json(x) for k, x in v.items()]) + "}"
     if isinstance(v, (list, tuple)):
-        return "[" + ",".join(_json(x) for x in v) + "]"
+        return "[" + ",".join([_json(x) for x in v]) + "]"
     return _jstr(str(v))
 
 
@@ -195,7 +205,7 @@ def _open_log():
         _fd = -1
     if _dir is None:
         return -1
-    path = os.path.join(_dir, "%s-%d.jsonl" % (_host, pid))
+    path = "%s%s%s-%d.jsonl" % (_dir, "" if _dir.endswith("/") else "/", _host, pid)  # os.path.join
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
         try:
@@ -234,13 +244,39 @@ def _fail(part, exc):
 
 # ---------------------------------------------------------------------------- process facts
 
-def _watched_raw(items):
-    """Watched part of (bytes name, bytes value) pairs, decoded as os.environ decodes them."""
-    return {os.fsdecode(k): os.fsdecode(v) for k, v in items if k in _NAMES_B or k.startswith(_PREFIXES_B)}
+def _find_watched(block, keys):
+    """The watched entries of `block` (NUL first, NUL-separated, NUL last), in block order."""
+    found = []
+    for key in keys:
+        i = block.find(key)
+        while i >= 0:
+            j = block.find(b"\0", i + 1)
+            found.append((i, block[i + 1:j]))
+            i = block.find(key, j)
+    if len(found) > 1:
+        found.sort()
+    return [entry for _, entry in found]
+
+
+def _decode(b):
+    """bytes of the environment -> str, as os.environ decodes them."""
+    return b.decode(_fs_encoding, "surrogateescape")
+
+
+_fs_encoding = sys.getfilesystemencoding()
+
+
+def _getenv(name):
+    """os.environ.get(name), without raising and catching KeyError twice for an absent one."""
+    value = os.environ._data.get(name.encode(_fs_encoding, "surrogateescape"))
+    return None if value is None else _decode(value)
 
 
 def _watched_now():
-    return _watched_raw(os.environ._data.items())
+    """Watched part of os.environ."""
+    data = os.environ._data
+    names = _find_watched(b"\0" + b"\0".join(data) + b"\0", _FIND_IN_NAMES)
+    return {_decode(k): _decode(data[k]) for k in names}
 
 
 def _exec_env():
@@ -249,7 +285,7 @@ def _exec_env():
         fd = os.open("/proc/self/environ", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
-    chunks = []
+    chunks = [b"\0"]
     try:
         while True:
             b = os.read(fd, 65536)
@@ -260,9 +296,13 @@ def _exec_env():
         return None
     finally:
         os.close(fd)
-    # cheap prefix test on the raw entries first; only watched ones are split and decoded
-    items = [i for i in b"".join(chunks).split(b"\0") if i.startswith(_PREFIXES_B) or i.split(b"=", 1)[0] in _NAMES_B]
-    return _watched_raw(i.partition(b"=")[::2] for i in items if b"=" in i[1:])
+    chunks.append(b"\0")  # the last entry ends with one already; an extra empty entry is harmless
+    env = {}
+    for entry in _find_watched(b"".join(chunks), _FIND_IN_ENV):
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            env[_decode(name)] = _decode(value)
+    return env
 
 
 def _secretish(name):
@@ -468,6 +508,12 @@ def _after_fork_child():
         _fail("fork", exc)
 
 
+def _fork_hook():
+    handler = _ref()  # noqa: F821 (a global of the copy start() registers; see there)
+    if handler is not None:
+        handler()
+
+
 def _read_text(path):
     with open(path, "rb") as f:
         return f.read().decode("utf-8", "surrogateescape")
@@ -479,7 +525,7 @@ def _profile_entries():
         entries.extend(tuple(e) for e in INSTALLED["entries"])
     elif INSTALLED and INSTALLED.get("profile"):
         entries.extend(parse_profile(INSTALLED["profile"], "installed profile"))
-    path = os.environ.get(PROFILE_VAR)
+    path = _getenv(PROFILE_VAR)
     if path:
         entries.extend(parse_profile(_read_text(path), path))
     return entries
@@ -490,7 +536,7 @@ def _apply_profile(entries):
     for op, name, value in entries:
         if op == "pin":
             continue
-        prev = os.environ.get(name)
+        prev = _getenv(name)
         changed = (op == "set" or prev is None) and prev != value
         if changed:
             os.environ[name] = value  # before the guard: the profile is not a foreign write
@@ -500,12 +546,12 @@ def _apply_profile(entries):
             unwatched += 1
     for op, name, _ in entries:
         if op == "pin":
-            _pins[name] = os.environ.get(name)
+            _pins[name] = _getenv(name)
     return applied, unwatched
 
 
 def _log_dir():
-    d = os.environ.get(DIR_VAR)
+    d = _getenv(DIR_VAR)
     if d:
         return d
     if not INSTALLED:
@@ -535,7 +581,7 @@ def start():
     persistent, does nothing). Never raises."""
     global _dir, _host
     try:
-        if getattr(sys, "_ncclprobe_boot", None) or os.environ.get(OFF_VAR) == "off":
+        if getattr(sys, "_ncclprobe_boot", None) or _getenv(OFF_VAR) == "off":
             return
         sys._ncclprobe_boot = __name__
         mode = "persistent" if INSTALLED else "ephemeral"
@@ -563,6 +609,10 @@ def start():
     except Exception as exc:
         _fail("guard", exc)
     try:
-        os.register_at_fork(after_in_child=_after_fork_child)
+        # through a function whose globals hold only a weak reference to the handler: a handler
+        # that refers to this module's globals would keep them (and every module they reach)
+        # alive until the interpreter's last clean-up, which makes every process exit slower
+        hook = type(_fork_hook)(_fork_hook.__code__, {"_ref": _weakref.ref(_after_fork_child)})
+        os.register_at_fork(after_in_child=hook)
     except Exception as exc:
         _fail("fork", exc)
