@@ -6,7 +6,8 @@ returned variables (PYTHONPATH first of all) into the command's environment. `py
 launchers that drop PYTHONPATH lose it (user-pain.md §4): their processes have no process_start.
 
 Persistent (`ncclprobe inject install`): a uniquely named .pth (plus PEP 829 .start) and the probe
-module in the interpreter's site-packages. site reads .pth files even under -I and -E; only -S
+module (with the rest of the probe, loaded on first use, in a second file) in the interpreter's
+site-packages. site reads .pth files even under -I and -E; only -S
 disables it, and status() lists live processes of that interpreter that ran without it.
 """
 from __future__ import annotations
@@ -36,6 +37,12 @@ MODULE = "_ncclprobe_boot"
 PTH = "00_ncclprobe_boot.pth"
 START = "00_ncclprobe_boot.start"  # PEP 829 (3.15+): disables the import line of the same-named .pth
 INSTALLED_LINE = "INSTALLED = None"
+# What every interpreter needs at start stays in MODULE; what follows this line of the probe (profile
+# parser, recording of guarded writes) goes into REST, which MODULE runs on first use (start-up cost).
+REST_LINE = "# ncclprobe: the rest of the probe"
+REST = f"{MODULE}_rest"
+REST_HEADER = ("# ncclprobe boot probe, the part only some processes need (written by `ncclprobe inject install`):\n"
+               f"# {MODULE}._rest() runs it in the namespace of {MODULE}; it is no module of its own.\n\n")
 RECENT = 20
 
 SITECUSTOMIZE = '''\
@@ -176,10 +183,10 @@ def _installed_config(sp: Path) -> dict | None:
 
 
 def _installed_files(sp: Path) -> list[Path]:
-    files = [sp / PTH, sp / START, sp / f"{MODULE}.py"]
+    files = [sp / PTH, sp / START, sp / f"{MODULE}.py", sp / f"{REST}.py"]
     cache = sp / "__pycache__"
     if cache.is_dir():
-        files += sorted(cache.glob(f"{MODULE}.*.pyc"))
+        files += sorted(cache.glob(f"{MODULE}.*.pyc")) + sorted(cache.glob(f"{REST}.*.pyc"))
     return [f for f in files if f.exists() or f.is_symlink()]
 
 
@@ -203,11 +210,15 @@ def install(python: str | None = None, profile: Profile | None = None, log_dir: 
     source = _boot_source()
     if source.count(INSTALLED_LINE) != 1:
         raise Unexaminable("the boot probe has no INSTALLED line to configure", reason="not built")
-    files = [(f"{MODULE}.py", source.replace(INSTALLED_LINE, "INSTALLED = " + repr(config), 1)),
+    split = source.find("\n" + REST_LINE)
+    if split < 0 or source.count("\n" + REST_LINE) != 1 or source.find(INSTALLED_LINE) > split:
+        raise Unexaminable("the boot probe has no line where its rest begins", reason="not built")
+    files = [(f"{MODULE}.py", source[:split + 1].replace(INSTALLED_LINE, "INSTALLED = " + repr(config), 1)),
+             (f"{REST}.py", REST_HEADER + source[split + 1:]),
              (START, f"{MODULE}:start\n"),
              (PTH, f"import {MODULE}; {MODULE}.start()\n")]
     _atomic_write_all(sp, files, fresh=previous is None)
-    compiled = _compile(info, sp / f"{MODULE}.py")
+    compiled = _compile(info, sp / f"{MODULE}.py", sp / f"{REST}.py")
     return _install_result(info, sp, config, profile, compiled)
 
 
@@ -234,11 +245,11 @@ def _atomic_write_all(sp: Path, files: list[tuple[str, str]], fresh: bool) -> No
                            data={"hint": "run as the owner of that interpreter, or install into a venv"}) from None
 
 
-def _compile(info: dict, module: Path) -> bool:
+def _compile(info: dict, *modules: Path) -> bool:
     """Byte-compile with the target interpreter now, so no process pays for it (or fails to cache it)."""
-    code = "import py_compile, sys; py_compile.compile(sys.argv[1], doraise=True)"
+    code = "import py_compile, sys; [py_compile.compile(m, doraise=True) for m in sys.argv[1:]]"
     try:
-        proc = subprocess.run([info["executable"], "-I", "-c", code, str(module)], capture_output=True,
+        proc = subprocess.run([info["executable"], "-I", "-c", code, *map(str, modules)], capture_output=True,
                               timeout=60, env=_quiet_env())
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -255,7 +266,7 @@ def _profile_rows(profile: Profile) -> list[list[str]]:
 
 def _install_result(info, sp, config, profile, compiled) -> Result:
     log_dir = config["log_dir"] or _boot.default_log_dir()
-    files = [str(sp / name) for name in (PTH, START, f"{MODULE}.py")]
+    files = [str(sp / name) for name in (PTH, START, f"{MODULE}.py", f"{REST}.py")]
     doc = [Title(f"Boot probe installed into {info['executable']} (Python {info['version']})"),
            Table(["file"], [[f] for f in files], title="written"),
            Text(f"log directory: {log_dir}" + ("" if config["log_dir"] else " (default, per user)"))]

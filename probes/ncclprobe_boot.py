@@ -12,6 +12,11 @@ log directory and profile). start():
 It never raises: a failure is logged once as `probe_error` and the interpreter goes on. An unusable
 log directory makes it silent. Importing this module has no side effects; ncclprobe.profile imports
 it for the profile parser.
+
+Start-up cost (issue 4: `python -c pass` at most 1.10x with the probe): everything above the line
+"# ncclprobe: the rest of the probe" runs in every interpreter, imports nothing the interpreter has
+not imported already, and is all a persistent install loads at start; the rest (profile parser,
+recording of guarded writes) is installed as a second file that _rest() runs on first use.
 """
 import os
 import stat
@@ -46,90 +51,8 @@ OPS = ("set", "default", "pin")
 MAX_STR = 65536  # bound on any logged string, so a line stays far below the readers' 1 MiB limit
 
 
-class ProfileError(ValueError):
-    """A malformed profile line; the message starts with `source:line` (or the CLI option)."""
-
-
 def is_watched(name):
     return name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES)
-
-
-def _valid_name(name):
-    return (bool(name) and name.isascii() and (name[0].isalpha() or name[0] == "_")
-            and all(c.isalnum() or c == "_" for c in name))
-
-
-# ---------------------------------------------------------------------------- profile format
-# One directive a line; blank lines and lines starting with '#' are ignored:
-#   set NAME=VALUE       NAME=VALUE in every process (the value is everything after the first '=')
-#   default NAME=VALUE   NAME=VALUE only where NAME is absent
-#   pin NAME             refuse in-process writes that would change NAME (watched variables only)
-
-def parse_line(line, where):
-    """One profile line -> (op, name, value) (value None for pin), or None for a blank/comment."""
-    text = line.rstrip("\r\n").lstrip()
-    if not text.strip() or text.startswith("#"):
-        return None
-    parts = text.split(None, 1)
-    op, rest = parts[0], (parts[1] if len(parts) > 1 else "")
-    if op not in OPS:
-        raise ProfileError("%s: unknown directive %r (expected 'set NAME=VALUE', 'default NAME=VALUE' "
-                           "or 'pin NAME')" % (where, op))
-    if op == "pin":
-        name = rest.strip()
-        if "=" in name:
-            raise ProfileError("%s: pin takes a name only, got %r (use 'set' for the value)" % (where, name))
-        if not _valid_name(name):
-            raise ProfileError("%s: %r is not a valid environment variable name" % (where, name))
-        if not is_watched(name):
-            raise ProfileError("%s: %s is not a watched variable; only watched variables (NCCL_*, "
-                               "TORCH_NCCL_*, CUDA_VISIBLE_DEVICES, ...) can be pinned" % (where, name))
-        return (op, name, None)
-    if "=" not in rest:
-        raise ProfileError("%s: expected '%s NAME=VALUE', got %r" % (where, op, text))
-    name, value = rest.split("=", 1)
-    name = name.strip()
-    if not _valid_name(name):
-        raise ProfileError("%s: %r is not a valid environment variable name" % (where, name))
-    if "\n" in value or "\r" in value or "\0" in value:
-        raise ProfileError("%s: the value of %s contains a newline or NUL" % (where, name))
-    return (op, name, value)
-
-
-def check_entries(entries):
-    """Reject contradictions: a name both `set` and `default`, or set twice to different values.
-    entries: (op, name, value, where) tuples. Returns (op, name, value) tuples without repeats."""
-    seen = {}
-    out = []
-    for op, name, value, where in entries:
-        key = (op == "pin", name)
-        if key in seen:
-            prev_op, prev_value = seen[key]
-            if (prev_op, prev_value) != (op, value):
-                raise ProfileError("%s: %s is already given as '%s %s=%s'" % (where, name, prev_op, name, prev_value))
-            continue
-        seen[key] = (op, value)
-        out.append((op, name, value))
-    return out
-
-
-def parse_profile(text, source="profile"):
-    """Profile text -> list of (op, name, value); ProfileError names the offending line."""
-    entries = []
-    for lineno, line in enumerate(text.split("\n"), 1):
-        where = "%s:%d" % (source, lineno)
-        entry = parse_line(line, where)
-        if entry is not None:
-            entries.append(entry + (where,))
-    return check_entries(entries)
-
-
-def format_profile(entries):
-    """The inverse of parse_profile."""
-    lines = []
-    for op, name, value in entries:
-        lines.append("pin %s" % name if op == "pin" else "%s %s=%s" % (op, name, value))
-    return "".join(line + "\n" for line in lines)
 
 
 # ---------------------------------------------------------------------------- JSON (no json import:
@@ -158,12 +81,41 @@ def _jstr(s):
     return '"' + "".join(out) + '"'
 
 
+def _plain(s):
+    """Whether s, between quotes, is already its JSON form (no escape needed, no truncation)."""
+    return len(s) <= MAX_STR and s.isascii() and s.isprintable() and '"' not in s and "\\" not in s
+
+
 def _json(v):
-    t = type(v)  # the common exact types first (a line is written in every process start)
+    # A line is written at every process start: the shapes of the events (str keys; str, None, bool,
+    # int values; lists of str) are spelled out here, without a call per element where possible.
+    t = type(v)
     if t is str:
-        return _jstr(v)
+        return '"' + v + '"' if _plain(v) else _jstr(v)
     if t is dict:
-        return "{" + ",".join([_jstr(str(k)) + ":" + _json(x) for k, x in v.items()]) + "}"
+        try:
+            keys = "".join(v)  # TypeError unless every key is a str
+        except TypeError:
+            keys = None
+        if keys is None or not _plain(keys):
+            return "{" + ",".join([_jstr(str(k)) + ":" + _json(x) for k, x in v.items()]) + "}"
+        parts = []
+        for k, x in v.items():
+            if (type(x) is str and len(x) <= MAX_STR and x.isascii() and x.isprintable() and '"' not in x
+                    and "\\" not in x):
+                parts.append('"%s":"%s"' % (k, x))
+            else:
+                parts.append('"%s":%s' % (k, _json(x)))
+        return "{" + ",".join(parts) + "}"
+    if t is list or t is tuple:
+        if v and type(v[0]) is str:
+            try:
+                body = "".join(v)  # TypeError unless every element is a str
+            except TypeError:
+                body = None
+            if body is not None and _plain(body):  # each element is plain if all of them together are
+                return '["' + '","'.join(v) + '"]'
+        return "[" + ",".join([_json(x) for x in v]) + "]"
     if v is None:
         return "null"
     if v is True:
@@ -173,7 +125,7 @@ def _json(v):
     if isinstance(v, int):
         return str(int(v))
     if isinstance(v, float):
-        return repr(v) if v == v and v not in (float("inf"), float("-inf")) else "null"
+        return repr(v) if v - v == 0.0 else "null"  # NaN and the infinities are not JSON
     if isinstance(v, str):
         return _jstr(v)
     if isinstance(v, dict):
@@ -349,32 +301,6 @@ _code_file = None
 _stdlib = None
 
 
-def _is_stdlib(filename):
-    if filename.startswith("<frozen"):
-        return True
-    if _stdlib and filename.startswith(_stdlib):
-        return "-packages" not in filename[len(_stdlib):]
-    return False
-
-
-def _writer():
-    """`file:line function` of the first frame outside this probe and the standard library."""
-    frame = sys._getframe(1)
-    first = None
-    while frame is not None:
-        fn = frame.f_code.co_filename
-        if fn != _code_file:
-            if first is None:
-                first = frame
-            if not _is_stdlib(fn):
-                break
-        frame = frame.f_back
-    frame = frame or first
-    if frame is None:
-        return "?"
-    return "%s:%d %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-
-
 def _name(key):
     return os.fsdecode(key) if isinstance(key, (bytes, str)) else None
 
@@ -385,26 +311,14 @@ def _old(name):
     return os.environ.get(name)
 
 
-def _blocks(name, new):
-    return name in _pins and _pins[name] != new
-
-
-def _record(name, old, new, op, blocked):
+def _guarded(name, new, op, base_op):
+    """A write to a watched variable: recorded, and refused if pinned (_write, in the rest)."""
     try:
-        _emit("env_write", {"var": name, "old": old, "new": new, "where": _writer(), "op": op,
-                            "blocked": blocked})
+        _rest()
     except Exception as exc:
         _fail("guard", exc)
-
-
-def _write(name, new, op, base_op):
-    """Shared path of every guarded write: record it, refuse it if pinned, else perform it."""
-    old = _old(name)
-    if _blocks(name, new):
-        _record(name, old, new, op, True)
-        return
-    base_op()
-    _record(name, old, new, op, False)
+        return base_op()
+    _write(name, new, op, base_op)
 
 
 class _GuardedEnviron(os._Environ):
@@ -422,7 +336,7 @@ class _GuardedEnviron(os._Environ):
         name = _name(key)
         if name is None or not is_watched(name):
             return base()
-        _write(name, os.fsdecode(value), "set", base)
+        _guarded(name, os.fsdecode(value), "set", base)
 
     def __delitem__(self, key):
         ekey = self.encodekey(key)
@@ -439,7 +353,7 @@ class _GuardedEnviron(os._Environ):
         name = _name(key)
         if name is None or not is_watched(name) or _old(name) is None:
             return base()  # deleting an absent variable changes nothing (and raises KeyError)
-        _write(name, None, "unset", base)
+        _guarded(name, None, "unset", base)
 
 
 def putenv(name, value):
@@ -451,7 +365,7 @@ def putenv(name, value):
     def base():
         _real_putenv(name, value)
         _c_env[n] = new
-    _write(n, new, "putenv", base)
+    _guarded(n, new, "putenv", base)
 
 
 def unsetenv(name):
@@ -462,7 +376,7 @@ def unsetenv(name):
     def base():
         _real_unsetenv(name)
         _c_env[n] = None
-    _write(n, None, "unsetenv", base)
+    _guarded(n, None, "unsetenv", base)
 
 
 putenv.__doc__ = _real_putenv.__doc__
@@ -471,7 +385,7 @@ unsetenv.__doc__ = _real_unsetenv.__doc__
 
 def _install_guard():
     global _code_file, _stdlib
-    _code_file = _writer.__code__.co_filename
+    _code_file = _install_guard.__code__.co_filename
     stdlib = getattr(sys, "_stdlib_dir", None) or os.path.dirname(getattr(os, "__file__", "") or "")
     _stdlib = stdlib.rstrip("/") + "/" if stdlib else None
     for env in (os.environ, getattr(os, "environb", None)):
@@ -514,19 +428,16 @@ def _fork_hook():
         handler()
 
 
-def _read_text(path):
-    with open(path, "rb") as f:
-        return f.read().decode("utf-8", "surrogateescape")
-
-
 def _profile_entries():
     entries = []
     if INSTALLED and INSTALLED.get("entries") is not None:  # parsed at install time
         entries.extend(tuple(e) for e in INSTALLED["entries"])
     elif INSTALLED and INSTALLED.get("profile"):
+        _rest()
         entries.extend(parse_profile(INSTALLED["profile"], "installed profile"))
     path = _getenv(PROFILE_VAR)
     if path:
+        _rest()
         entries.extend(parse_profile(_read_text(path), path))
     return entries
 
@@ -616,3 +527,156 @@ def start():
         os.register_at_fork(after_in_child=hook)
     except Exception as exc:
         _fail("fork", exc)
+
+
+def _rest():
+    """Define the rest of the probe (what only some processes need: the profile parser, the
+    recording of guarded writes) in this module. A persistent install keeps it in a second file
+    beside this one, run here on first use, so that a start does not load it; everywhere else it
+    is already defined below."""
+    if "_write" in globals():
+        return
+    from _frozen_importlib_external import SourceFileLoader  # the import system's own: no import
+    name = __name__ + "_rest"
+    code = SourceFileLoader(name, __file__[:-len(".py")] + "_rest.py").get_code(name)  # its .pyc
+    exec(code, globals())
+
+
+# ncclprobe: the rest of the probe (`ncclprobe inject install` writes what follows into a second file)
+
+class ProfileError(ValueError):
+    """A malformed profile line; the message starts with `source:line` (or the CLI option)."""
+
+
+def _valid_name(name):
+    return (bool(name) and name.isascii() and (name[0].isalpha() or name[0] == "_")
+            and all(c.isalnum() or c == "_" for c in name))
+
+
+# ---------------------------------------------------------------------------- profile format
+# One directive a line; blank lines and lines starting with '#' are ignored:
+#   set NAME=VALUE       NAME=VALUE in every process (the value is everything after the first '=')
+#   default NAME=VALUE   NAME=VALUE only where NAME is absent
+#   pin NAME             refuse in-process writes that would change NAME (watched variables only)
+
+def parse_line(line, where):
+    """One profile line -> (op, name, value) (value None for pin), or None for a blank/comment."""
+    text = line.rstrip("\r\n").lstrip()
+    if not text.strip() or text.startswith("#"):
+        return None
+    parts = text.split(None, 1)
+    op, rest = parts[0], (parts[1] if len(parts) > 1 else "")
+    if op not in OPS:
+        raise ProfileError("%s: unknown directive %r (expected 'set NAME=VALUE', 'default NAME=VALUE' "
+                           "or 'pin NAME')" % (where, op))
+    if op == "pin":
+        name = rest.strip()
+        if "=" in name:
+            raise ProfileError("%s: pin takes a name only, got %r (use 'set' for the value)" % (where, name))
+        if not _valid_name(name):
+            raise ProfileError("%s: %r is not a valid environment variable name" % (where, name))
+        if not is_watched(name):
+            raise ProfileError("%s: %s is not a watched variable; only watched variables (NCCL_*, "
+                               "TORCH_NCCL_*, CUDA_VISIBLE_DEVICES, ...) can be pinned" % (where, name))
+        return (op, name, None)
+    if "=" not in rest:
+        raise ProfileError("%s: expected '%s NAME=VALUE', got %r" % (where, op, text))
+    name, value = rest.split("=", 1)
+    name = name.strip()
+    if not _valid_name(name):
+        raise ProfileError("%s: %r is not a valid environment variable name" % (where, name))
+    if "\n" in value or "\r" in value or "\0" in value:
+        raise ProfileError("%s: the value of %s contains a newline or NUL" % (where, name))
+    return (op, name, value)
+
+
+def check_entries(entries):
+    """Reject contradictions: a name both `set` and `default`, or set twice to different values.
+    entries: (op, name, value, where) tuples. Returns (op, name, value) tuples without repeats."""
+    seen = {}
+    out = []
+    for op, name, value, where in entries:
+        key = (op == "pin", name)
+        if key in seen:
+            prev_op, prev_value = seen[key]
+            if (prev_op, prev_value) != (op, value):
+                raise ProfileError("%s: %s is already given as '%s %s=%s'" % (where, name, prev_op, name, prev_value))
+            continue
+        seen[key] = (op, value)
+        out.append((op, name, value))
+    return out
+
+
+def parse_profile(text, source="profile"):
+    """Profile text -> list of (op, name, value); ProfileError names the offending line."""
+    entries = []
+    for lineno, line in enumerate(text.split("\n"), 1):
+        where = "%s:%d" % (source, lineno)
+        entry = parse_line(line, where)
+        if entry is not None:
+            entries.append(entry + (where,))
+    return check_entries(entries)
+
+
+def format_profile(entries):
+    """The inverse of parse_profile."""
+    lines = []
+    for op, name, value in entries:
+        lines.append("pin %s" % name if op == "pin" else "%s %s=%s" % (op, name, value))
+    return "".join(line + "\n" for line in lines)
+
+
+# ---------------------------------------------------------------------------- recording guarded writes
+
+def _is_stdlib(filename):
+    if filename.startswith("<frozen"):
+        return True
+    if _stdlib and filename.startswith(_stdlib):
+        return "-packages" not in filename[len(_stdlib):]
+    return False
+
+
+def _writer():
+    """`file:line function` of the first frame outside this probe and the standard library."""
+    own = (_code_file, _writer.__code__.co_filename)  # a persistent install has two files
+    frame = sys._getframe(1)
+    first = None
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if fn not in own:
+            if first is None:
+                first = frame
+            if not _is_stdlib(fn):
+                break
+        frame = frame.f_back
+    frame = frame or first
+    if frame is None:
+        return "?"
+    return "%s:%d %s" % (frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+
+
+def _blocks(name, new):
+    return name in _pins and _pins[name] != new
+
+
+def _record(name, old, new, op, blocked):
+    try:
+        _emit("env_write", {"var": name, "old": old, "new": new, "where": _writer(), "op": op,
+                            "blocked": blocked})
+    except Exception as exc:
+        _fail("guard", exc)
+
+
+def _write(name, new, op, base_op):
+    """Shared path of every guarded write: record it, refuse it if pinned, else perform it."""
+    old = _old(name)
+    if _blocks(name, new):
+        _record(name, old, new, op, True)
+        return
+    base_op()
+    _record(name, old, new, op, False)
+
+
+def _read_text(path):
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "surrogateescape")

@@ -130,3 +130,16 @@ def test_unwritable_dir(built, tmp_path):
     r = drive(built, blocker / "log", 5, "threads", "4", "100")
     assert r.stderr.count("ncclprobe:") == 1
     assert "mask=0x0" in r.stdout  # nothing can be written, so nothing is asked for
+
+
+def test_fork_while_another_thread_finalizes_never_hangs_the_child(built, tmp_path):
+    """A thread finalizes communicators (64 summary lines each) while the main thread forks children
+    that exit() at once: the exit flush must never find the registry's lock held by a thread that
+    does not exist in the child."""
+    log = tmp_path / "log"
+    r = ps.run([built["driver"], built["lib"], 5, "forkexit", 100], ps.probe_env(log), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "forks=100 hung=0" in r.stdout
+    result = ps.read(log)
+    assert result.skipped_total == 0
+    assert {s["reason"] for s in ps.of_kind(result, "coll_summary")} == {"finalize"}

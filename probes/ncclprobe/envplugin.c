@@ -17,7 +17,7 @@
 static uint64_t g_seen[NP_SEEN_SLOTS]; /* 0 = empty */
 static int g_nseen;
 static int g_overflow_once;
-static pthread_mutex_t g_seen_lock = PTHREAD_MUTEX_INITIALIZER; /* NCCL reads env from several threads */
+pthread_mutex_t np_seen_lock = PTHREAD_MUTEX_INITIALIZER; /* NCCL reads env from several threads */
 
 /* 1: first time this library copy read this value of this variable; 0: seen; -1: table full. */
 static int first_sight(const void* lib_base, const char* name, const char* value) {
@@ -26,7 +26,7 @@ static int first_sight(const void* lib_base, const char* name, const char* value
   h = value ? np_fnv1a(value, strlen(value), h ^ 0x5a) : np_fnv1a("\0unset", 6, h);
   if (!h) h = 1;
   int result = 0;
-  pthread_mutex_lock(&g_seen_lock);
+  pthread_mutex_lock(&np_seen_lock);
   for (size_t i = h % NP_SEEN_SLOTS;; i = (i + 1) % NP_SEEN_SLOTS) {
     if (g_seen[i] == h) break;
     if (!g_seen[i]) {
@@ -40,7 +40,7 @@ static int first_sight(const void* lib_base, const char* name, const char* value
       break;
     }
   }
-  pthread_mutex_unlock(&g_seen_lock);
+  pthread_mutex_unlock(&np_seen_lock);
   return result;
 }
 

@@ -12,7 +12,7 @@
 
 static np_lib g_libs[NP_MAX_LIBS];
 static int g_nlibs; /* published with release after the entry is filled */
-static pthread_mutex_t g_libs_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t np_libs_lock = PTHREAD_MUTEX_INITIALIZER;
 
 uint64_t np_fnv1a(const void* data, size_t n, uint64_t h) {
   const unsigned char* p = (const unsigned char*)data;
@@ -52,7 +52,7 @@ np_lib* np_lib_of(const void* addr) {
     if (g_libs[i].base == info.dli_fbase) return &g_libs[i];
 
   np_lib* found = NULL;
-  pthread_mutex_lock(&g_libs_lock);
+  pthread_mutex_lock(&np_libs_lock);
   n = g_nlibs;
   for (int i = 0; i < n && !found; i++)
     if (g_libs[i].base == info.dli_fbase) found = &g_libs[i];
@@ -73,6 +73,6 @@ np_lib* np_lib_of(const void* addr) {
     __atomic_store_n(&g_nlibs, n + 1, __ATOMIC_RELEASE);
     found = lib;
   }
-  pthread_mutex_unlock(&g_libs_lock);
+  pthread_mutex_unlock(&np_libs_lock);
   return found;
 }

@@ -27,21 +27,37 @@ static dev_t g_dev;
 static ino_t g_ino;
 static char g_host[256];
 static char g_hostq[600]; /* host, JSON-escaped */
-static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
 
 /* Keep our descriptor away from the low numbers that hosts dup2() onto and close() in loops. */
 #define NP_FD_FLOOR 200
 
-static void atfork_prepare(void) { pthread_mutex_lock(&g_lock); }
-static void atfork_parent(void) { pthread_mutex_unlock(&g_lock); }
+/* All the probe's locks, in the order probe.h gives (fork safety). */
+static void atfork_prepare(void) {
+  pthread_mutex_lock(&np_reg_lock);
+  pthread_mutex_lock(&np_cache_lock);
+  pthread_mutex_lock(&np_libs_lock);
+  pthread_mutex_lock(&np_seen_lock);
+  pthread_mutex_lock(&g_lock);
+}
+static void unlock_all(void) {
+  pthread_mutex_unlock(&g_lock);
+  pthread_mutex_unlock(&np_seen_lock);
+  pthread_mutex_unlock(&np_libs_lock);
+  pthread_mutex_unlock(&np_cache_lock);
+  pthread_mutex_unlock(&np_reg_lock);
+}
 static void atfork_child(void) {
   /* The child must not append to its parent's file; the pid check re-opens on its next event. */
   if (g_fd >= 0) close(g_fd);
   g_fd = -1;
   if (g_state == ST_OPEN) g_state = ST_UNKNOWN;
-  pthread_mutex_unlock(&g_lock);
+  unlock_all();
 }
-static void register_atfork(void) { pthread_atfork(atfork_prepare, atfork_parent, atfork_child); }
+/* Registered at load (no I/O, no allocation beyond glibc's handler entry): the handlers must be in
+ * place before any of the locks can be taken. The library is never unloaded (-z nodelete). */
+__attribute__((constructor)) static void register_atfork(void) {
+  pthread_atfork(atfork_prepare, unlock_all, atfork_child);
+}
 
 uint64_t np_now_ns(void) {
   struct timespec ts;
@@ -119,7 +135,6 @@ static int log_fd(void) {
     struct stat st;
     if (fstat(fd, &st) == 0 && st.st_dev == g_dev && st.st_ino == g_ino) return fd;
   }
-  pthread_once(&g_atfork_once, register_atfork);
   pthread_mutex_lock(&g_lock);
   if (g_state != ST_SILENT) {
     struct stat st;

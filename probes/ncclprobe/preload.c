@@ -38,7 +38,7 @@ struct resolved {
 };
 static struct resolved g_cache[NP_RESOLVE_CACHE];
 static int g_ncache;
-static pthread_mutex_t g_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t np_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int is_self(const void* p) {
   Dl_info info;
@@ -106,12 +106,12 @@ static void* resolve(int api, const void* caller) {
     /* Keep the defining library referenced so that a dlclose by the host cannot unmap it under
      * the cached pointer (np_lib_of holds a NOLOAD handle). */
     np_lib_of(fn);
-    pthread_mutex_lock(&g_cache_lock);
+    pthread_mutex_lock(&np_cache_lock);
     if (g_ncache < NP_RESOLVE_CACHE) {
       g_cache[g_ncache] = (struct resolved){cbase, api, fn};
       __atomic_store_n(&g_ncache, g_ncache + 1, __ATOMIC_RELEASE);
     }
-    pthread_mutex_unlock(&g_cache_lock);
+    pthread_mutex_unlock(&np_cache_lock);
   }
   return fn;
 }

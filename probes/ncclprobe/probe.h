@@ -90,6 +90,18 @@ void* np_self_base(void);
 uint64_t np_fnv1a(const void* data, size_t n, uint64_t h);
 #define NP_FNV_OFFSET 0xcbf29ce484222325ull
 
+/* ---------------------------------------------------------------- fork safety (log.c)
+ * Every lock of the probe, so that one pthread_atfork handler takes them all in one order before
+ * fork() and releases them after it in parent and child: a child never inherits a lock held by a
+ * thread it does not have (its exit flush would wait forever). Order: registry, resolve cache,
+ * libraries, seen-table, then the log's own lock (the exit flush holds the registry while it
+ * writes). None of them is ever held across I/O that can block, a dlopen or a foreign function. */
+#include <pthread.h>
+extern pthread_mutex_t np_reg_lock;   /* profiler.c */
+extern pthread_mutex_t np_cache_lock; /* preload.c */
+extern pthread_mutex_t np_libs_lock;  /* libs.c */
+extern pthread_mutex_t np_seen_lock;  /* envplugin.c */
+
 /* Call id of the preload hook running on this thread (0: none), so the profiler init that NCCL
  * runs inside the real call can name it. */
 extern __thread uint64_t np_tl_call;

@@ -8,11 +8,16 @@
  * Hot path (startEvent for a collective): match the (func, algo, proto, nChannels) shape in the
  * communicator's fixed table, bump a counter and the size range. No allocation, no lock, no I/O,
  * no clock read except once every NP_CHECK_EVERY collectives. Lines are written at finalize, at
- * exit, and when NCCLPROBE_FLUSH_S (default 10 s) has passed at one of those clock checks. */
+ * exit, and when NCCLPROBE_FLUSH_S (default 10 s) has passed at one of those clock checks.
+ *
+ * Fork and exit: the registry lock is taken only to add or remove a communicator (and by the exit
+ * flush); every probe lock is taken around fork() by log.c's atfork handler, and the exit flush
+ * waits for it a bounded time, so a fork child's exit() never waits forever. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "probe.h"
@@ -47,7 +52,7 @@ struct pctx {
 };
 
 static struct pctx* g_reg[NP_MAX_COMMS];
-static pthread_mutex_t g_reg_lock = PTHREAD_MUTEX_INITIALIZER; /* init, finalize and exit only */
+pthread_mutex_t np_reg_lock = PTHREAD_MUTEX_INITIALIZER; /* add/remove at init/finalize, and exit */
 static uint64_t g_flush_ns;
 static pthread_once_t g_flush_once = PTHREAD_ONCE_INIT;
 
@@ -180,10 +185,16 @@ static void flush(struct pctx* c, const char* reason) {
 /* Counts still in memory when the process exits without destroying its communicators (common:
  * PyTorch programs that skip destroy_process_group). */
 __attribute__((destructor)) static void flush_at_exit(void) {
-  pthread_mutex_lock(&g_reg_lock);
+  /* The lock is never held for long (add/remove), and fork() cannot leave it held in a child
+   * (atfork, log.c). Still, a child made by a raw clone() runs no atfork handler: after one second
+   * the exit flush is given up rather than the exit. */
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += 1;
+  if (pthread_mutex_timedlock(&np_reg_lock, &deadline) != 0) return;
   for (int i = 0; i < NP_MAX_COMMS; i++)
-    if (g_reg[i]) flush(g_reg[i], "exit");
-  pthread_mutex_unlock(&g_reg_lock);
+    if (g_reg[i]) flush(g_reg[i], "exit"); /* a fork child skips its parent's (pid check) */
+  pthread_mutex_unlock(&np_reg_lock);
 }
 
 static void plugin_load(np_lib* lib, const char* plugin) {
@@ -238,7 +249,7 @@ static ncclResult_t init_common(void** context, int* mask, const char* commName,
   c->nranks = nranks;
   c->last_flush_ns = np_now_ns();
   c->reg = -1;
-  pthread_mutex_lock(&g_reg_lock);
+  pthread_mutex_lock(&np_reg_lock);
   for (int i = 0; i < NP_MAX_COMMS; i++) {
     if (!g_reg[i]) {
       g_reg[i] = c;
@@ -246,7 +257,7 @@ static ncclResult_t init_common(void** context, int* mask, const char* commName,
       break;
     }
   }
-  pthread_mutex_unlock(&g_reg_lock);
+  pthread_mutex_unlock(&np_reg_lock);
   *context = c;
   return ncclSuccess;
 }
@@ -254,10 +265,12 @@ static ncclResult_t init_common(void** context, int* mask, const char* commName,
 static ncclResult_t finalize(void* context) {
   struct pctx* c = (struct pctx*)context;
   if (!c) return ncclSuccess;
-  pthread_mutex_lock(&g_reg_lock);
+  /* Out of the registry under the lock (the exit flush can no longer reach it once we hold it
+   * and take it out), then the lines are written without any lock held. */
+  pthread_mutex_lock(&np_reg_lock);
   if (c->reg >= 0) g_reg[c->reg] = NULL;
+  pthread_mutex_unlock(&np_reg_lock);
   flush(c, "finalize");
-  pthread_mutex_unlock(&g_reg_lock);
   if (c->pid == getpid() && np_log_enabled()) {
     char buf[512];
     np_jb jb;

@@ -9,13 +9,17 @@
  *   fork              parent and child each run a communicator
  *   exit              collectives, then exit without finalize
  *   shapes <k>        k distinct shapes on one communicator
- *   loop <n>          n collectives; prints ns per collective's events and RSS samples */
+ *   loop <n>          n collectives; prints ns per collective's events and RSS samples
+ *   forkexit <n>      a thread creates, uses (64 shapes) and finalizes communicators in a loop
+ *                     while the main thread forks n children that exit() at once; prints how
+ *                     many children did not exit within 2 s (killed then) */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -221,6 +225,45 @@ static void loop(long n) {
   printf("\n");
 }
 
+static int stop_churn;
+
+static void* churn(void* p) {
+  char names[64][8];
+  for (int i = 0; i < 64; i++) snprintf(names[i], sizeof names[i], "F%d", i);
+  while (!__atomic_load_n(&stop_churn, __ATOMIC_RELAXED)) {
+    void* ctx = comm_init(0xf0f0, NULL, 2, 0);
+    for (int i = 0; i < 64; i++) coll(ctx, 0, names[i], "Ring", "LL", 2, 4, "ncclFloat32");
+    comm_finalize(ctx); /* 64 coll_summary lines */
+    usleep(200);         /* keeps the log small; the fork window stays wide */
+  }
+  return NULL;
+}
+
+static void forkexit(int n) {
+  pthread_t t;
+  pthread_create(&t, NULL, churn, NULL);
+  usleep(20000);
+  int hung = 0, done = 0;
+  fflush(stdout);
+  for (; done < n && !hung; done++) {
+    pid_t c = fork();
+    if (c == 0) exit(0); /* a normal exit: runs the library destructors (the exit flush) */
+    int st, waited;
+    for (waited = 0; waited < 2000; waited++) {
+      if (waitpid(c, &st, WNOHANG) == c) break;
+      usleep(1000);
+    }
+    if (waited == 2000) {
+      hung++;
+      kill(c, SIGKILL);
+      waitpid(c, &st, 0);
+    }
+  }
+  __atomic_store_n(&stop_churn, 1, __ATOMIC_RELAXED);
+  pthread_join(t, NULL);
+  printf("forks=%d hung=%d\n", done, hung);
+}
+
 int main(int argc, char** argv) {
   if (argc < 4) return 2;
   version = atoi(argv[2]);
@@ -249,6 +292,7 @@ int main(int argc, char** argv) {
     for (int i = 0; i < k; i++) coll(a, 0, "AllReduce", "Ring", "LL", (i % 255) + 1, 8, "ncclFloat32");
     comm_finalize(a);
   } else if (!strcmp(mode, "loop")) loop(atol(argv[4]));
+  else if (!strcmp(mode, "forkexit")) forkexit(atoi(argv[4]));
   else return 2;
   printf("mask=0x%x\n", mask);
   return 0;
