@@ -184,3 +184,84 @@ def test_config_members_too_large_for_the_line_are_left_out_whole(built, tmp_pat
     assert cfg["truncated"] is True and cfg["rc"] == 0 and cfg["lib"] and cfg["comm"]
     # With a wrong magic nothing past the header is read, so the line is complete.
     assert bad["config"] == {"size": 80, "magic": "0x1234", "valid": False} and "truncated" not in bad
+
+
+@pytest.fixture(scope="module")
+def env_driver(built):
+    return ps.build_env_driver(built["dir"])
+
+
+def private_dir(path: Path) -> Path:
+    path.mkdir(mode=0o700)
+    return path
+
+
+def probe_warnings(r) -> list[str]:
+    return [line for line in r.stderr.splitlines() if line.startswith("ncclprobe:")]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "open0666", "other"])
+def test_planted_log_file_is_refused_without_blocking(built, env_driver, tmp_path, kind):
+    """Whatever sits at <host>-<pid>.jsonl before we open it (a FIFO that nobody reads, a file
+    others can read, another user's file) is never opened for writing and never blocks."""
+    if kind == "other" and os.geteuid() != 0:
+        pytest.skip("planting another user's file needs root")
+    log = private_dir(tmp_path / "log")
+    r = ps.run([env_driver, built["lib"], "plant", kind], ps.probe_env(log, None, NCCL_PROTO="LL"), timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert "NCCL_PROTO=LL" in r.stdout
+    planted = Path(r.stdout.split("planted ")[1].split()[0])
+    assert len(probe_warnings(r)) == 1 and str(log) in r.stderr
+    if kind != "fifo":
+        assert planted.read_bytes() == b""
+    assert [p.name for p in log.iterdir()] == [planted.name]
+
+
+@pytest.mark.parametrize("kind", ["world", "group", "other", "symlink"])
+def test_shared_or_foreign_log_dir_is_refused(built, env_driver, tmp_path, kind):
+    """A directory others can write to (NCCLPROBE_DIR=/tmp) or that is not ours would let them
+    plant files at our predictable names: one warning, then silence."""
+    if kind == "other" and os.geteuid() != 0:
+        pytest.skip("a directory of another user needs root")
+    real = private_dir(tmp_path / "real")
+    log = real
+    if kind == "world":
+        os.chmod(real, 0o1777)
+    elif kind == "group":
+        os.chmod(real, 0o770)
+    elif kind == "other":
+        os.chown(real, 65534, 65534)
+    else:
+        log = tmp_path / "link"
+        log.symlink_to(real)
+    r = ps.run([env_driver, built["lib"], "errno"], ps.probe_env(log, None, NCCL_PROTO="LL"),
+               timeout=20)
+    assert r.returncode == 0, r.stderr
+    assert "NCCL_PROTO=LL" in r.stdout
+    assert len(probe_warnings(r)) == 1, r.stderr
+    assert list(real.iterdir()) == []
+
+
+def test_relative_log_dir_survives_chdir(built, env_driver, tmp_path):
+    elsewhere = private_dir(tmp_path / "elsewhere")
+    r = subprocess.run([str(env_driver), str(built["lib"]), "chdir", str(elsewhere)], cwd=tmp_path,
+                       env=ps.probe_env(Path("log"), None, NCCL_PROTO="LL", NCCL_ALGO="Ring"), capture_output=True,
+                       text=True, timeout=20)
+    assert r.returncode == 0 and "child status=0" in r.stdout, r.stderr
+    assert not (elsewhere / "log").exists()
+    result = ps.read(tmp_path / "log")
+    assert len(result.files) == 2
+    assert sorted((e["var"], e["value"]) for e in ps.of_kind(result, "nccl_getenv")) == [
+        ("NCCL_ALGO", "Ring"), ("NCCL_PROTO", "LL")]
+
+
+def test_warning_never_goes_into_a_file_the_host_opened_as_fd_2(built, env_driver, tmp_path):
+    """A host that closed stderr and opened a data file gets fd 2 for it: our warning must not
+    land in the host's data."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    data = tmp_path / "data.bin"
+    r = ps.run([env_driver, built["lib"], "fd2", data], ps.probe_env(blocker / "sub", None, NCCL_PROTO="LL"))
+    assert r.returncode == 0 and "NCCL_PROTO=LL" in r.stdout
+    assert data.read_bytes() == b""
+

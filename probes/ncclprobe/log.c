@@ -4,7 +4,16 @@
  * constructor), re-opened when the pid changes (a fork child writes its own file) or when the
  * descriptor no longer names our file (a host that closes every fd and reuses the number must
  * never receive our lines). Each line is one write() on an O_APPEND descriptor, so concurrent
- * writers never interleave (DESIGN.md §4). An unwritable directory costs one stderr warning. */
+ * writers never interleave (DESIGN.md §4). An unusable directory costs one stderr warning.
+ *
+ * The names are predictable, so only a private place is used: the directory must be a real
+ * directory (not a symlink) of our effective uid that neither group nor others can write to
+ * (NCCLPROBE_DIR=/tmp is refused: another user could plant a FIFO or a file of theirs at our
+ * name), and the file must be a regular file of ours that nobody else can read or write. It is
+ * opened O_NONBLOCK (a FIFO without a reader fails at once instead of blocking the host, and with
+ * one fails the regular-file check) and set blocking only once checked. The directory stays open
+ * (above NP_FD_FLOOR) and files are opened relative to it, so a relative NCCLPROBE_DIR keeps
+ * naming the same directory after the host chdir()s (fork children open their own file there). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -27,6 +36,9 @@ static dev_t g_dev;
 static ino_t g_ino;
 static char g_host[256];
 static char g_hostq[600]; /* host, JSON-escaped */
+static int g_dirfd = -1;   /* the checked log directory (O_PATH), kept for re-opens */
+static dev_t g_ddev;
+static ino_t g_dino;
 
 /* Keep our descriptor away from the low numbers that hosts dup2() onto and close() in loops. */
 #define NP_FD_FLOOR 200
@@ -65,21 +77,75 @@ uint64_t np_now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void warn_once(const char* dir, const char* what, int err) {
+/* Whether fd 2 is a place for a warning: open for writing and a terminal, pipe, socket or other
+ * character device, or a regular file opened for appending (2>>log, systemd's append:). A host
+ * that closed stderr may have fd 2 on a data file of its own (O_TRUNC or O_RDWR): never write
+ * there, even if that costs the warning of a program started with 2>file. */
+static int stderr_usable(void) {
+  int fl = fcntl(2, F_GETFL);
+  struct stat st;
+  if (fl < 0 || (fl & O_ACCMODE) == O_RDONLY || fstat(2, &st) != 0) return 0;
+  if (S_ISREG(st.st_mode)) return (fl & O_APPEND) != 0;
+  return S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
+}
+
+static void warn_once(const char* dir, const char* what, const char* why) {
   /* One line, then silence for the life of the process (and its fork children). */
+  g_state = ST_SILENT;
+  if (!stderr_usable()) return;
   char msg[1200];
-  int n = snprintf(msg, sizeof msg, "ncclprobe: cannot %s log in %s: %s; the probe stays silent\n", what, dir,
-                   strerror(err));
+  int n = snprintf(msg, sizeof msg, "ncclprobe: cannot %s log in %s: %s; the probe stays silent\n", what, dir, why);
   if (n > 0) {
     ssize_t w = write(2, msg, (size_t)n < sizeof msg ? (size_t)n : sizeof msg - 1);
     (void)w;
   }
-  g_state = ST_SILENT;
+}
+
+static int move_high(int fd) {
+  int high = fcntl(fd, F_DUPFD_CLOEXEC, NP_FD_FLOOR);
+  if (high < 0) return fd;
+  close(fd);
+  return high;
+}
+
+/* The checked directory, opened now or kept from an earlier open; -1 after a warning. */
+static int log_dir_fd(const char* dir) {
+  struct stat st;
+  if (g_dirfd >= 0 && fstat(g_dirfd, &st) == 0 && st.st_dev == g_ddev && st.st_ino == g_dino) return g_dirfd;
+  /* Gone, or the host closed it and reused the number (then it is the host's: left alone). */
+  g_dirfd = -1;
+  if (!dir) return -1; /* NCCLPROBE_DIR unset since the first open, and the directory lost */
+  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+    warn_once(dir, "create the directory for the", strerror(errno));
+    return -1;
+  }
+  int dfd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dfd < 0) {
+    warn_once(dir, "open the directory for the", errno == ELOOP ? "it is a symlink" : strerror(errno));
+    return -1;
+  }
+  dfd = move_high(dfd);
+  if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode)) {
+    close(dfd);
+    warn_once(dir, "use the directory for the", "not a directory");
+    return -1;
+  }
+  if (st.st_uid != geteuid() || (st.st_mode & 022)) {
+    close(dfd);
+    warn_once(dir, "use the directory for the",
+              st.st_uid != geteuid() ? "it belongs to another user" : "group or others can write to it");
+    return -1;
+  }
+  g_dirfd = dfd;
+  g_ddev = st.st_dev;
+  g_dino = st.st_ino;
+  return dfd;
 }
 
 static void open_locked(void) {
   const char* dir = getenv("NCCLPROBE_DIR");
-  if (!dir || !*dir) {
+  if (dir && !*dir) dir = NULL;
+  if (!dir && g_dirfd < 0) {
     g_state = ST_SILENT;
     return;
   }
@@ -93,30 +159,26 @@ static void open_locked(void) {
   np_json_escape(g_host, strlen(g_host), g_hostq, sizeof g_hostq);
 
   pid_t pid = getpid();
-  char path[4096];
-  int n = snprintf(path, sizeof path, "%s/%s-%d.jsonl", dir, safe, (int)pid);
-  if (n <= 0 || (size_t)n >= sizeof path) {
-    warn_once(dir, "name", ENAMETOOLONG);
+  char name[300];
+  snprintf(name, sizeof name, "%s-%d.jsonl", safe, (int)pid);
+  int dfd = log_dir_fd(dir);
+  if (dfd < 0) {
+    g_state = ST_SILENT; /* warned once, or nothing left to write to */
     return;
   }
-  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-    warn_once(dir, "create the directory for the", errno);
-    return;
-  }
-  int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (!dir) dir = "the kept NCCLPROBE_DIR";
+  int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
   if (fd < 0) {
-    warn_once(dir, "open the", errno);
+    warn_once(dir, "open the", errno == ENXIO ? "a FIFO sits at the log file's name" : strerror(errno));
     return;
   }
-  int high = fcntl(fd, F_DUPFD_CLOEXEC, NP_FD_FLOOR);
-  if (high >= 0) {
-    close(fd);
-    fd = high;
-  }
+  fd = move_high(fd);
   struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  int fl;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) ||
+      (fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
     close(fd);
-    warn_once(dir, "use the", EINVAL);
+    warn_once(dir, "use the", "the file at its name is not a private regular file of this user");
     return;
   }
   g_fd = fd;

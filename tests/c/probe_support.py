@@ -80,6 +80,33 @@ def build_prof_driver(out_dir: Path) -> Path:
     return cc(Path(out_dir) / "prof_driver", [HERE / "prof_driver.c"], "-ldl", "-lpthread")
 
 
+def build_env_driver(out_dir: Path, count_calls: bool = False) -> Path:
+    """env_driver; with count_calls it interposes fstat/getpid/dladdr/pthread_mutex_lock to count
+    the plugin's calls (its `count` mode)."""
+    if count_calls:
+        return cc(Path(out_dir) / "env_driver_count", [HERE / "env_driver.c"], "-DCOUNT_CALLS", "-rdynamic", "-ldl",
+                  "-lpthread")
+    return cc(Path(out_dir) / "env_driver", [HERE / "env_driver.c"], "-ldl", "-lpthread")
+
+
+def build_lock_driver(out_dir: Path) -> tuple[Path, Path]:
+    """(lock_driver, libslow_nccl.so)."""
+    slow = cc(Path(out_dir) / "libslow_nccl.so", [HERE / "slow_nccl.c"], shared=True)
+    return cc(Path(out_dir) / "lock_driver", [HERE / "lock_driver.c"], "-ldl", "-lpthread"), slow
+
+
+def build_shim(out_dir: Path) -> Path:
+    return cc(Path(out_dir) / "libshim.so", [HERE / "shim.c"], "-ldl", shared=True)
+
+
+def build_dl_driver(out_dir: Path) -> Path:
+    return cc(Path(out_dir) / "dl_driver", [HERE / "dl_driver.c"], "-ldl")
+
+
+def build_cfg_edge(out_dir: Path) -> Path:
+    return cc(Path(out_dir) / "cfg_edge", [HERE / "cfg_edge.c"], "-ldl")
+
+
 def probe_env(log_dir: Path | None, preload: Path | None = None, **extra: str) -> dict[str, str]:
     """The current environment without any probe settings, plus the given ones."""
     env = {k: v for k, v in os.environ.items()
