@@ -233,3 +233,62 @@ def test_real_libnccl_failing_init_keeps_its_return_code(built, tmp_path):
     assert init["api"] == "ncclCommInitRank" and init["rc"] == 1 and init["comm"] is None
     assert init["lib"] == str(real) and init["version"] >= 22700 and init["simulated"] is False
     assert (init["rank"], init["nranks"], init["dev"]) == (0, 1, None)
+
+
+def test_interposer_preloaded_ahead_of_the_probe(built, tmp_path):
+    """A tracing shim ahead of us forwards with dlsym(RTLD_NEXT) to our hook; our hook must reach
+    NCCL, not come back to the shim (whose own definition its handle finds first)."""
+    shim = ps.build_shim(tmp_path)
+    log = tmp_path / "log"
+    env = ps.probe_env(log, None, LD_PRELOAD=f"{shim}:{built['lib']}")
+    r = ps.run([built["app"], "basic"], env, timeout=30)
+    plain = ps.run([built["app"], "basic"], ps.probe_env(None, None, LD_PRELOAD=str(shim)))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout == plain.stdout and "rc=99" not in r.stdout
+    inits = ps.of_kind(ps.read(log), "comm_init")
+    assert [e["api"] for e in inits if e["api"] == "ncclCommInitRank"] == ["ncclCommInitRank"] * 2
+    assert all(e["lib"] == str(built["fake"]) for e in inits)
+
+
+def test_forwarding_cycle_is_cut_by_the_reentry_bound(built, tmp_path):
+    """An interposer that also defines ncclGetVersion passes for NCCL, so our hook calls it, and it
+    forwards back to us: past 8 hook frames on the thread the probe returns ncclInternalError
+    instead of recursing (the shim would give up at 20 frames with 99, a naive one never)."""
+    shim = ps.build_shim(tmp_path, claims_nccl=True)
+    log = tmp_path / "log"
+    r = ps.run([built["app"], "errno"], ps.probe_env(log, None, LD_PRELOAD=f"{shim}:{built['lib']}"), timeout=30)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert "ncclCommInitRank rc=3" in r.stdout
+    errors = ps.of_kind(ps.read(log), "probe_error")
+    assert any("forwarding cycle" in e["message"] for e in errors)
+
+
+NOT_NCCL_SRC = """
+#include "nccl_abi.h"
+__attribute__((visibility("default"))) ncclResult_t ncclCommInitRank(ncclComm_t* c, int n, ncclUniqueId id, int r) {
+  return (ncclResult_t)77;
+}
+"""
+
+
+@pytest.mark.parametrize("other", ["libncclprobe.so", "libnccl-profiler-probe.so", "libnccl-net-x.so"])
+def test_no_nccl_but_another_probe_copy_or_nccl_plugin_is_an_error_not_a_crash(built, tmp_path, other):
+    """Two installs of the probe (one preloaded, one loaded as a plugin) and no NCCL: each must not
+    take the other (or a libnccl-*.so plugin of NCCL) for NCCL."""
+    d = tmp_path / "other"
+    d.mkdir()
+    if other == "libnccl-net-x.so":
+        src = tmp_path / "notnccl.c"
+        src.write_text(NOT_NCCL_SRC)
+        lib = ps.cc(d / other, [src], shared=True)
+    else:
+        lib = d / other
+        lib.write_bytes(built["lib"].read_bytes())
+    driver = ps.build_dl_driver(tmp_path)
+    log = tmp_path / "log"
+    r = ps.run([driver, lib], ps.probe_env(log, built["lib"]), timeout=30)
+    assert r.returncode == 0, (r.returncode, r.stderr)
+    assert r.stdout.split() == ["rc=3"]  # ncclInternalError: no NCCL defines it
+    err, = ps.of_kind(ps.read(log), "probe_error")
+    assert err["part"] == "ncclCommInitRank"
+

@@ -16,7 +16,7 @@
 #include "probe.h"
 
 __thread uint64_t np_tl_call;
-static __thread int tl_depth; /* >0 while this thread runs a real NCCL call we hooked */
+static __thread int tl_depth; /* hook frames on this thread: >0 while it runs a real call we hooked */
 static uint64_t g_next_call;
 
 enum {
@@ -40,9 +40,34 @@ static struct resolved g_cache[NP_RESOLVE_CACHE];
 static int g_ncache;
 pthread_mutex_t np_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static int is_self(const void* p) {
+/* The object defining `name` itself (not through a dependency), given one of its addresses. */
+static void* own_sym(const char* fname, void* fbase, const char* name) {
+  if (!fname || !fname[0]) return NULL;
+  void* h = dlopen(fname, RTLD_NOLOAD | RTLD_LAZY);
+  if (!h) return NULL;
+  void* p = dlsym(h, name);
+  Dl_info di;
+  if (p && (!dladdr(p, &di) || di.dli_fbase != fbase)) p = NULL;
+  dlclose(h); /* the object stays mapped: it was loaded before we looked */
+  return p;
+}
+
+/* p lies in a copy of the probe: this one, or another install of it (a second path, or loaded by
+ * NCCL as a plugin under another name), known by its own ncclprobe_version. Calling into one
+ * would come back here. */
+static int in_probe(const void* p) {
   Dl_info info;
-  return p && dladdr(p, &info) && info.dli_fbase == np_self_base();
+  if (!p || !dladdr(p, &info) || !info.dli_fbase) return 0;
+  if (info.dli_fbase == np_self_base()) return 1;
+  return own_sym(info.dli_fname, info.dli_fbase, "ncclprobe_version") != NULL;
+}
+
+/* NCCL's own file names: libnccl.so and libnccl.so.<version>. Not libncclprobe.so, nor NCCL's
+ * plugins (libnccl-net.so, libnccl-profiler-*.so, libnccl-tuner-*.so, libnccl-env-*.so). */
+static int nccl_file_name(const char* path) {
+  const char* slash = strrchr(path, '/');
+  const char* base = slash ? slash + 1 : path;
+  return strcmp(base, "libnccl.so") == 0 || strncmp(base, "libnccl.so.", 11) == 0;
 }
 
 struct phdr_search {
@@ -50,20 +75,17 @@ struct phdr_search {
   void* fn;
 };
 
-/* A loaded libnccl*.so* other than ourselves that itself defines the symbol. */
+/* A loaded libnccl.so[.*] that itself defines the symbol, and is no copy of the probe. */
 static int phdr_visit(struct dl_phdr_info* info, size_t size, void* data) {
   struct phdr_search* s = (struct phdr_search*)data;
   const char* path = info->dlpi_name;
-  if (!path || !path[0]) return 0;
-  const char* slash = strrchr(path, '/');
-  const char* base = slash ? slash + 1 : path;
-  if (strncmp(base, "libnccl", 7) != 0 || !strstr(base, ".so")) return 0;
+  if (!path || !path[0] || !nccl_file_name(path)) return 0;
   void* h = dlopen(path, RTLD_NOLOAD | RTLD_LAZY);
   if (!h) return 0;
   void* p = dlsym(h, s->name);
   Dl_info di;
   /* dlsym(handle) also searches the library's dependencies: insist on its own definition. */
-  if (p && !is_self(p) && dladdr(p, &di) && di.dli_fname && strcmp(di.dli_fname, path) == 0) s->fn = p;
+  if (p && dladdr(p, &di) && di.dli_fname && strcmp(di.dli_fname, path) == 0 && !in_probe(p)) s->fn = p;
   dlclose(h); /* the library stays mapped: it was loaded before we looked */
   return s->fn != NULL;
 }
@@ -71,11 +93,15 @@ static int phdr_visit(struct dl_phdr_info* info, size_t size, void* data) {
 /* The function the caller would have reached without us. In order:
  *  1. the caller's own dependency scope: dlsym on the caller's handle searches exactly the
  *     objects it was linked against, so a caller in a local scope (libtorch_cuda under PyTorch)
- *     reaches the libnccl copy it links, even when another copy is loaded;
+ *     reaches the libnccl copy it links, even when another copy is loaded. That search starts
+ *     with the caller itself: a definition there is taken only if the caller really is NCCL
+ *     (defines ncclGetVersion itself, e.g. a static NCCL calling its own API). Otherwise the
+ *     caller is another interposer that forwarded to us with dlsym(RTLD_NEXT): its own
+ *     definition would send the call back to it, and round again;
  *  2. dlsym(RTLD_NEXT): the global scope after us (a program linked against libnccl);
- *  3. any loaded libnccl*.so* that defines it: dlsym(RTLD_NEXT) returns NULL when libnccl sits in a
- *     local scope (observed with torch 2.11 + NCCL 2.28.9, reference/observed.md).
- * A candidate inside this library is never taken: calling it would recurse. */
+ *  3. any loaded libnccl.so[.*] that defines it: dlsym(RTLD_NEXT) returns NULL when libnccl sits
+ *     in a local scope (observed with torch 2.11 + NCCL 2.28.9, reference/observed.md).
+ * A candidate inside any copy of the probe is never taken: calling it would recurse. */
 static void* resolve(int api, const void* caller) {
   Dl_info ci;
   void* cbase = (caller && dladdr(caller, &ci)) ? ci.dli_fbase : NULL;
@@ -89,13 +115,15 @@ static void* resolve(int api, const void* caller) {
     void* h = dlopen(ci.dli_fname, RTLD_NOLOAD | RTLD_LAZY);
     if (h) {
       void* p = dlsym(h, name);
-      if (p && !is_self(p)) fn = p;
+      Dl_info pi;
+      int in_caller = p && dladdr(p, &pi) && pi.dli_fbase == cbase;
+      if (p && !in_probe(p) && (!in_caller || own_sym(ci.dli_fname, cbase, "ncclGetVersion"))) fn = p;
       dlclose(h);
     }
   }
   if (!fn) {
     void* p = dlsym(RTLD_NEXT, name);
-    if (p && !is_self(p)) fn = p;
+    if (p && !in_probe(p)) fn = p;
   }
   if (!fn) {
     struct phdr_search s = {name, NULL};
@@ -122,6 +150,19 @@ static void report_missing(int api) {
   char msg[160];
   snprintf(msg, sizeof msg, "no loaded libnccl defines %s; the call returns ncclInternalError", api_name[api]);
   np_probe_error("preload", api_name[api], &g_missing_once[api], msg);
+}
+
+/* Hook frames this thread may stack: a real call reaching our hook again (NCCL calling its own
+ * API) is one or two deep; more means a cycle between us and something that forwards back to us
+ * (another interposer or probe copy that resolution did not recognize). */
+#define NP_MAX_NEST 8
+static int g_cycle_once;
+
+static void report_cycle(int api) {
+  char msg[200];
+  snprintf(msg, sizeof msg, "%s re-entered the hook %d times on one thread (a forwarding cycle); the call "
+           "returns ncclInternalError", api_name[api], NP_MAX_NEST);
+  np_probe_error("preload", api_name[api], &g_cycle_once, msg);
 }
 
 /* ---------------------------------------------------------------- event pieces */
@@ -274,14 +315,24 @@ static void finish_comm(struct hook* h, void* fn, ncclResult_t rc, ncclComm_t co
 
 #define CALLER __builtin_extract_return_addr(__builtin_return_address(0))
 
-/* Nested calls (NCCL or a simulated NCCL calling its own exported API) pass straight through. */
+/* Nested calls (NCCL or a simulated NCCL calling its own exported API) pass straight through;
+ * past NP_MAX_NEST frames the call is refused rather than recursing until the stack overflows. */
 #define PASS_THROUGH_IF_NESTED(api, type, ...)        \
   type real = (type)resolve(api, CALLER);             \
   if (!real) {                                        \
     report_missing(api);                              \
     return ncclInternalError;                         \
   }                                                   \
-  if (tl_depth > 0) return real(__VA_ARGS__);
+  if (tl_depth >= NP_MAX_NEST) {                      \
+    report_cycle(api);                                \
+    return ncclInternalError;                         \
+  }                                                   \
+  if (tl_depth > 0) {                                 \
+    tl_depth++;                                       \
+    ncclResult_t nested_rc_ = real(__VA_ARGS__);      \
+    tl_depth--;                                       \
+    return nested_rc_;                                \
+  }
 
 NP_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
   PASS_THROUGH_IF_NESTED(API_INIT_RANK, ncclCommInitRank_fn, comm, nranks, commId, rank)

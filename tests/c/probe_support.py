@@ -95,7 +95,9 @@ def build_lock_driver(out_dir: Path) -> tuple[Path, Path]:
     return cc(Path(out_dir) / "lock_driver", [HERE / "lock_driver.c"], "-ldl", "-lpthread"), slow
 
 
-def build_shim(out_dir: Path) -> Path:
+def build_shim(out_dir: Path, claims_nccl: bool = False) -> Path:
+    if claims_nccl:
+        return cc(Path(out_dir) / "libshim_nccl.so", [HERE / "shim.c"], "-DCLAIMS_NCCL", "-ldl", shared=True)
     return cc(Path(out_dir) / "libshim.so", [HERE / "shim.c"], "-ldl", shared=True)
 
 
