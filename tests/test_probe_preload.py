@@ -256,7 +256,7 @@ def test_forwarding_cycle_is_cut_by_the_reentry_bound(built, tmp_path):
     instead of recursing (the shim would give up at 20 frames with 99, a naive one never)."""
     shim = ps.build_shim(tmp_path, claims_nccl=True)
     log = tmp_path / "log"
-    r = ps.run([built["app"], "errno"], ps.probe_env(log, None, LD_PRELOAD=f"{shim}:{built['lib']}"), timeout=30)
+    r = ps.run([built["app"], "basic"], ps.probe_env(log, None, LD_PRELOAD=f"{shim}:{built['lib']}"), timeout=30)
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert "ncclCommInitRank rc=3" in r.stdout
     errors = ps.of_kind(ps.read(log), "probe_error")
