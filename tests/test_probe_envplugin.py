@@ -123,3 +123,17 @@ def test_silent_without_log_dir(lib, tmp_path):
                ps.probe_env(None, None, NCCL_PROTO="LL"))
     assert r.returncode == 0 and r.stderr == ""
     assert r.stdout.split() == ["NCCL_PROTO=b'LL'", "NCCL_ALGO=None"]
+
+
+def test_a_value_already_seen_costs_no_syscall_lock_or_loader_call(lib, tmp_path):
+    """NCCL 2.30 reads NCCL_ALGO/NCCL_PROTO through the plugin on every collective (efficiency CTA
+    policy, src/enqueue.cc): once a (library, variable, value) is logged, a read is getenv plus
+    a lock-free table probe, nothing else."""
+    driver = ps.build_env_driver(tmp_path, count_calls=True)
+    log = tmp_path / "log"
+    r = ps.run([driver, lib, "count", 1000], ps.probe_env(log, None, NCCL_PROTO="LL"))
+    assert r.returncode == 0, r.stderr
+    assert "fstat=0 getpid=0 dladdr=0 lock=0" in r.stdout, r.stdout
+    reads = [(e["var"], e["value"]) for e in ps.of_kind(ps.read(log), "nccl_getenv")]
+    assert reads == [("NCCL_ALGO", None), ("NCCL_PROTO", "LL")]
+

@@ -64,7 +64,8 @@ static ncclEnv_v2_t* plugin;
 
 static void logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...) {}
 
-static const char* get(const char* name) {
+/* One call site for every read, as NCCL has (ncclGetEnv): the plugin caches by return address. */
+__attribute__((noinline)) static const char* get(const char* name) {
   const char* v = plugin->getEnv(name);
   if (v != getenv(name)) {
     fprintf(stderr, "getEnv(%s) differs from getenv\n", name);
