@@ -143,3 +143,17 @@ def test_fork_while_another_thread_finalizes_never_hangs_the_child(built, tmp_pa
     result = ps.read(log)
     assert result.skipped_total == 0
     assert {s["reason"] for s in ps.of_kind(result, "coll_summary")} == {"finalize"}
+
+
+def test_init_is_not_held_up_while_another_library_reports_its_version(built, tmp_path):
+    """The probe asks a library its version (dlopen + its ncclGetVersion) the first time it meets
+    it; no lock may be held meanwhile, or every other thread's init waits on a foreign function."""
+    driver, slow = ps.build_lock_driver(tmp_path)
+    log = tmp_path / "log"
+    r = ps.run([driver, built["lib"], slow], ps.probe_env(log), timeout=60)
+    assert r.returncode == 0, r.stderr
+    blocked_ms = int(r.stdout.split("blocked_ms=")[1].split()[0])
+    assert blocked_ms < 1000, r.stdout  # the slow version query waits for us for up to 2 s
+    loads = {e["lib"]: e["nccl_version"] for e in ps.of_kind(ps.read(log), "plugin_load")}
+    assert loads[str(slow)] == 22809  # released by us in time, and then recorded
+

@@ -1,7 +1,11 @@
 /* libs.c - the loaded NCCL library copies the probes meet (through a resolved function, or as the
  * caller of a plugin entry point), each with its path, version and whether it is the simulated
  * NCCL. A process may hold several copies (SGLang/vLLM ctypes loads, reference/nccl-internals.md
- * §5.4), so everything is keyed by load address. Fixed table, append-only, lock-free reads. */
+ * §5.4), so everything is keyed by load address. Fixed table, append-only, lock-free reads.
+ *
+ * The lock only claims a slot (key and path). The handle, version and simulated flag are filled
+ * after it is released: dlopen takes the loader lock and ncclGetVersion is a foreign function,
+ * and neither may run under a lock every other thread's first sight of a library needs. */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <string.h>
@@ -34,45 +38,63 @@ void* np_self_base(void) {
   return b;
 }
 
-/* dlsym on the library's handle searches its dependencies too: only accept a symbol that the
+/* dlsym on a library's handle searches its dependencies too: only accept a symbol that the
  * library itself defines. */
-void* np_lib_sym(np_lib* lib, const char* name) {
-  if (!lib->handle) return NULL;
-  void* p = dlsym(lib->handle, name);
+static void* own_sym(void* handle, void* base, const char* name) {
+  if (!handle) return NULL;
+  void* p = dlsym(handle, name);
   Dl_info info;
-  if (!p || !dladdr(p, &info) || info.dli_fbase != lib->base) return NULL;
+  if (!p || !dladdr(p, &info) || info.dli_fbase != base) return NULL;
   return p;
+}
+
+void* np_lib_sym(np_lib* lib, const char* name) {
+  return own_sym(__atomic_load_n(&lib->handle, __ATOMIC_ACQUIRE), lib->base, name);
+}
+
+/* Handle, version and simulated flag of a claimed entry, without any lock held. Two threads
+ * meeting a new library at once both fill it, with the same values; one handle is kept. */
+static void fill(np_lib* lib) {
+  /* RTLD_NOLOAD: only a reference to the copy already mapped, never a new load. Kept open so
+   * that the library cannot be unmapped under a cached function pointer. */
+  void* h = lib->path[0] ? dlopen(lib->path, RTLD_NOLOAD | RTLD_LAZY) : NULL;
+  int v = 0, simulated = 0;
+  if (h) {
+    ncclGetVersion_fn getv = (ncclGetVersion_fn)own_sym(h, lib->base, "ncclGetVersion");
+    /* ncclGetVersion only stores NCCL_VERSION_CODE: no init side effects (src/init.cc). */
+    if (!getv || getv(&v) != ncclSuccess) v = 0;
+    simulated = own_sym(h, lib->base, "ncclSimulated") != NULL;
+    void* none = NULL;
+    if (!__atomic_compare_exchange_n(&lib->handle, &none, h, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) dlclose(h);
+  }
+  __atomic_store_n(&lib->version, v, __ATOMIC_RELAXED);
+  __atomic_store_n(&lib->simulated, simulated, __ATOMIC_RELAXED);
+  __atomic_store_n(&lib->ready, 1, __ATOMIC_RELEASE);
 }
 
 np_lib* np_lib_of(const void* addr) {
   Dl_info info;
   if (!addr || !dladdr(addr, &info) || !info.dli_fbase) return NULL;
-  int n = __atomic_load_n(&g_nlibs, __ATOMIC_ACQUIRE);
-  for (int i = 0; i < n; i++)
-    if (g_libs[i].base == info.dli_fbase) return &g_libs[i];
-
   np_lib* found = NULL;
-  pthread_mutex_lock(&np_libs_lock);
-  n = g_nlibs;
+  int n = __atomic_load_n(&g_nlibs, __ATOMIC_ACQUIRE);
   for (int i = 0; i < n && !found; i++)
     if (g_libs[i].base == info.dli_fbase) found = &g_libs[i];
-  if (!found && n < NP_MAX_LIBS) {
-    np_lib* lib = &g_libs[n];
-    memset(lib, 0, sizeof *lib);
-    lib->base = info.dli_fbase;
-    const char* fname = info.dli_fname ? info.dli_fname : "";
-    strncpy(lib->path, fname, sizeof lib->path - 1);
-    /* RTLD_NOLOAD: only a reference to the copy already mapped, never a new load. Kept open so
-     * that the library cannot be unmapped under a cached function pointer. */
-    lib->handle = fname[0] ? dlopen(fname, RTLD_NOLOAD | RTLD_LAZY) : NULL;
-    ncclGetVersion_fn getv = (ncclGetVersion_fn)np_lib_sym(lib, "ncclGetVersion");
-    int v = 0;
-    /* ncclGetVersion only stores NCCL_VERSION_CODE: no init side effects (src/init.cc). */
-    if (getv && getv(&v) == ncclSuccess) lib->version = v;
-    lib->simulated = np_lib_sym(lib, "ncclSimulated") != NULL;
-    __atomic_store_n(&g_nlibs, n + 1, __ATOMIC_RELEASE);
-    found = lib;
+
+  if (!found) {
+    pthread_mutex_lock(&np_libs_lock);
+    n = g_nlibs;
+    for (int i = 0; i < n && !found; i++)
+      if (g_libs[i].base == info.dli_fbase) found = &g_libs[i];
+    if (!found && n < NP_MAX_LIBS) {
+      np_lib* lib = &g_libs[n];
+      memset(lib, 0, sizeof *lib);
+      lib->base = info.dli_fbase;
+      strncpy(lib->path, info.dli_fname ? info.dli_fname : "", sizeof lib->path - 1);
+      __atomic_store_n(&g_nlibs, n + 1, __ATOMIC_RELEASE);
+      found = lib;
+    }
+    pthread_mutex_unlock(&np_libs_lock);
   }
-  pthread_mutex_unlock(&np_libs_lock);
+  if (found && !__atomic_load_n(&found->ready, __ATOMIC_ACQUIRE)) fill(found);
   return found;
 }

@@ -78,10 +78,12 @@ typedef struct {
   int simulated;    /* the library exports ncclSimulated */
   int profiler_seen;
   int envplugin_seen;
+  int ready;        /* handle, version and simulated are filled (libs.c) */
 } np_lib;
 
 /* The library containing address `addr` (e.g. a return address or a resolved function), added to
- * a fixed table on first sight; NULL when it is not a loaded object or the table is full. */
+ * a fixed table on first sight; NULL when it is not a loaded object or the table is full. The
+ * entry returned is filled (handle, version, simulated). */
 np_lib* np_lib_of(const void* addr);
 /* A symbol that the library itself defines (not one of its dependencies), or NULL. */
 void* np_lib_sym(np_lib* lib, const char* name);
