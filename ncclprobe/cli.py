@@ -230,12 +230,27 @@ def topo(as_json):
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds per configuration before it is marked hang.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG plot (needs matplotlib).")
 @click.option("--basis", type=click.Choice(["graph", "eager"]), default=None, help="Mode the recommendation is based on.")
+@click.option("--keep", is_flag=True, help="Keep the workers' directory (logs, specs, events) and say where it is.")
 @json_option
 def bench(as_json, **opts):
     """All-reduce latency per NCCL configuration on this machine, with nccl-tests semantics; each
-    configuration in a fresh set of worker processes."""
+    configuration in a fresh set of worker processes.
+
+    \b
+    Exit codes: 0 measured, no error-level finding; 1 error-level findings; 2 usage error;
+    3 nothing could be measured (no torch, no GPU, every configuration failed); 130 Ctrl-C.
+    """
+    import signal
     from ncclprobe import bench as bench_mod
-    _emit(_guarded("bench", as_json, bench_mod.bench_command, **opts), as_json)
+    try:
+        result = _guarded("bench", as_json, bench_mod.bench_command, **opts)
+    except KeyboardInterrupt as exc:  # the workers are dead by now (run_matrix); not click's "Aborted!"
+        signum = getattr(exc, "signum", signal.SIGINT)
+        kept = getattr(exc, "workdir", None)
+        click.echo(f"bench: interrupted ({signal.Signals(signum).name}); every worker was stopped"
+                   + (f"; worker logs kept in {kept}" if kept else ""), err=True)
+        sys.exit(128 + signum)
+    _emit(result, as_json)
 
 
 @main.command(context_settings=CONTEXT)

@@ -9,12 +9,15 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from ncclprobe import render
+from ncclprobe.cli import main
 from ncclprobe.bench import allreduce, command, driver, matrix, report
 from ncclprobe.bench.report import Context
 from ncclprobe.doc import Unexaminable
@@ -58,13 +61,25 @@ def _alive(pid: int) -> bool:
 def matrix_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("bench")
     os.environ["NCCL_ALGO"] = "Tree"  # inherited: must not reach the workers ("defaults" means defaults)
+    nvls = os.environ.get("NCCL_NVLS_ENABLE")
+    os.environ["NCCL_NVLS_ENABLE"] = "0"  # a site's safety policy (NVLink multicast off): must stay
+    old_tmp, tempfile.tempdir = tempfile.tempdir, str(tmp)  # where the driver's own directory goes
     try:
         result = command.bench_command(
             **SMALL, proto="LL", algo="", configs=("chan:NCCL_MAX_NCHANNELS=4,NCCL_BUFFSIZE=1048576",),
-            envs=("NCCL_DEBUG=WARN",), plot=str(tmp / "lat.png"), workdir=tmp / "work")
+            envs=("NCCL_DEBUG=WARN",), plot=str(tmp / "lat.png"), keep=True)
     finally:
         del os.environ["NCCL_ALGO"]
+        if nvls is None:
+            del os.environ["NCCL_NVLS_ENABLE"]
+        else:
+            os.environ["NCCL_NVLS_ENABLE"] = nvls
+        tempfile.tempdir = old_tmp
     return result, tmp
+
+
+def _bench_dirs(tmp: Path) -> list[Path]:
+    return list(tmp.glob("ncclprobe-bench-*"))
 
 
 def test_matrix_runs_every_config_in_a_fresh_worker_set(matrix_run):
@@ -87,6 +102,7 @@ def test_each_worker_reports_the_environment_it_ran_with(matrix_run):
         for w in c["workers"]:
             assert w["env"]["NCCL_DEBUG"] == "WARN"          # --env reaches every configuration
             assert "NCCL_ALGO" not in w["env"]               # the inherited value was dropped
+            assert w["env"]["NCCL_NVLS_ENABLE"] == "0"       # the site's NVLS policy was kept
     assert all("NCCL_PROTO" not in w["env"] for w in by_name["defaults"]["workers"])
     assert all(w["env"]["NCCL_PROTO"] == "LL" for w in by_name["proto=LL"]["workers"])
     assert all(w["env"]["NCCL_MAX_NCHANNELS"] == "4" and w["env"]["NCCL_BUFFSIZE"] == "1048576"
@@ -127,6 +143,26 @@ def test_text_says_cpu_gloo_and_never_gpu(matrix_run):
     assert "GPU/NCCL" not in text
 
 
+def test_gloo_marks_no_fastest_and_says_what_oop_is(matrix_run):
+    """On gloo the NCCL configurations are the same all-reduce: a '*' would rank noise. The summary
+    says the configurations do not apply, and 'oop' is spelled out next to the columns."""
+    result, _ = matrix_run
+    text = _text(result, width=400)
+    summary = text.split("defaults: (NCCL defaults)")[0]
+    assert " *" not in summary and "fastest correct" not in summary
+    assert "NCCL configurations do not apply to gloo" in summary and "no fastest is marked" in summary
+    assert "out-of-place = copy + in-place all_reduce" in summary
+    assert text.count("eager oop=copy+ip µs") == 3 and "eager oop µs" not in text
+
+
+def test_keep_says_where_the_worker_directory_is(matrix_run):
+    result, tmp = matrix_run
+    (kept,) = _bench_dirs(tmp)
+    assert result.data["workdir"] == str(kept)
+    assert f"kept in {kept}" in _text(result, width=400)
+    assert (kept / "00-defaults" / "rank0.log").is_file()
+
+
 def test_plot_file_is_a_png(matrix_run):
     result, tmp = matrix_run
     png = tmp / "lat.png"
@@ -134,25 +170,9 @@ def test_plot_file_is_a_png(matrix_run):
     assert result.data["plot"] == str(png)
 
 
-def test_hung_configuration_is_killed_and_the_rest_go_on(tmp_path):
-    stall = _hang_dir(tmp_path)
-    result = command.bench_command(**dict(SMALL, timeout=10.0), proto="", algo="",
-                                   configs=(f"stuck:PYTHONPATH={stall}", "after:NCCL_PROTO=Simple"),
-                                   workdir=tmp_path / "work")
-    status = {c["name"]: c for c in result.data["configs"]}
-    assert status["stuck"]["status"] == "hang"
-    assert status["stuck"]["reason"] == ("killed after the 10 s timeout; ranks not finished: 0; "
-                                         "ranks that never reached the harness: 1")
-    assert status["defaults"]["status"] == "ok" and status["after"]["status"] == "ok"
-    stalled = int((tmp_path / "stalled.pid").read_text())
-    assert stalled in status["stuck"]["pids"]
-    assert not any(_alive(p) for c in status.values() for p in c["pids"])
-    assert "hang" in _text(result)
-
-
-def test_corrupted_results_make_the_configuration_wrong(tmp_path):
-    """A configuration whose all-reduce returns garbage on one rank (as forced LL128 over PCIe can) is
-    marked wrong, counted per size, and never recommended."""
+def _corrupt_dir(tmp_path: Path) -> Path:
+    """A PYTHONPATH entry whose sitecustomize makes rank 1's all-reduce return garbage in half the
+    elements (as forced LL128 over PCIe can)."""
     d = tmp_path / "corrupt"
     d.mkdir()
     (d / "sitecustomize.py").write_text(
@@ -166,8 +186,39 @@ def test_corrupted_results_make_the_configuration_wrong(tmp_path):
         "            t[::2] += 1000\n"
         "        return work\n"
         "    dist.all_reduce = all_reduce\n")
-    result = command.bench_command(**dict(SMALL, maxbytes="1K"), proto="", algo="",
-                                   configs=(f"bad:PYTHONPATH={d}",), workdir=tmp_path / "work")
+    return d
+
+
+@pytest.fixture(scope="module")
+def hang_then_corrupt(tmp_path_factory):
+    """One run for both failure paths (keeps the file fast): defaults, a configuration that hangs, then
+    one that returns wrong results, which also shows that the matrix goes on after a hang."""
+    tmp = tmp_path_factory.mktemp("fail")
+    stall, bad = _hang_dir(tmp), _corrupt_dir(tmp)
+    result = command.bench_command(**dict(SMALL, maxbytes="1K", timeout=10.0), proto="", algo="",
+                                   configs=(f"stuck:PYTHONPATH={stall}", f"bad:PYTHONPATH={bad}"),
+                                   workdir=tmp / "work")
+    return result, tmp
+
+
+def test_hung_configuration_is_killed_and_the_rest_go_on(hang_then_corrupt):
+    result, tmp = hang_then_corrupt
+    status = {c["name"]: c for c in result.data["configs"]}
+    assert status["stuck"]["status"] == "hang"
+    assert status["stuck"]["reason"] == ("killed after the 10 s timeout; ranks not finished: 0; "
+                                         "ranks that never reached the harness: 1")
+    assert status["defaults"]["status"] == "ok" and status["bad"]["status"] == "wrong"  # it ran after
+    stalled = int((tmp / "stalled.pid").read_text())
+    assert stalled in status["stuck"]["pids"]
+    assert not any(_alive(p) for c in status.values() for p in c["pids"])
+    assert "hang" in _text(result)
+    assert result.exit_code() == 0  # something was measured: a hang is a status, not a failure to examine
+
+
+def test_corrupted_results_make_the_configuration_wrong(hang_then_corrupt):
+    """A configuration whose all-reduce returns garbage on one rank is marked wrong, counted per size,
+    and never recommended."""
+    result, _ = hang_then_corrupt
     bad = {c["name"]: c for c in result.data["configs"]}["bad"]
     assert bad["status"] == "wrong"
     assert {r["wrong"] for r in bad["results"]} == {256}  # half of 512 elements, one rank's view
@@ -191,9 +242,11 @@ def test_ctrl_c_leaves_no_worker(tmp_path):
     pids = [int((tmp_path / "stalled.pid").read_text()), json.loads(rank0[0].read_text())["pid"]]
     assert all(_alive(p) for p in pids)
     proc.send_signal(signal.SIGINT)
-    proc.communicate(timeout=30)
-    assert proc.returncode != 0
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err  # as `ncclprobe run`; 1 is for error-level findings
+    assert b"Aborted!" not in err and b"interrupted (SIGINT); every worker was stopped" in err
     assert not any(_alive(p) for p in pids)
+    assert _bench_dirs(tmp_path) == []  # the worker directory goes too
 
 
 def test_torchrun_style_job_mode(tmp_path):
@@ -233,6 +286,111 @@ def test_plot_without_matplotlib_fails_before_measuring(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(AssignmentError, match="matplotlib"):
         command.bench_command(**SMALL, plot="x.png")
+
+
+def _no_measuring(monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("measured although the command line was unusable")
+    monkeypatch.setattr(driver, "run_matrix", boom)
+
+
+def test_without_torch_exit_3_with_the_install_line_before_any_worker(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "torch", None)  # find_spec says: not installed
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    _no_measuring(monkeypatch)
+    with pytest.raises(Unexaminable) as err:
+        command.bench_command(**SMALL)
+    assert err.value.reason == "no torch"
+    assert err.value.data["hint"] == "install the bench extra: pip install 'ncclprobe[bench]'"
+    res = CliRunner().invoke(main, ["bench", "--backend", "gloo"])
+    assert res.exit_code == 3 and "install the bench extra: pip install 'ncclprobe[bench]'" in res.output
+    res = CliRunner().invoke(main, ["bench", "--gpus", "1", "--json"])  # the NCCL path says the same
+    assert res.exit_code == 3 and json.loads(res.stdout)["error"]["reason"] == "no torch"
+    assert _bench_dirs(tmp_path) == []
+
+
+def test_every_configuration_failing_is_exit_3_and_visible(monkeypatch, tmp_path):
+    """Workers that cannot import torch (an interpreter without the bench extra): nothing was measured,
+    so no 'No findings.' and no exit 0; the worker directory is removed and --keep is offered."""
+    notorch = tmp_path / "notorch"
+    notorch.mkdir()
+    (notorch / "sitecustomize.py").write_text("import sys\nsys.modules['torch'] = None\n")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = command.bench_command(**dict(SMALL, maxbytes="1K"), proto="LL", algo="",
+                                   envs=(f"PYTHONPATH={notorch}",))
+    assert [c["status"] for c in result.data["configs"]] == ["error", "error"]
+    assert all("ModuleNotFoundError" in c["reason"] for c in result.data["configs"])
+    assert result.exit_code() == 3
+    assert result.data["error"]["reason"] == "nothing measured"
+    text = _text(result)
+    assert "nothing was measured: every configuration ended in error or hang" in text
+    assert "No findings." not in text and "Recommendation" not in text
+    assert "pip install 'ncclprobe[bench]'" in text
+    assert "run again with --keep" in text and result.data["workdir"] is None
+    assert _bench_dirs(tmp_path) == []
+
+
+@pytest.mark.parametrize("plot,why", [("/nonexistent/x.png", "directory /nonexistent does not exist"),
+                                      ("{tmp}/file/x.png", "does not exist"),
+                                      ("{tmp}", "is a directory")])
+def test_unwritable_plot_path_is_a_usage_error_before_measuring(monkeypatch, tmp_path, plot, why):
+    (tmp_path / "file").write_text("")
+    plot = plot.format(tmp=tmp_path)
+    _no_measuring(monkeypatch)
+    with pytest.raises(AssignmentError, match=why):
+        command.bench_command(**SMALL, plot=plot)
+    res = CliRunner().invoke(main, ["bench", "--backend", "gloo", "--plot", "/nonexistent/x.png"])
+    assert res.exit_code == 2 and "does not exist" in res.output
+
+
+@pytest.mark.parametrize("args", [["--backend", "gloo", "--ranks", "0"], ["--backend", "gloo", "--ranks", "-2"],
+                                  ["--backend", "gloo", "--gpus", "0"], ["--gpus", "0"], ["--gpus", "-1"]])
+def test_zero_or_negative_ranks_or_gpus_is_a_usage_error(monkeypatch, args):
+    monkeypatch.setattr(command, "_visible_gpus", lambda: 4)
+    _no_measuring(monkeypatch)
+    res = CliRunner().invoke(main, ["bench"] + args)
+    assert res.exit_code == 2 and "must be at least 1" in res.output, res.output
+    with pytest.raises(AssignmentError, match="--ranks must be at least 1"):
+        command.bench_command(backend="gloo", ranks=0)
+
+
+@pytest.mark.parametrize("args,shown", [
+    (["--proto", "LX"], "'LX': NCCL has no such protocol; valid names (any case): LL, LL128, Simple"),
+    (["--algo", "Ring,Ringg"], "'Ringg': NCCL has no such algorithm; valid names (any case): Tree, Ring"),
+    (["--config", "x:NCCL_PROTO=^LL129"], "unknown name 'LL129'"),
+    (["--env", "NCCL_ALGO=allreduce:tree;allgather:rink"], "unknown name 'rink'")])
+def test_unknown_proto_or_algo_is_a_usage_error(monkeypatch, args, shown):
+    _no_measuring(monkeypatch)
+    res = CliRunner().invoke(main, ["bench", "--backend", "gloo"] + args)
+    assert res.exit_code == 2 and shown in " ".join(res.output.split()), res.output
+
+
+def test_proto_and_algo_names_are_case_insensitive_in_nccls_spelling():
+    cfgs = matrix.build_matrix("ll128,SIMPLE", "ring,nvlstree", ["x:NCCL_PROTO=^ll128", "y:NCCL_ALGO=^nvls"])
+    assert [(c.name, c.env) for c in cfgs[1:5]] == [
+        ("proto=LL128", {"NCCL_PROTO": "LL128"}), ("proto=Simple", {"NCCL_PROTO": "Simple"}),
+        ("algo=Ring", {"NCCL_ALGO": "Ring"}), ("algo=NVLSTree", {"NCCL_ALGO": "NVLSTree"})]
+    with pytest.raises(AssignmentError, match="unique"):
+        matrix.build_matrix("LL,ll", "")
+
+
+def _doc_data(nranks, backend="nccl"):
+    def cfg(name, t):
+        return {"name": name, "env": {}, "status": "ok", "reason": "", "out_of_place": None,
+                "realized": {"available": False, "reason": "x", "per_size": {}},
+                "results": [{"bytes": 1024, "count": 512, "mode": "eager", "inplace": ip, "time_us": t,
+                             "algbw": 1.0, "busbw": 1.0, "wrong": 0, "note": ""} for ip in (False, True)]}
+    return {"configs": [cfg("defaults", 20.0), cfg("proto=LL", 10.0)], "options": dict(
+        dtype="bf16", iters=2, warmup=1, graph=False, check=True, timeout=60.0), "sizes": [1024],
+        "device": "GPU", "versions": {"torch": "t", "nccl": "n"}, "dropped_env": [], "projection": None,
+        "recommendation": {"config": None, "reason": "r"}}
+
+
+@pytest.mark.parametrize("backend,nranks,marked", [("nccl", 4, True), ("nccl", 1, False), ("gloo", 4, False)])
+def test_fastest_is_marked_only_where_nccl_settings_can_differ(backend, nranks, marked):
+    ctx = Context(backend, nranks, "eager", "CPU/gloo" if backend == "gloo" else "GPU/NCCL")
+    text = _text(command.Result("bench", doc=command.document(ctx, _doc_data(nranks), {})), width=400)
+    assert ("10.00 *" in text) is marked and ("* = fastest correct configuration" in text) is marked
 
 
 def test_help_imports_neither_torch_nor_nvml():

@@ -1,36 +1,76 @@
 """`ncclprobe bench`: options -> plan -> matrix run -> Result (tables, recommendation, JSON, plot)."""
 from __future__ import annotations
 
+import importlib.util
+import os
+import shutil
 import sys
+from pathlib import Path
 from typing import Any
 
 from ncclprobe.bench import driver as drv, matrix, plot as plot_mod, report
 from ncclprobe.bench.report import Context, fmt_us
 from ncclprobe.doc import Result, Table, Text, Title, Unexaminable
 from ncclprobe.envfile import AssignmentError, parse_assignments
+from ncclprobe.findings import EXIT_UNEXAMINABLE
+
+BENCH_EXTRA_HINT = "install the bench extra: pip install 'ncclprobe[bench]'"
+NOTHING_MEASURED = "nothing was measured: every configuration ended in error or hang"
+
+
+def _torch_missing() -> Unexaminable:
+    return Unexaminable("torch is not installed, and bench measures through torch.distributed", "no torch",
+                        {"hint": BENCH_EXTRA_HINT})
+
+
+def _require_torch() -> None:
+    """Up front, without importing torch here: the workers import it, and without it every
+    configuration would only end in ModuleNotFoundError."""
+    try:
+        found = importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken parent package or a torch without __spec__
+        found = False
+    if not found:
+        raise _torch_missing()
 
 
 def _visible_gpus() -> int:
     try:
         import torch
     except ImportError:
-        raise Unexaminable("torch is not installed: bench measures through torch.distributed",
-                           "no torch", {"hint": "pip install 'ncclprobe[bench]'"}) from None
+        raise _torch_missing() from None
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _check_counts(gpus: int | None, ranks: int | None) -> None:
+    for opt, n in (("--gpus", gpus), ("--ranks", ranks)):
+        if n is not None and n < 1:
+            raise AssignmentError(f"{opt} must be at least 1 (got {n})")
+
+
+def _check_plot_path(plot: str) -> None:
+    """Before any measurement: a plot that cannot be written must not cost the whole run."""
+    target = Path(plot)
+    if target.is_dir():
+        raise AssignmentError(f"--plot {plot}: is a directory; give a file name such as {target / 'bench.png'}")
+    parent = target.parent if str(target.parent) else Path(".")
+    if not parent.is_dir():
+        raise AssignmentError(f"--plot {plot}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise AssignmentError(f"--plot {plot}: directory {parent} is not writable")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise AssignmentError(f"--plot {plot}: the file exists and is not writable")
 
 
 def _ranks(backend: str, gpus: int | None, ranks: int | None, job: drv.Job | None) -> int:
     if job is not None:
         return job.nranks
     if backend == "gloo":
-        n = ranks or gpus or 2
-        if n < 1:
-            raise AssignmentError("--ranks must be at least 1")
-        return n
+        return ranks if ranks is not None else gpus if gpus is not None else 2
     if ranks is not None and gpus is not None and ranks != gpus:
         raise AssignmentError("--ranks is for --backend gloo; with NCCL use --gpus")
     visible = _visible_gpus()
-    want = gpus or ranks or visible
+    want = gpus if gpus is not None else ranks if ranks is not None else visible
     if visible == 0:
         raise Unexaminable("no CUDA GPU is visible, so NCCL cannot be measured here", "no GPU",
                            {"hint": "try the harness on CPU with --backend gloo --ranks 2 (its numbers "
@@ -38,28 +78,36 @@ def _ranks(backend: str, gpus: int | None, ranks: int | None, job: drv.Job | Non
     if want > visible:
         raise Unexaminable(f"asked for {want} GPUs but only {visible} are visible", "not enough GPUs",
                            {"hint": f"use --gpus {visible} or fewer (check CUDA_VISIBLE_DEVICES)"})
-    if want < 1:
-        raise AssignmentError("--gpus must be at least 1")
     return want
 
 
 def bench_command(gpus=None, backend="nccl", ranks=None, proto="LL,LL128,Simple", algo="Ring,Tree",
                   configs=(), envs=(), minbytes="1K", maxbytes="64M", stepfactor=4, hidden=None,
                   tokens="1,2,3,4", layers=None, dtype="bf16", iters=20, warmup=5, graph=True,
-                  check=True, timeout=120.0, plot=None, basis=None, workdir=None, progress=None) -> Result:
+                  check=True, timeout=120.0, plot=None, basis=None, keep=False, workdir=None,
+                  progress=None) -> Result:
+    """Usage errors first (AssignmentError, exit 2), then what this machine lacks (Unexaminable,
+    exit 3), then the measurement. The worker directory is removed at the end unless `keep` (or the
+    caller gave its own `workdir`)."""
     if iters < 1 or warmup < 0 or timeout <= 0:
         raise AssignmentError("-n must be >= 1, -w >= 0 and --timeout > 0")
     if layers is not None and layers < 1:
         raise AssignmentError("--layers must be positive")
+    _check_counts(gpus, ranks)
     if plot:
+        _check_plot_path(plot)
         plot_mod.require()
     common = parse_assignments(envs, "--env")
+    for var in ("NCCL_PROTO", "NCCL_ALGO"):
+        if var in common:
+            matrix.check_selector(var, common[var], "--env")
     cfgs = matrix.build_matrix(proto, algo, configs)
     elem = matrix.DTYPE_BYTES[dtype]
     token_sizes = matrix.model_sizes(hidden, matrix.parse_tokens(tokens), dtype) if hidden else {}
     sizes = sorted(set(token_sizes.values())) if hidden else matrix.sweep(
         matrix.parse_size(minbytes), matrix.parse_size(maxbytes), stepfactor, elem)
     job = drv.job_from_env()
+    _require_torch()
     nranks = _ranks(backend, gpus, ranks, job)
     graph_ok = graph and backend == "nccl"
     ctx = Context(backend, nranks, basis or ("graph" if graph_ok else "eager"),
@@ -71,16 +119,42 @@ def bench_command(gpus=None, backend="nccl", ranks=None, proto="LL,LL128,Simple"
     spec = {"backend": backend, "sizes": sizes, "dtype": dtype, "iters": iters, "warmup": warmup,
             "graph": graph_ok, "check": check, "timeout": timeout}
     d = drv.Driver(job or drv.Job(nranks), spec, common, timeout, workdir=workdir)
+    remove = workdir is None and not keep  # a caller's own directory is the caller's
     if progress is None and sys.stderr.isatty():
         def progress(msg):
             print(f"bench {msg}", file=sys.stderr, flush=True)
-    runs = drv.run_matrix(d, cfgs, progress)
-    if job is not None and job.rank != 0:
-        return Result("bench", data={"rank": job.rank, "configs": [{"name": r.config.name, "status": r.status,
-                                                                   "reason": r.reason} for r in runs]},
-                      doc=[Text(f"rank {job.rank} of {nranks}: results are reported by rank 0.", "note")])
-    return build_result(ctx, runs, d, sizes, token_sizes, layers, common, plot, dict(
-        dtype=dtype, iters=iters, warmup=warmup, graph=graph_ok, check=check, timeout=timeout))
+    try:
+        runs = drv.run_matrix(d, cfgs, progress)
+        if job is not None and job.rank != 0:
+            return _other_rank_result(job, nranks, runs, None if remove else d.workdir)
+        return build_result(ctx, runs, d, sizes, token_sizes, layers, common, plot, dict(
+            dtype=dtype, iters=iters, warmup=warmup, graph=graph_ok, check=check, timeout=timeout),
+            kept=not remove)
+    except KeyboardInterrupt as exc:  # the CLI says where the logs are, if they stay
+        exc.workdir = None if remove else str(d.workdir)
+        raise
+    finally:
+        if remove:  # run_matrix has killed every worker by now, also on Ctrl-C
+            shutil.rmtree(d.workdir, ignore_errors=True)
+
+
+def _measured(runs) -> bool:
+    return any(r.status in ("ok", "wrong") for r in runs)
+
+
+def _other_rank_result(job: drv.Job, nranks: int, runs, kept: Path | None) -> Result:
+    doc = [Text(f"rank {job.rank} of {nranks}: results are reported by rank 0.", "note")]
+    data: dict[str, Any] = {"rank": job.rank, "configs": [{"name": r.config.name, "status": r.status,
+                                                           "reason": r.reason} for r in runs],
+                            "workdir": str(kept) if kept else None}
+    code = None
+    if runs and not _measured(runs):
+        doc.append(Text(f"rank {job.rank}: {NOTHING_MEASURED}.", "warn"))
+        data["error"] = {"message": NOTHING_MEASURED, "reason": "nothing measured"}
+        code = EXIT_UNEXAMINABLE
+    if kept:
+        doc.append(Text(f"Worker logs kept in {kept}.", "dim"))
+    return Result("bench", data=data, doc=doc, code=code)
 
 
 def _topology(ctx: Context):
@@ -90,7 +164,8 @@ def _topology(ctx: Context):
     return topo.collect()
 
 
-def build_result(ctx: Context, runs, d: drv.Driver, sizes, token_sizes, layers, common, plot, opts) -> Result:
+def build_result(ctx: Context, runs, d: drv.Driver, sizes, token_sizes, layers, common, plot, opts,
+                 kept: bool = True) -> Result:
     topology = _topology(ctx)
     findings, configs = [], []
     meta = next((r.meta for r in runs if r.meta), {})
@@ -111,8 +186,20 @@ def build_result(ctx: Context, runs, d: drv.Driver, sizes, token_sizes, layers, 
             "topology": topology.to_json() if topology is not None else
             {"available": False, "reason": "CPU/gloo run: no GPU topology involved"},
             "configs": configs, "recommendation": rec, "projection": proj,
-            "dropped_env": d.dropped, "workdir": str(d.workdir)}
+            "dropped_env": d.dropped, "workdir": str(d.workdir) if kept else None}
+    if not _measured(runs):
+        # Exit 3, not 1: nothing about this machine's all-reduce could be examined (as with no GPU or
+        # no torch); 1 is for error-level findings, which need a measurement to stand on.
+        data["error"] = {"message": NOTHING_MEASURED, "reason": "nothing measured"}
+        doc = _nothing_measured(ctx, data, kept)
+        if plot:
+            doc.append(Text(f"No plot written to {plot}: there is no number to draw.", "dim"))
+        return Result("bench", findings=findings, data=data, doc=doc, code=EXIT_UNEXAMINABLE)
     doc = document(ctx, data, token_sizes)
+    if kept:
+        doc.append(Text(f"Worker logs, specs and events kept in {d.workdir}.", "dim"))
+    elif any(c["status"] in ("hang", "error") for c in configs):
+        doc.append(Text("The worker logs were removed; run again with --keep to keep them.", "dim"))
     if plot:
         unit = "ranks" if ctx.cpu else "GPUs"
         plot_mod.write(plot, configs, ctx.basis,
@@ -123,10 +210,37 @@ def build_result(ctx: Context, runs, d: drv.Driver, sizes, token_sizes, layers, 
     return Result("bench", findings=findings, data=data, doc=doc)
 
 
-def _mark_best(row_times: dict[str, float | None]) -> dict[str, str]:
+def _nothing_measured(ctx: Context, data: dict[str, Any], kept: bool) -> list:
+    """No table to read (every cell would be error/hang): say so first, then each configuration's reason."""
+    unit = "ranks" if ctx.cpu else "GPUs"
+    doc: list = [Title(f"bench: all_reduce on {ctx.nranks} {unit}, {ctx.label}: "
+                       f"{NOTHING_MEASURED}"),
+                 Text("No configuration produced a number, so there is nothing to compare or recommend.", "warn")]
+    for c in data["configs"]:
+        doc.append(Text(f"{c['name']}: {c['status']}: {c['reason'] or 'no reason recorded'}", "warn"))
+    if any("ModuleNotFoundError" in (c["reason"] or "") and "torch" in c["reason"] for c in data["configs"]):
+        doc.append(Text(f"The workers could not import what they need: {BENCH_EXTRA_HINT} in the "
+                        f"interpreter that runs ncclprobe ({sys.executable}).", "note"))
+    doc.append(Text(f"Worker logs kept in {data['workdir']}." if kept
+                    else "The worker logs were removed; run again with --keep to keep them.", "dim"))
+    return doc
+
+
+def _ranks_configs(ctx: Context) -> bool:
+    """Whether a per-size ranking of configurations means anything: not on gloo (NCCL variables do
+    nothing there) and not on one rank (NCCL short-cuts it and chooses no algorithm or protocol): there
+    the fastest column would be noise, not a better NCCL setting."""
+    return not ctx.cpu and ctx.nranks > 1
+
+
+def _mark_best(row_times: dict[str, float | None], mark: bool = True) -> dict[str, str]:
     valid = {k: v for k, v in row_times.items() if v is not None}
-    best = min(valid, key=valid.get) if valid else None
+    best = min(valid, key=valid.get) if valid and mark else None
     return {k: fmt_us(v) + (" *" if k == best and len(valid) > 1 else "") for k, v in row_times.items()}
+
+
+def _copy_inplace(c: dict[str, Any]) -> bool:
+    return str(c.get("out_of_place") or "").startswith("copy + in-place")
 
 
 def document(ctx: Context, data: dict[str, Any], token_sizes: dict[int, int]) -> list:
@@ -161,12 +275,23 @@ def document(ctx: Context, data: dict[str, Any], token_sizes: dict[int, int]) ->
         times = {c["name"]: report.time_of(c["results"], s, basis) if c["status"] in ("ok", "wrong") else None
                  for c in configs}
         marked = _mark_best({k: (v if next(c for c in configs if c["name"] == k)["status"] == "ok" else None)
-                             for k, v in times.items()})
+                             for k, v in times.items()}, _ranks_configs(ctx))
         rows.append([report._size(s)] + [marked[c["name"]] if c["status"] == "ok" else
                                          (fmt_us(times[c["name"]]) + " WRONG" if c["status"] == "wrong"
                                           else c["status"]) for c in configs])
-    doc.append(Text(f"{ctx.label} all_reduce time (µs), {basis} mode, out-of-place; * = fastest correct "
-                    f"configuration per size"))
+    oop = ("out-of-place = copy + in-place all_reduce" if ctx.cpu or all(_copy_inplace(c) for c in configs
+                                                                        if c["status"] in ("ok", "wrong"))
+           else "out-of-place")
+    if ctx.cpu:
+        ranking = ("the NCCL configurations do not apply to gloo (it reads no NCCL variable): columns that "
+                   "differ only in NCCL variables are the same gloo all-reduce, their differences are noise, "
+                   "and no fastest is marked")
+    elif not _ranks_configs(ctx):
+        ranking = ("one rank: NCCL short-cuts the all-reduce and chooses no algorithm or protocol, so the "
+                   "columns do not rank NCCL settings and no fastest is marked")
+    else:
+        ranking = "* = fastest correct configuration per size"
+    doc.append(Text(f"{ctx.label} all_reduce time (µs), {basis} mode, {oop}; {ranking}"))
     doc.append(Table(cols, rows))
     for c in configs:
         doc += _detail(ctx, c, opts["graph"])
@@ -187,7 +312,8 @@ def _detail(ctx: Context, c: dict[str, Any], graph: bool) -> list:
         return [Text(f"{head}: {c['reason']}", "warn")]
     real = c["realized"]
     modes = ["eager"] + (["graph"] if graph else [])
-    cols = ["size", "count"] + [f"{m} {p} µs" for m in modes for p in ("oop", "ip")]
+    oop = "oop=copy+ip" if ctx.cpu or _copy_inplace(c) else "oop"
+    cols = ["size", "count"] + [f"{m} {p} µs" for m in modes for p in (oop, "ip")]
     cols += ["algbw GB/s", "busbw GB/s", "#wrong", "algo/proto"]
     rows = []
     for s in sorted({r["bytes"] for r in c["results"]}):

@@ -232,10 +232,18 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])
 
 
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so the same cleanup runs; `signum` gives the shell exit code 128+n."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def run_matrix(driver: Driver, configs: list[Config], progress=None) -> list[ConfigRun]:
     """Every configuration in turn; Ctrl-C or SIGTERM kills the live worker set before returning."""
     def on_term(signum, frame):
-        raise KeyboardInterrupt
+        raise Interrupted(signum)
     old = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
     runs = []
     try:

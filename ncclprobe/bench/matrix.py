@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ncclprobe import tuning
 from ncclprobe.envfile import AssignmentError, parse_assignment
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -76,13 +77,54 @@ def parse_config(text: str) -> Config:
     return Config(name, env)
 
 
+_EXAMPLE = {"NCCL_PROTO": "^LL128", "NCCL_ALGO": "^NVLS"}
+
+
+def _known(name: str, universe: tuple[str, ...]) -> str | None:
+    """NCCL's spelling of `name` when NCCL knows it; NCCL compares these names case-insensitively."""
+    return next((n for n in universe if n.lower() == name.strip().lower()), None)
+
+
+def _forced(option: str, var: str, text: str, universe: tuple[str, ...]) -> list[Config]:
+    out = []
+    for name in _split(text):
+        known = _known(name, universe)
+        if known is None:
+            raise AssignmentError(
+                f"{option} {name!r}: NCCL has no such {'protocol' if var == 'NCCL_PROTO' else 'algorithm'}; "
+                f"valid names (any case): "
+                f"{', '.join(universe)} (for a selector such as {_EXAMPLE[var]} use --config NAME:{var}=...)")
+        out.append(Config(f"{option[2:]}={known}", {var: known}))
+    return out
+
+
+def check_selector(var: str, value: str, where: str) -> None:
+    """NCCL_PROTO / NCCL_ALGO as NCCL parses them (names, a leading ^, `func:list;...` since 2.24):
+    a name NCCL does not know is a usage error here instead of a configuration NCCL silently ignores."""
+    universe = tuning.PROTOS if var == "NCCL_PROTO" else tuning.ALGOS
+    for entry in value.split(";"):
+        names = entry.split(":", 1)[1] if ":" in entry else entry
+        names = names.strip()
+        names = names[1:] if names.startswith("^") else names
+        bad = [n.strip() for n in names.split(",") if n.strip() and _known(n, universe) is None]
+        if bad:
+            raise AssignmentError(f"{where}: {var}={value}: unknown name {', '.join(map(repr, bad))}; valid "
+                                  f"names (any case): {', '.join(universe)}")
+
+
 def build_matrix(protos: str, algos: str, configs=()) -> list[Config]:
     """NCCL's defaults, then each protocol forced, each algorithm forced, then the --config entries.
-    NCCL_PROTO / NCCL_ALGO are read at each communicator's tuning (src/graph/tuning.cc)."""
+    NCCL_PROTO / NCCL_ALGO are read at each communicator's tuning (src/graph/tuning.cc). Names are
+    checked against NCCL's and written in NCCL's spelling (proto=LL128 for --proto ll128)."""
     out = [Config(DEFAULTS)]
-    out += [Config(f"proto={p}", {"NCCL_PROTO": p}) for p in _split(protos)]
-    out += [Config(f"algo={a}", {"NCCL_ALGO": a}) for a in _split(algos)]
-    out += [parse_config(c) for c in configs]
+    out += _forced("--proto", "NCCL_PROTO", protos, tuning.PROTOS)
+    out += _forced("--algo", "NCCL_ALGO", algos, tuning.ALGOS)
+    extra = [parse_config(c) for c in configs]
+    for c in extra:
+        for var in ("NCCL_PROTO", "NCCL_ALGO"):
+            if var in c.env:
+                check_selector(var, c.env[var], f"--config {c.name}")
+    out += extra
     names = [c.name for c in out]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
