@@ -157,3 +157,19 @@ def test_init_is_not_held_up_while_another_library_reports_its_version(built, tm
     loads = {e["lib"]: e["nccl_version"] for e in ps.of_kind(ps.read(log), "plugin_load")}
     assert loads[str(slow)] == 22809  # released by us in time, and then recorded
 
+
+def test_environment_keeps_every_variable_after_one_that_does_not_fit(built, tmp_path):
+    log = tmp_path / "log"
+    huge = "\x01" * 3000  # a 2048-byte cut escapes to 12 kB: the second of these cannot fit
+    long_name = "NCCL_" + "N" * 5000
+    env = {"NCCL_A_HUGE": huge, "NCCL_B_HUGE": huge, long_name: "x", "NCCL_SOCKET_IFNAME": "lo"}
+    drive(built, log, 5, "basic", **env)
+    result = ps.read(log)
+    assert result.skipped_total == 0
+    init = ps.of_kind(result, "comm_plugin_init")[0]
+    assert init["truncated"] is True
+    got = init["env"]
+    assert got["NCCL_SOCKET_IFNAME"] == "lo" and got["NCCLPROBE_DIR"] == str(log)  # after the one left out
+    assert got["NCCL_A_HUGE"] == "\x01" * 2048 and "NCCL_B_HUGE" not in got
+    cut = [k for k in got if k.startswith("NCCL_NNN")]
+    assert len(cut) == 1 and long_name.startswith(cut[0]) and len(cut[0]) <= 256 and got[cut[0]] == "x"

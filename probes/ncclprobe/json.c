@@ -205,13 +205,18 @@ void np_jb_env(np_jb* jb) {
   np_jb_key(jb, "env");
   put(jb, '{');
   int first = 1;
-  for (char** e = environ; e && *e; e++) {
+  for (char** e = environ; e && *e && !jb->full; e++) {
     const char* eq = strchr(*e, '=');
     if (!eq || !np_watched(*e, (size_t)(eq - *e))) continue;
     size_t before = jb->len;
+    size_t nlen = (size_t)(eq - *e);
+    if (nlen > NP_NAME_MAX) {
+      nlen = NP_NAME_MAX;
+      jb->truncated = 1;
+    }
     if (!first) put(jb, ',');
     put(jb, '"');
-    np_jb_escape(jb, *e, (size_t)(eq - *e));
+    np_jb_escape(jb, *e, nlen);
     np_jb_raw(jb, "\":\"", 3);
     size_t vlen = strnlen(eq + 1, NP_VALUE_MAX + 1);
     if (vlen > NP_VALUE_MAX) {
@@ -220,11 +225,11 @@ void np_jb_env(np_jb* jb) {
     }
     np_jb_escape(jb, eq + 1, vlen);
     put(jb, '"');
-    if (jb->full) { /* drop this variable, keep the ones before it, and say so */
+    if (jb->full) { /* drop this variable, keep the ones before and after it, and say so */
       jb->len = before;
       jb->full = 0;
       jb->truncated = 1;
-      break;
+      continue;
     }
     first = 0;
   }

@@ -22,6 +22,7 @@ enum { NP_ROLE_PRELOAD = 1, NP_ROLE_PROFILER = 2, NP_ROLE_ENVPLUGIN = 4 };
  * for `,"truncated":true}` and the newline, so every line is a complete object. */
 #define NP_JB_TAIL 24
 #define NP_VALUE_MAX 2048 /* a longer string value is cut (the cut is marked by `"truncated":true`) */
+#define NP_NAME_MAX 256   /* a longer variable name in "env" is cut, marked the same way */
 
 typedef struct {
   char* buf;
@@ -54,7 +55,9 @@ size_t np_json_escape(const char* in, size_t n, char* out, size_t cap);
 /* ---------------------------------------------------------------- watched set and environment */
 int np_watched(const char* name, size_t n);
 /* ,"env":{...} with every watched variable of the live environ, leaving NP_ENV_RESERVE bytes of
- * the line for the members that follow it. */
+ * the line for the members that follow it. A variable that does not fit is left out whole and
+ * the ones after it are still tried; names past NP_NAME_MAX and values past NP_VALUE_MAX bytes
+ * are cut; any of these marks the line `"truncated":true`. */
 #define NP_ENV_RESERVE 3072
 void np_jb_env(np_jb* jb);
 
