@@ -145,6 +145,16 @@ def test_fork_while_another_thread_finalizes_never_hangs_the_child(built, tmp_pa
     assert {s["reason"] for s in ps.of_kind(result, "coll_summary")} == {"finalize"}
 
 
+def test_silent_later_communicator_keeps_the_global_mask(built, tmp_path):
+    """NCCL's event mask is one global: a communicator initialized once the probe went silent must
+    not switch off the collection of the communicators before it."""
+    log = tmp_path / "log"
+    r = drive(built, log, 5, "maskkeep")
+    assert "mask_a=0x2" in r.stdout and "mask_b=0x2" in r.stdout
+    inits = ps.of_kind(ps.read(log), "comm_plugin_init")
+    assert [i["comm_hash"] for i in inits] == ["0xa1"]
+
+
 def test_init_is_not_held_up_while_another_library_reports_its_version(built, tmp_path):
     """The probe asks a library its version (dlopen + its ncclGetVersion) the first time it meets
     it; no lock may be held meanwhile, or every other thread's init waits on a foreign function."""

@@ -8,11 +8,16 @@
  * Hot path (startEvent for a collective): match the (func, algo, proto, nChannels) shape in the
  * communicator's fixed table, bump a counter and the size range. No allocation, no lock, no I/O,
  * no clock read except once every NP_CHECK_EVERY collectives. Lines are written at finalize, at
- * exit, and when NCCLPROBE_FLUSH_S (default 10 s) has passed at one of those clock checks.
+ * exit, and when NCCLPROBE_FLUSH_S (default 10 s) has passed at one of those clock checks. So the
+ * periodic flush is driven by the communicator's own collectives: one that runs fewer than
+ * NP_CHECK_EVERY (256) collectives after the interval has passed, or goes idle, writes its counts
+ * only at its next check, at finalize or at exit (a reader of a live job sees them late, never
+ * lost).
  *
  * Fork and exit: the registry lock is taken only to add or remove a communicator (and by the exit
  * flush); every probe lock is taken around fork() by log.c's atfork handler, and the exit flush
  * waits for it a bounded time, so a fork child's exit() never waits forever. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -53,6 +58,7 @@ struct pctx {
 
 static struct pctx* g_reg[NP_MAX_COMMS];
 pthread_mutex_t np_reg_lock = PTHREAD_MUTEX_INITIALIZER; /* add/remove at init/finalize, and exit */
+static int g_mask_given; /* some communicator of this process got ncclProfileColl from us */
 static uint64_t g_flush_ns;
 static pthread_once_t g_flush_once = PTHREAD_ONCE_INIT;
 
@@ -185,16 +191,21 @@ static void flush(struct pctx* c, const char* reason) {
 /* Counts still in memory when the process exits without destroying its communicators (common:
  * PyTorch programs that skip destroy_process_group). */
 __attribute__((destructor)) static void flush_at_exit(void) {
+  int saved = errno;
   /* The lock is never held for long (add/remove), and fork() cannot leave it held in a child
    * (atfork, log.c). Still, a child made by a raw clone() runs no atfork handler: after one second
    * the exit flush is given up rather than the exit. */
   struct timespec deadline;
   clock_gettime(CLOCK_REALTIME, &deadline);
   deadline.tv_sec += 1;
-  if (pthread_mutex_timedlock(&np_reg_lock, &deadline) != 0) return;
+  if (pthread_mutex_timedlock(&np_reg_lock, &deadline) != 0) {
+    errno = saved;
+    return;
+  }
   for (int i = 0; i < NP_MAX_COMMS; i++)
     if (g_reg[i]) flush(g_reg[i], "exit"); /* a fork child skips its parent's (pid check) */
   pthread_mutex_unlock(&np_reg_lock);
+  errno = saved;
 }
 
 static void plugin_load(np_lib* lib, const char* plugin) {
@@ -210,17 +221,22 @@ static void plugin_load(np_lib* lib, const char* plugin) {
   np_event_end(&jb);
 }
 
-static ncclResult_t init_common(void** context, int* mask, const char* commName, uint64_t commHash, int nNodes,
+static ncclResult_t init_impl(void** context, int* mask, const char* commName, uint64_t commHash, int nNodes,
                                 int nranks, int rank, const char* plugin, const void* caller) {
   *context = NULL;
+  /* The mask is NCCL's global ncclProfilerEventMask, shared by all communicators
+   * (src/plugin/profiler.cc). */
   if (!np_log_enabled()) {
-    *mask = 0; /* silent: ask NCCL for no events at all */
+    /* Silent: ask NCCL for no events at all, unless an earlier communicator of this process asked
+     * for collectives: clearing the global mask would stop its collection too. This one's events
+     * come with a NULL context and are ignored. */
+    if (!__atomic_load_n(&g_mask_given, __ATOMIC_RELAXED)) *mask = 0;
     return ncclSuccess;
   }
   pthread_once(&g_flush_once, read_flush_interval);
-  /* The mask is NCCL's global ncclProfilerEventMask, shared by all communicators
-   * (src/plugin/profiler.cc): only collective events, whatever was there before. */
+  /* Only collective events, whatever was there before. */
   *mask = ncclProfileColl;
+  __atomic_store_n(&g_mask_given, 1, __ATOMIC_RELAXED);
   np_lib* lib = np_lib_of(caller);
   plugin_load(lib, plugin);
 
@@ -262,7 +278,16 @@ static ncclResult_t init_common(void** context, int* mask, const char* commName,
   return ncclSuccess;
 }
 
-static ncclResult_t finalize(void* context) {
+/* errno as NCCL left it: opening the log on first use can set it (mkdir of an existing dir). */
+static ncclResult_t init_common(void** context, int* mask, const char* commName, uint64_t commHash, int nNodes,
+                                int nranks, int rank, const char* plugin, const void* caller) {
+  int saved = errno;
+  ncclResult_t rc = init_impl(context, mask, commName, commHash, nNodes, nranks, rank, plugin, caller);
+  errno = saved;
+  return rc;
+}
+
+static ncclResult_t finalize_impl(void* context) {
   struct pctx* c = (struct pctx*)context;
   if (!c) return ncclSuccess;
   /* Out of the registry under the lock (the exit flush can no longer reach it once we hold it
@@ -281,6 +306,13 @@ static ncclResult_t finalize(void* context) {
   }
   free(c);
   return ncclSuccess;
+}
+
+static ncclResult_t finalize(void* context) {
+  int saved = errno;
+  ncclResult_t rc = finalize_impl(context);
+  errno = saved;
+  return rc;
 }
 
 /* NCCL calls stopEvent only for a non-NULL handle (ncclProfilerStopTaskEvents), so everything is

@@ -12,7 +12,10 @@
  *   loop <n>          n collectives; prints ns per collective's events and RSS samples
  *   forkexit <n>      a thread creates, uses (64 shapes) and finalizes communicators in a loop
  *                     while the main thread forks n children that exit() at once; prints how
- *                     many children did not exit within 2 s (killed then) */
+ *                     many children did not exit within 2 s (killed then)
+ *   maskkeep          one communicator, then the host closes every descriptor and unsets
+ *                     NCCLPROBE_DIR (the probe goes silent), then a second one: prints the
+ *                     global mask after each init */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -264,6 +267,18 @@ static void forkexit(int n) {
   printf("forks=%d hung=%d\n", done, hung);
 }
 
+static void maskkeep(void) {
+  void* a = comm_init(0xa1, NULL, 2, 0);
+  printf("mask_a=0x%x\n", mask);
+  for (int fd = 3; fd < 1024; fd++) close(fd); /* a host that closes every descriptor */
+  unsetenv("NCCLPROBE_DIR");
+  void* b = comm_init(0xb2, NULL, 2, 1);
+  printf("mask_b=0x%x\n", mask);
+  for (int i = 0; i < 3; i++) coll(a, 0, "AllReduce", "Ring", "LL", 2, 8, "ncclFloat32");
+  comm_finalize(b);
+  comm_finalize(a);
+}
+
 int main(int argc, char** argv) {
   if (argc < 4) return 2;
   version = atoi(argv[2]);
@@ -293,6 +308,7 @@ int main(int argc, char** argv) {
     comm_finalize(a);
   } else if (!strcmp(mode, "loop")) loop(atol(argv[4]));
   else if (!strcmp(mode, "forkexit")) forkexit(atoi(argv[4]));
+  else if (!strcmp(mode, "maskkeep")) maskkeep();
   else return 2;
   printf("mask=0x%x\n", mask);
   return 0;
