@@ -137,3 +137,14 @@ def test_a_value_already_seen_costs_no_syscall_lock_or_loader_call(lib, tmp_path
     reads = [(e["var"], e["value"]) for e in ps.of_kind(ps.read(log), "nccl_getenv")]
     assert reads == [("NCCL_ALGO", None), ("NCCL_PROTO", "LL")]
 
+
+def test_errno_is_unchanged_by_init_and_reads(lib, tmp_path):
+    """Init and the first watched read open the log (mkdir of an existing directory fails with
+    EEXIST): NCCL must find errno as it left it."""
+    log = tmp_path / "log"
+    log.mkdir(mode=0o700)
+    driver = ps.build_env_driver(tmp_path)
+    r = ps.run([driver, lib, "errno"], ps.probe_env(log, None, NCCL_PROTO="LL"))
+    assert r.returncode == 0, r.stderr
+    assert "init errno=0 NCCL_PROTO=LL errno=0" in r.stdout
+    assert len(ps.of_kind(ps.read(log), "nccl_getenv")) == 1

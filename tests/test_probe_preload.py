@@ -292,3 +292,10 @@ def test_no_nccl_but_another_probe_copy_or_nccl_plugin_is_an_error_not_a_crash(b
     err, = ps.of_kind(ps.read(log), "probe_error")
     assert err["part"] == "ncclCommInitRank"
 
+
+def test_hook_leaves_errno_as_the_real_call_did(built, tmp_path):
+    log = tmp_path / "log"
+    log.mkdir(mode=0o700)  # the log's first open then meets EEXIST from mkdir
+    r, plain = run_app(built, log, "errno")
+    assert r.stdout == plain.stdout and "errno=0" in r.stdout
+    assert len(ps.of_kind(ps.read(log), "comm_init")) == 1

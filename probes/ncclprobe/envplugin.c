@@ -142,14 +142,19 @@ static void plugin_load(const void* caller, const char* plugin, uint8_t major, u
   np_event_end(&jb);
 }
 
+/* errno as NCCL left it: the log's first open can set it (mkdir of an existing directory). */
 static ncclResult_t init_v1(uint8_t major, uint8_t minor, uint8_t patch, const char* suffix) {
+  int saved = errno;
   plugin_load(CALLER, "ncclEnvPlugin_v1", major, minor, patch, suffix);
+  errno = saved;
   return ncclSuccess;
 }
 
 static ncclResult_t init_v2(uint8_t major, uint8_t minor, uint8_t patch, const char* suffix,
                             ncclDebugLogger_t logFunction) {
+  int saved = errno;
   plugin_load(CALLER, "ncclEnvPlugin_v2", major, minor, patch, suffix);
+  errno = saved;
   return ncclSuccess;
 }
 

@@ -7,6 +7,7 @@
  * arguments, results or return codes; it records what the caller asked for, the watched
  * environment in force at the call, and what came back (events.py: comm_init, comm_destroy). */
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <link.h>
 #include <pthread.h>
@@ -248,9 +249,17 @@ struct hook {
   np_jb jb;
   size_t prefix; /* length of the part shared by all communicators of one call (InitAll) */
   int prefix_truncated;
+  int err; /* errno: the caller's until the real call, then the real call's */
 };
 
+/* The hook's own work (the log's first open, its writes, dlsym) must not show in errno. */
+static ncclResult_t hook_return(struct hook* h, ncclResult_t rc) {
+  errno = h->err;
+  return rc;
+}
+
 static void hook_begin(struct hook* h, char* buf, size_t cap, int api) {
+  h->err = errno;
   h->api = api;
   h->logging = np_log_enabled();
   h->call = __atomic_add_fetch(&g_next_call, 1, __ATOMIC_RELAXED);
@@ -269,9 +278,11 @@ static void hook_enter(struct hook* h) {
   tl_depth++;
   np_tl_call = h->call;
   h->t0 = np_now_ns();
+  errno = h->err;
 }
 
 static void hook_leave(struct hook* h, ncclResult_t rc, void* fn) {
+  h->err = errno;
   double ms = (double)(np_now_ns() - h->t0) / 1e6;
   np_tl_call = 0;
   tl_depth--;
@@ -318,15 +329,19 @@ static void finish_comm(struct hook* h, void* fn, ncclResult_t rc, ncclComm_t co
 /* Nested calls (NCCL or a simulated NCCL calling its own exported API) pass straight through;
  * past NP_MAX_NEST frames the call is refused rather than recursing until the stack overflows. */
 #define PASS_THROUGH_IF_NESTED(api, type, ...)        \
+  int entry_errno_ = errno;                           \
   type real = (type)resolve(api, CALLER);             \
   if (!real) {                                        \
     report_missing(api);                              \
+    errno = entry_errno_;                             \
     return ncclInternalError;                         \
   }                                                   \
   if (tl_depth >= NP_MAX_NEST) {                      \
     report_cycle(api);                                \
+    errno = entry_errno_;                             \
     return ncclInternalError;                         \
   }                                                   \
+  errno = entry_errno_;                               \
   if (tl_depth > 0) {                                 \
     tl_depth++;                                       \
     ncclResult_t nested_rc_ = real(__VA_ARGS__);      \
@@ -344,7 +359,7 @@ NP_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUnique
   ncclResult_t rc = real(comm, nranks, commId, rank);
   hook_leave(&h, rc, (void*)real);
   finish_comm(&h, (void*)real, rc, comm ? *comm : NULL, rank, nranks);
-  return rc;
+  return hook_return(&h, rc);
 }
 
 NP_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
@@ -361,7 +376,7 @@ NP_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, nccl
   ncclResult_t rc = real(comm, nranks, commId, rank, config);
   hook_leave(&h, rc, (void*)real);
   finish_comm(&h, (void*)real, rc, comm ? *comm : NULL, rank, nranks);
-  return rc;
+  return hook_return(&h, rc);
 }
 
 NP_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
@@ -382,7 +397,7 @@ NP_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* de
   } else {
     finish_comm(&h, (void*)real, rc, NULL, INT_MIN, ndev);
   }
-  return rc;
+  return hook_return(&h, rc);
 }
 
 NP_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks, int myrank, int nId,
@@ -401,7 +416,7 @@ NP_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks,
   ncclResult_t rc = real(newcomm, nranks, myrank, nId, commIds, config);
   hook_leave(&h, rc, (void*)real);
   finish_comm(&h, (void*)real, rc, newcomm ? *newcomm : NULL, myrank, nranks);
-  return rc;
+  return hook_return(&h, rc);
 }
 
 NP_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
@@ -420,7 +435,7 @@ NP_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclCo
   hook_leave(&h, rc, (void*)real);
   /* NCCL_SPLIT_NOCOLOR returns success with a NULL communicator. */
   finish_comm(&h, (void*)real, rc, newcomm ? *newcomm : NULL, INT_MIN, INT_MIN);
-  return rc;
+  return hook_return(&h, rc);
 }
 
 NP_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount,
@@ -440,7 +455,7 @@ NP_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
   ncclResult_t rc = real(comm, excludeRanksList, excludeRanksCount, newcomm, config, shrinkFlags);
   hook_leave(&h, rc, (void*)real);
   finish_comm(&h, (void*)real, rc, newcomm ? *newcomm : NULL, INT_MIN, INT_MIN);
-  return rc;
+  return hook_return(&h, rc);
 }
 
 NP_EXPORT ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
@@ -459,7 +474,7 @@ NP_EXPORT ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqu
   hook_leave(&h, rc, (void*)real);
   /* Existing ranks pass rank=-1 (nccl.h.in): the new rank is only known by asking. */
   finish_comm(&h, (void*)real, rc, newcomm ? *newcomm : NULL, rank >= 0 ? rank : INT_MIN, nRanks);
-  return rc;
+  return hook_return(&h, rc);
 }
 
 static ncclResult_t end_comm(int api, ncclCommFinalize_fn real, ncclComm_t comm) {
@@ -471,7 +486,7 @@ static ncclResult_t end_comm(int api, ncclCommFinalize_fn real, ncclComm_t comm)
   ncclResult_t rc = real(comm);
   hook_leave(&h, rc, (void*)real);
   if (h.logging) np_event_end(&h.jb);
-  return rc;
+  return hook_return(&h, rc);
 }
 
 NP_EXPORT ncclResult_t ncclCommFinalize(ncclComm_t comm) {

@@ -1,7 +1,8 @@
 /* nccl_app.c - a program dynamically linked against libnccl.so.2 (the fake one in the tests),
  * calling the communicator API the way a framework does. Prints one line per call:
  * "<api> rc=<rc>" so a test can compare the return codes with and without the preload hook.
- * Modes: basic | threads <n> | fork | all | bench <n> */
+ * Modes: basic | threads <n> | fork | all | bench <n> | errno */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,12 +155,27 @@ static void bench(int n) {
   printf("%.1f\n", ns / n);
 }
 
+/* errno as the host sees it right after each call: the hook's own work (the log's first open, its
+ * writes) must not show through. */
+static void show_errno(void) {
+  ncclUniqueId id;
+  ncclComm_t c = NULL;
+  ncclGetUniqueId(&id);
+  errno = 0;
+  ncclResult_t rc = ncclCommInitRank(&c, 2, id, 0);
+  printf("ncclCommInitRank rc=%d errno=%d\n", (int)rc, errno);
+  errno = 0;
+  rc = ncclCommDestroy(c);
+  printf("ncclCommDestroy rc=%d errno=%d\n", (int)rc, errno);
+}
+
 int main(int argc, char** argv) {
   const char* mode = argc > 1 ? argv[1] : "basic";
   if (!strcmp(mode, "basic")) basic();
   else if (!strcmp(mode, "all")) all();
   else if (!strcmp(mode, "threads")) threads(argc > 2 ? atoi(argv[2]) : 16);
   else if (!strcmp(mode, "fork")) forked();
+  else if (!strcmp(mode, "errno")) show_errno();
   else if (!strcmp(mode, "bench")) bench(argc > 2 ? atoi(argv[2]) : 10000);
   else return 2;
   return 0;
