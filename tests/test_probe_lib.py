@@ -265,3 +265,18 @@ def test_warning_never_goes_into_a_file_the_host_opened_as_fd_2(built, env_drive
     assert r.returncode == 0 and "NCCL_PROTO=LL" in r.stdout
     assert data.read_bytes() == b""
 
+
+def test_plugin_tables_are_read_only(built):
+    """NCCL only reads the tables it looks up: const puts them in read-only memory after relocation."""
+    import ctypes
+    lib = ctypes.CDLL(str(built["lib"]), mode=os.RTLD_LOCAL)
+    maps = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        rng, perms = line.split()[:2]
+        lo, hi = (int(x, 16) for x in rng.split("-"))
+        maps.append((lo, hi, perms))
+    for name in ["ncclProfiler_v4", "ncclProfiler_v5", "ncclProfiler_v6", "ncclProfiler_v7", "ncclEnvPlugin_v1",
+                 "ncclEnvPlugin_v2"]:
+        addr = ctypes.addressof(ctypes.c_char.in_dll(lib, name))
+        perms, = [p for lo, hi, p in maps if lo <= addr < hi]
+        assert "w" not in perms, (name, perms)

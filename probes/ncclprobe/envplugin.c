@@ -161,5 +161,5 @@ static ncclResult_t init_v2(uint8_t major, uint8_t minor, uint8_t patch, const c
 /* Nothing to release: getenv's pointers belong to the environment (env_v1.h lifetime rule). */
 static ncclResult_t finalize(void) { return ncclSuccess; }
 
-NP_EXPORT ncclEnv_v1_t ncclEnvPlugin_v1 = {"ncclprobe", init_v1, finalize, get_env};
-NP_EXPORT ncclEnv_v2_t ncclEnvPlugin_v2 = {"ncclprobe", init_v2, finalize, get_env};
+NP_EXPORT const ncclEnv_v1_t ncclEnvPlugin_v1 = {"ncclprobe", init_v1, finalize, get_env};
+NP_EXPORT const ncclEnv_v2_t ncclEnvPlugin_v2 = {"ncclprobe", init_v2, finalize, get_env};

@@ -363,7 +363,7 @@ NP_PROFILER_VERSION(v6)
 NP_PROFILER_VERSION(v7)
 #undef NP_PROFILER_VERSION
 
-NP_EXPORT ncclProfiler_v4_t ncclProfiler_v4 = {"ncclprobe", init_v4, start_v4, stop_event, record_state, finalize};
-NP_EXPORT ncclProfiler_v5_t ncclProfiler_v5 = {"ncclprobe", init_v5, start_v5, stop_event, record_state, finalize};
-NP_EXPORT ncclProfiler_v6_t ncclProfiler_v6 = {"ncclprobe", init_v6, start_v6, stop_event, record_state, finalize};
-NP_EXPORT ncclProfiler_v7_t ncclProfiler_v7 = {"ncclprobe", init_v7, start_v7, stop_event, record_state, finalize};
+NP_EXPORT const ncclProfiler_v4_t ncclProfiler_v4 = {"ncclprobe", init_v4, start_v4, stop_event, record_state, finalize};
+NP_EXPORT const ncclProfiler_v5_t ncclProfiler_v5 = {"ncclprobe", init_v5, start_v5, stop_event, record_state, finalize};
+NP_EXPORT const ncclProfiler_v6_t ncclProfiler_v6 = {"ncclprobe", init_v6, start_v6, stop_event, record_state, finalize};
+NP_EXPORT const ncclProfiler_v7_t ncclProfiler_v7 = {"ncclprobe", init_v7, start_v7, stop_event, record_state, finalize};
