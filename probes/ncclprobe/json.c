@@ -15,7 +15,10 @@ void np_jb_init(np_jb* jb, char* buf, size_t cap) {
   jb->truncated = 0;
 }
 
-static int room(np_jb* jb, size_t n) { return jb->len + n + NP_JB_TAIL <= jb->cap; }
+/* Written so that no sum can wrap: n may come from an unchecked length. */
+static int room(np_jb* jb, size_t n) {
+  return jb->cap >= NP_JB_TAIL && jb->len <= jb->cap - NP_JB_TAIL && n <= jb->cap - NP_JB_TAIL - jb->len;
+}
 
 void np_jb_raw(np_jb* jb, const char* s, size_t n) {
   if (jb->full || !room(jb, n)) {

@@ -223,12 +223,17 @@ void np_event_begin(np_jb* jb, const char* ev, const char* src) {
   char head[160];
   int n = snprintf(head, sizeof head, "{\"ev\":\"%s\",\"t\":%lld.%06ld,\"pid\":%d,\"src\":\"%s\",\"host\":\"", ev,
                    (long long)ts.tv_sec, ts.tv_nsec / 1000, (int)getpid(), src);
+  if (n < 0 || (size_t)n >= sizeof head) { /* cut or failed: no line at all (np_event_end drops it) */
+    jb->full = 1;
+    return;
+  }
   np_jb_raw(jb, head, (size_t)n);
   np_jb_raw(jb, g_hostq, strlen(g_hostq));
   np_jb_raw(jb, "\"", 1);
 }
 
 void np_event_end(np_jb* jb) {
+  if (jb->len == 0) return; /* np_event_begin could not start the line */
   int fd = log_fd();
   if (fd < 0) return;
   /* The reserved tail always fits the closing marker and newline (NP_JB_TAIL). */

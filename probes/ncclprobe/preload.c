@@ -234,7 +234,7 @@ static void jb_int_array(np_jb* jb, const char* key, const int* v, int n) {
   for (int i = 0; i < n && i < 64; i++) { /* at most 64 entries: a device list, a rank list */
     char t[16];
     int l = snprintf(t, sizeof t, i ? ",%d" : "%d", v[i]);
-    np_jb_raw(jb, t, (size_t)l);
+    if (l > 0 && (size_t)l < sizeof t) np_jb_raw(jb, t, (size_t)l);
   }
   np_jb_raw(jb, "]", 1);
   np_jb_settle(jb, mark);
