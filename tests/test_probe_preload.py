@@ -299,3 +299,17 @@ def test_hook_leaves_errno_as_the_real_call_did(built, tmp_path):
     r, plain = run_app(built, log, "errno")
     assert r.stdout == plain.stdout and "errno=0" in r.stdout
     assert len(ps.of_kind(ps.read(log), "comm_init")) == 1
+
+
+def test_config_smaller_than_its_header_is_not_read_past_its_size(built, tmp_path):
+    """size=8 at the end of a page: the hook and the simulated NCCL read `size` and stop."""
+    ps._probes_build().build(tmp_path / "out")
+    sim = tmp_path / "out" / "sim" / "libnccl.so.2"
+    prog = ps.build_cfg_edge(tmp_path)
+    plain = ps.run([prog, sim], ps.probe_env(None, None))
+    assert (plain.returncode, plain.stdout.split()) == (0, ["rc=4"]), plain.stderr  # ncclInvalidArgument
+    log = tmp_path / "log"
+    r = ps.run([prog, sim], ps.probe_env(log, built["lib"]))
+    assert (r.returncode, r.stdout.split()) == (0, ["rc=4"]), r.stderr
+    init, = ps.of_kind(ps.read(log), "comm_init")
+    assert init["config"] == {"size": 8, "valid": False} and init["rc"] == 4

@@ -170,8 +170,12 @@ static void undefConfig(ncclConfig_t* c) {
 }
 
 static ncclResult_t parseConfig(const ncclConfig_t* in, ncclConfig_t* out) {
-  if (in->magic != NCCL_API_MAGIC || in->size < offsetof(ncclConfig_t, blocking)) {
-    WARN("Invalid config: magic 0x%x size %zu (use NCCL_CONFIG_INITIALIZER)", in->magic, in->size);
+  /* `size` first: magic and version lie past it in a config smaller than the header. */
+  if (in->size < offsetof(ncclConfig_t, blocking) || in->magic != NCCL_API_MAGIC) {
+    if (in->size < offsetof(ncclConfig_t, blocking))
+      WARN("Invalid config: size %zu (use NCCL_CONFIG_INITIALIZER)", in->size);
+    else
+      WARN("Invalid config: magic 0x%x size %zu (use NCCL_CONFIG_INITIALIZER)", in->magic, in->size);
     return ncclInvalidArgument;
   }
   size_t n = in->size < SIM_CONFIG_SIZE ? in->size : SIM_CONFIG_SIZE;

@@ -113,12 +113,12 @@ static const char* baseName(const char* path) {
 
 void simLog(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...) {
   va_list ap;
+  pthread_mutex_lock(&debugLock);
   if (level == NCCL_LOG_WARN) { /* NCCL keeps the last WARN for ncclGetLastError, printed or not */
     va_start(ap, fmt);
     vsnprintf(lastError, sizeof(lastError), fmt, ap);
     va_end(ap);
   }
-  pthread_mutex_lock(&debugLock);
   debugInitLocked();
   if (debugLevel < (int)level || (level != NCCL_LOG_VERSION && (flags & debugMask) == 0) || !debugFile) {
     pthread_mutex_unlock(&debugLock);
