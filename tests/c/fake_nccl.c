@@ -6,6 +6,7 @@
  * that a profiler init is joined to the hook whose real call it ran inside.
  * -DFAKE_SIMULATED also exports `ncclSimulated`, the marker of the simulated NCCL. */
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,14 +29,18 @@ EXPORT int ncclSimulated = 1;
 static ncclProfiler_v5_t* prof;
 static int prof_mask;
 
-static void load_profiler(void) {
-  static int tried;
-  if (tried) return;
-  tried = 1;
+static void open_profiler(void) {
   const char* path = getenv("NCCL_PROFILER_PLUGIN");
   if (!path || !*path) return;
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL); /* as src/plugin/plugin_open.cc does */
   if (h) prof = (ncclProfiler_v5_t*)dlsym(h, "ncclProfiler_v5");
+}
+
+/* Once, and every thread waits for it: a thread that saw "tried" before the plugin was open would
+ * make its communicator without the plugin (NCCL guards its plugin load with a mutex too). */
+static void load_profiler(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, open_profiler);
 }
 
 static void logger(ncclDebugLogLevel level, unsigned long flags, const char* file, int line, const char* fmt, ...) {}
