@@ -13,10 +13,11 @@ It never raises: a failure is logged once as `probe_error` and the interpreter g
 log directory makes it silent. Importing this module has no side effects; ncclprobe.profile imports
 it for the profile parser.
 
-Start-up cost (issue 4: `python -c pass` at most 1.10x with the probe): everything above the line
-"# ncclprobe: the rest of the probe" runs in every interpreter, imports nothing the interpreter has
-not imported already, and is all a persistent install loads at start; the rest (profile parser,
-recording of guarded writes) is installed as a second file that _rest() runs on first use.
+Start-up cost (issue 4: `python -c pass` at most 1.10x with the probe). Everything above the line
+"# ncclprobe: the rest of the probe" runs in every interpreter: it imports nothing the interpreter
+has not imported already, and is kept to few code objects (no comprehensions, few small functions),
+since loading each one is a good part of the cost. A persistent install loads only that part at start;
+the rest (profile parser, recording of guarded writes) is a second file that _rest() runs on first use.
 """
 import os
 import stat
@@ -34,11 +35,10 @@ WATCHED_NAMES = frozenset({
 SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
 # Watched entries of a raw (bytes) environment are found with bytes.find on the whole block, entries
 # separated by NUL: a prefix matches at the start of an entry only, a name is followed by '=' in an
-# environment block and by NUL in a block of names. No Python work per variable, none decoded but
-# the watched ones: start-up stays cheap however large the environment.
-_FIND_PREFIXES = tuple(b"\0" + p.encode() for p in WATCHED_PREFIXES)
-_FIND_IN_ENV = _FIND_PREFIXES + tuple(b"\0" + n.encode() + b"=" for n in WATCHED_NAMES)
-_FIND_IN_NAMES = _FIND_PREFIXES + tuple(b"\0" + n.encode() + b"\0" for n in WATCHED_NAMES)
+# environment block. Every prefix contains "NCCL": one test rules them all out, usually.
+_NAMES_B = frozenset(map(str.encode, WATCHED_NAMES))
+_FIND_PREFIXES = tuple(map(b"\0%s".__mod__, map(str.encode, WATCHED_PREFIXES)))
+_FIND_NAMES = tuple(map(b"\0%s=".__mod__, sorted(_NAMES_B)))
 
 DIR_VAR = "NCCLPROBE_DIR"          # log directory (wins over the installed one)
 PROFILE_VAR = "NCCLPROBE_PROFILE"  # path of a profile file, applied after the installed profile
@@ -88,51 +88,38 @@ def _plain(s):
 
 def _json(v):
     # A line is written at every process start: the shapes of the events (str keys; str, None, bool,
-    # int values; lists of str) are spelled out here, without a call per element where possible.
+    # int values) take the short paths here.
     t = type(v)
     if t is str:
         return '"' + v + '"' if _plain(v) else _jstr(v)
-    if t is dict:
-        try:
-            keys = "".join(v)  # TypeError unless every key is a str
-        except TypeError:
-            keys = None
-        if keys is None or not _plain(keys):
-            return "{" + ",".join([_jstr(str(k)) + ":" + _json(x) for k, x in v.items()]) + "}"
-        parts = []
-        for k, x in v.items():
-            if (type(x) is str and len(x) <= MAX_STR and x.isascii() and x.isprintable() and '"' not in x
-                    and "\\" not in x):
-                parts.append('"%s":"%s"' % (k, x))
-            else:
-                parts.append('"%s":%s' % (k, _json(x)))
-        return "{" + ",".join(parts) + "}"
-    if t is list or t is tuple:
-        if v and type(v[0]) is str:
-            try:
-                body = "".join(v)  # TypeError unless every element is a str
-            except TypeError:
-                body = None
-            if body is not None and _plain(body):  # each element is plain if all of them together are
-                return '["' + '","'.join(v) + '"]'
-        return "[" + ",".join([_json(x) for x in v]) + "]"
-    if v is None:
-        return "null"
-    if v is True:
-        return "true"
-    if v is False:
-        return "false"
-    if isinstance(v, int):
-        return str(int(v))
-    if isinstance(v, float):
-        return repr(v) if v - v == 0.0 else "null"  # NaN and the infinities are not JSON
-    if isinstance(v, str):
-        return _jstr(v)
+    if t is not dict and t is not list:
+        if v is None:
+            return "null"
+        if v is True:
+            return "true"
+        if v is False:
+            return "false"
+        if isinstance(v, int):
+            return str(int(v))
+        if isinstance(v, float):
+            return repr(v) if v - v == 0.0 else "null"  # NaN and the infinities are not JSON
+        if isinstance(v, str):
+            return _jstr(v)
+        if not isinstance(v, (dict, list, tuple)):
+            return _jstr(str(v))
+    parts = []
     if isinstance(v, dict):
-        return "{" + ",".join([_jstr(str(k)) + ":" + _json(x) for k, x in v.items()]) + "}"
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join([_json(x) for x in v]) + "]"
-    return _jstr(str(v))
+        try:
+            plain_keys = _plain("".join(v))  # every key is plain if all of them together are
+        except TypeError:  # a key that is not a str
+            plain_keys = False
+        for k, x in v.items():
+            k = '"' + k + '":' if plain_keys else _jstr(str(k)) + ":"
+            parts.append(k + '"' + x + '"' if type(x) is str and _plain(x) else k + _json(x))
+        return "{" + ",".join(parts) + "}"
+    for x in v:
+        parts.append('"' + x + '"' if type(x) is str and _plain(x) else _json(x))
+    return "[" + ",".join(parts) + "]"
 
 
 # ---------------------------------------------------------------------------- log writer
@@ -144,42 +131,34 @@ _host = ""
 _reported = set()  # parts whose failure was already logged
 
 
-def _open_log():
+def _emit(ev, fields):
     global _fd, _fd_pid, _dir
     pid = os.getpid()
-    if _fd >= 0 and _fd_pid == pid:
-        return _fd
-    if _fd >= 0:  # inherited through fork: the child writes its own file
+    if _fd < 0 or _fd_pid != pid:
+        if _fd >= 0:  # inherited through fork: the child writes its own file
+            try:
+                os.close(_fd)
+            except OSError:
+                pass
+            _fd = -1
+        if _dir is None:
+            return
+        path = "%s%s%s-%d.jsonl" % (_dir, "" if _dir.endswith("/") else "/", _host, pid)  # os.path.join
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            os.close(_fd)
+            try:
+                _fd = os.open(path, flags, 0o600)
+            except FileNotFoundError:  # first process of this log directory
+                os.makedirs(_dir, 0o700, exist_ok=True)
+                _fd = os.open(path, flags, 0o600)
+            _fd_pid = pid
         except OSError:
-            pass
-        _fd = -1
-    if _dir is None:
-        return -1
-    path = "%s%s%s-%d.jsonl" % (_dir, "" if _dir.endswith("/") else "/", _host, pid)  # os.path.join
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-    try:
-        try:
-            _fd = os.open(path, flags, 0o600)
-        except FileNotFoundError:  # first process of this log directory
-            os.makedirs(_dir, 0o700, exist_ok=True)
-            _fd = os.open(path, flags, 0o600)
-        _fd_pid = pid
-    except OSError:
-        _dir = None  # unwritable: go silent, the host is unaffected
-        return -1
-    return _fd
-
-
-def _emit(ev, fields):
-    fd = _open_log()
-    if fd < 0:
-        return
-    rec = {"ev": ev, "t": time.time(), "host": _host, "pid": os.getpid(), "src": "boot"}
+            _dir = None  # unwritable: go silent, the host is unaffected
+            return
+    rec = {"ev": ev, "t": time.time(), "host": _host, "pid": pid, "src": "boot"}
     rec.update(fields)
     try:
-        os.write(fd, (_json(rec) + "\n").encode("ascii"))  # one write per line: O_APPEND keeps it whole
+        os.write(_fd, (_json(rec) + "\n").encode("ascii"))  # one write per line: O_APPEND keeps it whole
     except OSError:
         pass
 
@@ -196,10 +175,14 @@ def _fail(part, exc):
 
 # ---------------------------------------------------------------------------- process facts
 
-def _find_watched(block, keys):
-    """The watched entries of `block` (NUL first, NUL-separated, NUL last), in block order."""
+_fs_encoding = sys.getfilesystemencoding()
+
+
+def _find_watched(block, names):
+    """The watched entries of `block` (NUL first, NUL-separated, NUL last) in block order; `names`:
+    the watched names to look for, each as NUL + name + its end (b"=" in an environment block)."""
     found = []
-    for key in keys:
+    for key in _FIND_PREFIXES + names if b"NCCL" in block else names:
         i = block.find(key)
         while i >= 0:
             j = block.find(b"\0", i + 1)
@@ -207,28 +190,24 @@ def _find_watched(block, keys):
             i = block.find(key, j)
     if len(found) > 1:
         found.sort()
-    return [entry for _, entry in found]
-
-
-def _decode(b):
-    """bytes of the environment -> str, as os.environ decodes them."""
-    return b.decode(_fs_encoding, "surrogateescape")
-
-
-_fs_encoding = sys.getfilesystemencoding()
+    return found
 
 
 def _getenv(name):
     """os.environ.get(name), without raising and catching KeyError twice for an absent one."""
     value = os.environ._data.get(name.encode(_fs_encoding, "surrogateescape"))
-    return None if value is None else _decode(value)
+    return None if value is None else value.decode(_fs_encoding, "surrogateescape")
 
 
 def _watched_now():
-    """Watched part of os.environ."""
+    """Watched part of os.environ, in its order."""
     data = os.environ._data
-    names = _find_watched(b"\0" + b"\0".join(data) + b"\0", _FIND_IN_NAMES)
-    return {_decode(k): _decode(data[k]) for k in names}
+    present = _NAMES_B.intersection(data)  # the watched names by lookup, the prefixes by one search
+    names = tuple(map(b"\0%s\0".__mod__, present)) if present else ()
+    env = {}
+    for _, key in _find_watched(b"\0" + b"\0".join(data) + b"\0", names):
+        env[key.decode(_fs_encoding, "surrogateescape")] = data[key].decode(_fs_encoding, "surrogateescape")
+    return env
 
 
 def _exec_env():
@@ -250,22 +229,28 @@ def _exec_env():
         os.close(fd)
     chunks.append(b"\0")  # the last entry ends with one already; an extra empty entry is harmless
     env = {}
-    for entry in _find_watched(b"".join(chunks), _FIND_IN_ENV):
+    for _, entry in _find_watched(b"".join(chunks), _FIND_NAMES):
         name, sep, value = entry.partition(b"=")
         if sep:
-            env[_decode(name)] = _decode(value)
+            env[name.decode(_fs_encoding, "surrogateescape")] = value.decode(_fs_encoding, "surrogateescape")
     return env
 
 
 def _secretish(name):
     upper = name.upper()
-    return any(m in upper for m in SECRET_MARKERS)
+    for marker in SECRET_MARKERS:
+        if marker in upper:
+            return True
+    return False
 
 
 def redact_argv(argv):
     """argv with the values of secret-looking options (--hf-token=..., --api-key X) replaced."""
+    argv = list(argv)[:512]
+    if not _secretish("\0".join(argv)):  # nothing that looks like a secret anywhere: argv as it is
+        return argv
     out, hide_next = [], False
-    for a in list(argv)[:512]:
+    for a in argv:
         if hide_next:
             out.append("<redacted>")
             hide_next = False
@@ -285,13 +270,15 @@ def _argv():
     if argv is None:  # before 3.10
         try:
             with open("/proc/self/cmdline", "rb") as f:
-                argv = [os.fsdecode(a) for a in f.read().split(b"\0")[:-1]]
+                argv = list(map(os.fsdecode, f.read().split(b"\0")[:-1]))
         except OSError:
             argv = list(sys.argv)
     return redact_argv(argv)
 
 
 # ---------------------------------------------------------------------------- environ guard
+# Writes to unwatched variables take the path os._Environ / os.putenv / os.unsetenv would (3.8-3.14);
+# those to watched ones go to _guarded_write (in the rest).
 
 _real_putenv = os.putenv
 _real_unsetenv = os.unsetenv
@@ -311,14 +298,19 @@ def _old(name):
     return os.environ.get(name)
 
 
-def _guarded(name, new, op, base_op):
-    """A write to a watched variable: recorded, and refused if pinned (_write, in the rest)."""
+def _guarded(op, env, key, value, name):
+    """A write to a watched variable: recorded, and refused if pinned. If the rest of the probe
+    cannot be loaded, the write is done as without the probe."""
     try:
         _rest()
     except Exception as exc:
         _fail("guard", exc)
-        return base_op()
-    _write(name, new, op, base_op)
+        if op == "set":
+            return os._Environ.__setitem__(env, key, value)
+        if op == "unset":
+            return os._Environ.__delitem__(env, key)
+        return _real_putenv(key, value) if op == "putenv" else _real_unsetenv(key)
+    return _guarded_write(op, env, key, value, name)
 
 
 class _GuardedEnviron(os._Environ):
@@ -326,72 +318,42 @@ class _GuardedEnviron(os._Environ):
     identity: `from os import environ` elsewhere sees the same guard)."""
 
     def __setitem__(self, key, value):
-        ekey, evalue = self.encodekey(key), self.encodevalue(value)
-
-        def base():
-            _real_putenv(ekey, evalue)  # what os._Environ.__setitem__ does (3.8-3.14)
-            self._data[ekey] = evalue
-            _c_env.pop(name, None)
-
         name = _name(key)
-        if name is None or not is_watched(name):
-            return base()
-        _guarded(name, os.fsdecode(value), "set", base)
+        if name is not None and is_watched(name):
+            return _guarded("set", self, key, value, name)
+        key, value = self.encodekey(key), self.encodevalue(value)
+        _real_putenv(key, value)
+        self._data[key] = value
 
     def __delitem__(self, key):
-        ekey = self.encodekey(key)
-
-        def base():
-            _real_unsetenv(ekey)
-            try:
-                del self._data[ekey]
-            except KeyError:
-                raise KeyError(key) from None
-            finally:
-                _c_env.pop(name, None)
-
         name = _name(key)
-        if name is None or not is_watched(name) or _old(name) is None:
-            return base()  # deleting an absent variable changes nothing (and raises KeyError)
-        _guarded(name, None, "unset", base)
+        if name is not None and is_watched(name) and _old(name) is not None:
+            return _guarded("unset", self, key, None, name)
+        # deleting an absent variable changes nothing (and raises KeyError)
+        ekey = self.encodekey(key)
+        _real_unsetenv(ekey)
+        try:
+            del self._data[ekey]
+        except KeyError:
+            raise KeyError(key) from None
 
 
 def putenv(name, value):
     n = _name(os.fspath(name)) if isinstance(name, (str, bytes, os.PathLike)) else None
     if n is None or not is_watched(n):
         return _real_putenv(name, value)
-    new = os.fsdecode(value)
-
-    def base():
-        _real_putenv(name, value)
-        _c_env[n] = new
-    _guarded(n, new, "putenv", base)
+    return _guarded("putenv", None, name, value, n)
 
 
 def unsetenv(name):
     n = _name(os.fspath(name)) if isinstance(name, (str, bytes, os.PathLike)) else None
     if n is None or not is_watched(n):
         return _real_unsetenv(name)
-
-    def base():
-        _real_unsetenv(name)
-        _c_env[n] = None
-    _guarded(n, None, "unsetenv", base)
+    return _guarded("unsetenv", None, name, None, n)
 
 
 putenv.__doc__ = _real_putenv.__doc__
 unsetenv.__doc__ = _real_unsetenv.__doc__
-
-
-def _install_guard():
-    global _code_file, _stdlib
-    _code_file = _install_guard.__code__.co_filename
-    stdlib = getattr(sys, "_stdlib_dir", None) or os.path.dirname(getattr(os, "__file__", "") or "")
-    _stdlib = stdlib.rstrip("/") + "/" if stdlib else None
-    for env in (os.environ, getattr(os, "environb", None)):
-        if env is not None and type(env) is os._Environ:
-            env.__class__ = _GuardedEnviron
-    os.putenv, os.unsetenv = putenv, unsetenv
 
 
 # ---------------------------------------------------------------------------- start
@@ -399,11 +361,11 @@ def _install_guard():
 _start = {}  # process_start fields shared with fork children
 
 
-def _process_start(extra, env=None):
-    exec_env = _exec_env()
+def _process_start(extra, env, exec_env, live):
+    """process_start fields; exec_env_differs compares /proc's view with `live`."""
     fields = {"ppid": os.getppid(), "argv": _start.get("argv"), "exe": sys.executable,
               "prefix": sys.prefix, "python": "%d.%d.%d" % sys.version_info[:3], "mode": _start.get("mode"),
-              "env": _watched_now() if env is None else env, "exec_env": exec_env, "exec_env_differs": None,
+              "env": env, "exec_env": exec_env, "exec_env_differs": None if exec_env is None else exec_env != live,
               "profile": _start.get("profile"), "profile_unwatched": _start.get("profile_unwatched", 0),
               "pinned": dict(_pins)}
     fields.update(extra)
@@ -414,10 +376,8 @@ def _after_fork_child():
     try:
         parent = _start.get("pid")
         _start["pid"] = os.getpid()
-        fields = _process_start({"forked_from": parent})
-        fields["exec_env_differs"] = (None if fields["exec_env"] is None
-                                      else fields["exec_env"] != fields["env"])
-        _emit("process_start", fields)
+        env = _watched_now()
+        _emit("process_start", _process_start({"forked_from": parent}, env, _exec_env(), env))
     except Exception as exc:
         _fail("fork", exc)
 
@@ -428,29 +388,34 @@ def _fork_hook():
         handler()
 
 
-def _profile_entries():
+def _apply_profile():
+    """Apply the profile (the installed one, then the file NCCLPROBE_PROFILE names); returns
+    (what it did to watched variables, how many unwatched ones it set, whether it changed any)."""
     entries = []
-    if INSTALLED and INSTALLED.get("entries") is not None:  # parsed at install time
-        entries.extend(tuple(e) for e in INSTALLED["entries"])
-    elif INSTALLED and INSTALLED.get("profile"):
-        _rest()
-        entries.extend(parse_profile(INSTALLED["profile"], "installed profile"))
-    path = _getenv(PROFILE_VAR)
-    if path:
-        _rest()
-        entries.extend(parse_profile(_read_text(path), path))
-    return entries
-
-
-def _apply_profile(entries):
-    applied, unwatched = [], 0
+    try:
+        if INSTALLED and INSTALLED.get("entries") is not None:  # parsed at install time
+            entries.extend(map(tuple, INSTALLED["entries"]))
+        elif INSTALLED and INSTALLED.get("profile"):
+            _rest()
+            entries.extend(parse_profile(INSTALLED["profile"], "installed profile"))
+        path = _getenv(PROFILE_VAR)
+        if path:
+            _rest()
+            entries.extend(parse_profile(_read_text(path), path))
+    except (OSError, ValueError) as exc:
+        entries = []
+        _fail("profile", exc)
+    applied, unwatched, any_changed = [], 0, False
     for op, name, value in entries:
         if op == "pin":
             continue
         prev = _getenv(name)
         changed = (op == "set" or prev is None) and prev != value
-        if changed:
-            os.environ[name] = value  # before the guard: the profile is not a foreign write
+        if changed:  # what os.environ[name] = value does (3.8-3.14); before the guard: no foreign write
+            key, data = name.encode(_fs_encoding, "surrogateescape"), value.encode(_fs_encoding, "surrogateescape")
+            _real_putenv(key, data)
+            os.environ._data[key] = data
+            any_changed = True
         if is_watched(name):
             applied.append({"op": op, "var": name, "value": value, "previous": prev, "applied": changed})
         else:
@@ -458,7 +423,7 @@ def _apply_profile(entries):
     for op, name, _ in entries:
         if op == "pin":
             _pins[name] = _getenv(name)
-    return applied, unwatched
+    return applied, unwatched, any_changed
 
 
 def _log_dir():
@@ -490,33 +455,36 @@ def default_log_dir(uid=None):
 def start():
     """Boot the probe in this process (idempotent: a second copy, e.g. ephemeral on top of
     persistent, does nothing). Never raises."""
-    global _dir, _host
+    global _dir, _host, _code_file, _stdlib
     try:
         if getattr(sys, "_ncclprobe_boot", None) or _getenv(OFF_VAR) == "off":
             return
         sys._ncclprobe_boot = __name__
-        mode = "persistent" if INSTALLED else "ephemeral"
         _host = os.uname().nodename
         _dir = _log_dir()
-        _start.update(pid=os.getpid(), mode=mode, argv=_argv())
+        _start.update(pid=os.getpid(), mode="persistent" if INSTALLED else "ephemeral", argv=_argv())
         before = _watched_now()
-        try:
-            entries = _profile_entries()
-        except (OSError, ValueError) as exc:
-            entries = []
-            _fail("profile", exc)
-        profile, unwatched = _apply_profile(entries)
+        exec_env = _exec_env()
+        profile, unwatched, changed = _apply_profile()
         _start.update(profile=profile, profile_unwatched=unwatched)
-        changed = unwatched or any(p["applied"] for p in profile)
-        fields = _process_start({}, None if changed else before)
-        exec_env = fields["exec_env"]
-        fields["exec_env_differs"] = None if exec_env is None else exec_env != before
-        _emit("process_start", fields)
+        env = before
+        if changed:  # the profile only sets variables: what it set, on top of what was there
+            env = dict(before)
+            for p in profile:
+                if p["applied"]:
+                    env[p["var"]] = p["value"]
+        _emit("process_start", _process_start({}, env, exec_env, before))
     except Exception as exc:
         _fail("start", exc)
         return
     try:
-        _install_guard()
+        _code_file = start.__code__.co_filename
+        stdlib = getattr(sys, "_stdlib_dir", None) or os.path.dirname(getattr(os, "__file__", "") or "")
+        _stdlib = stdlib.rstrip("/") + "/" if stdlib else None
+        for env in (os.environ, getattr(os, "environb", None)):
+            if env is not None and type(env) is os._Environ:
+                env.__class__ = _GuardedEnviron
+        os.putenv, os.unsetenv = putenv, unsetenv
     except Exception as exc:
         _fail("guard", exc)
     try:
@@ -534,7 +502,7 @@ def _rest():
     recording of guarded writes) in this module. A persistent install keeps it in a second file
     beside this one, run here on first use, so that a start does not load it; everywhere else it
     is already defined below."""
-    if "_write" in globals():
+    if "_guarded_write" in globals():
         return
     from _frozen_importlib_external import SourceFileLoader  # the import system's own: no import
     name = __name__ + "_rest"
@@ -627,6 +595,43 @@ def format_profile(entries):
 
 
 # ---------------------------------------------------------------------------- recording guarded writes
+
+def _guarded_write(op, env, key, value, name):
+    """A write to the watched variable `name`, as os.environ[key] = value ("set"), del os.environ[key]
+    ("unset", env: os.environ or os.environb), os.putenv or os.unsetenv would do it (3.8-3.14)."""
+    if op == "set":
+        ekey, evalue = env.encodekey(key), env.encodevalue(value)
+
+        def base():
+            _real_putenv(ekey, evalue)
+            env._data[ekey] = evalue
+            _c_env.pop(name, None)
+        return _write(name, os.fsdecode(value), "set", base)
+    if op == "unset":
+        ekey = env.encodekey(key)
+
+        def base():
+            _real_unsetenv(ekey)
+            try:
+                del env._data[ekey]
+            except KeyError:
+                raise KeyError(key) from None
+            finally:
+                _c_env.pop(name, None)
+        return _write(name, None, "unset", base)
+    if op == "putenv":
+        new = os.fsdecode(value)
+
+        def base():
+            _real_putenv(key, value)
+            _c_env[name] = new
+        return _write(name, new, "putenv", base)
+
+    def base():
+        _real_unsetenv(key)
+        _c_env[name] = None
+    return _write(name, None, "unsetenv", base)
+
 
 def _is_stdlib(filename):
     if filename.startswith("<frozen"):
