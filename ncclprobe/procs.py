@@ -242,15 +242,29 @@ class ProcFS:
             raw = raw[:-1]
         return [decode(a) for a in raw.split(b"\0")] if raw else []
 
-    def environ(self, pid: int, state: str = "", kernel_thread: bool = False) -> EnvBlock:
+    def environ(self, pid: int, state: str = "", kernel_thread: bool = False,
+                env_span: tuple[int, int, int, int] = (0, 0, 0, 0)) -> EnvBlock:
+        # Kernel threads and zombies have no mm: environ reads 0 bytes on older kernels and fails with
+        # ESRCH on recent ones (fs/proc/base.c proc_mem_open), so their state decides before any read.
+        if kernel_thread:
+            return EnvBlock({}, "empty", "kernel thread", 0, 0, None)
+        if state in ("Z", "X"):
+            return EnvBlock({}, "empty", "zombie", 0, 0, None)
         try:
             raw = self.reader.read_bytes(self.path(pid, "environ"))
         except OSError as exc:
-            return EnvBlock(None, "unreadable", reason_of(exc), 0, 0, None)
+            reason = reason_of(exc)
+            if reason == "vanished" and self._exited(pid):
+                return EnvBlock({}, "empty", "zombie", 0, 0, None)  # exited between its stat and this read
+            return EnvBlock(None, "unreadable", reason, 0, 0, None)
+        if not raw and env_span[3] > env_span[2]:
+            # stat showed a non-empty block: the mm went away since (older kernels read 0 bytes then)
+            return (EnvBlock({}, "empty", "zombie", 0, 0, None) if self._exited(pid)
+                    else EnvBlock(None, "unreadable", "vanished", 0, 0, None))
         if not raw:
-            # fs/proc/base.c environ_read: 0 bytes when there is no mm (kernel thread, exited)
-            why = "kernel thread" if kernel_thread else "zombie" if state in ("Z", "X") else "clobbered"
-            return EnvBlock({}, "empty", why, 0, 0, None)
+            # env_start == env_end: exec'ed with no environment at all (env -i, Popen(env={})). setproctitle
+            # writes over the block but never shrinks it, so a clobbered block is never 0 bytes.
+            return EnvBlock({}, "exec", "empty at exec", 0, 0, hash(raw))
         parsed = self._environs.get(raw)
         if parsed is None:
             parsed = self._environs[raw] = parse_environ(raw)
@@ -259,6 +273,13 @@ class ProcFS:
             # setproctitle moves environ to the heap and zeroes or overwrites the exec-time block
             return EnvBlock({}, "empty", "clobbered", len(raw), garbled, hash(raw))
         return EnvBlock(env, "exec", "partly overwritten" if garbled else None, len(raw), garbled, hash(raw))
+
+    def _exited(self, pid: int) -> bool:
+        """Whether the process is a zombie now (its stat still reads) rather than gone."""
+        try:
+            return self.stat(pid).state in ("Z", "X")
+        except OSError:
+            return False
 
     def maps(self, pid: int) -> list[Mapping]:
         """The process's file mappings (a list shared with processes that map the same files)."""
@@ -339,10 +360,12 @@ class ProcFS:
         except OSError:
             pass  # needs ptrace access; kernel threads have none
         if with_env:
-            proc.env = self.environ(pid, proc.state, proc.kernel_thread)
+            proc.env = self.environ(pid, proc.state, proc.kernel_thread, proc.env_span)
             if proc.env.reason == "permission" and "hidden by hidepid" in proc.notes:
                 proc.env = EnvBlock(None, "unreadable", "hidepid", 0, 0, None)
-        if with_maps:
+        if with_maps and (proc.kernel_thread or proc.state in ("Z", "X")):
+            proc.maps = []  # no mm, nothing mapped (and recent kernels refuse the read with ESRCH)
+        elif with_maps:
             try:
                 proc.maps = self.maps(pid)
             except OSError as exc:
@@ -358,6 +381,7 @@ class ProcTree:
     skipped: list[dict]  # {"pid", "reason"}: exited mid-walk or refused
     boot_time: float | None
     clk_tck: int
+    excluded: list[int] = field(default_factory=list)  # left out on request, with everything under them
 
     def children(self, pid: int) -> list[int]:
         return [p.pid for p in self.procs.values() if p.ppid == pid]
@@ -427,14 +451,16 @@ def _tree_by_scan(fs: ProcFS) -> tuple[dict[int, Stat], dict[int, list[int]]]:
     return stats, _by_parent(stats)
 
 
-def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True) -> ProcTree:
-    """The processes under each root (threads excluded), each loaded once, in tree order.
+def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True, exclude: frozenset[int] = frozenset()) -> ProcTree:
+    """The processes under each root (threads excluded), each loaded once, in tree order; a process
+    in `exclude` (unless it is a root) is left out with everything under it.
 
     The tree is read from the children files under the roots; when those are missing, from the
     stat of every process (the cost then grows with the whole system, not with the tree)."""
     skipped: list[dict] = []
     stats, children = _tree_by_children(fs, roots) or _tree_by_scan(fs)
     order: list[int] = []
+    excluded: list[int] = []
     seen: set[int] = set()
     for root in roots:
         stack = [root]
@@ -443,6 +469,9 @@ def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True) -> ProcTree:
             if pid in seen:
                 continue
             seen.add(pid)
+            if pid in exclude and pid not in roots:
+                excluded.append(pid)
+                continue
             order.append(pid)
             stack.extend(sorted(children.get(pid, ()), reverse=True))
     procs: dict[int, Proc] = {}
@@ -462,7 +491,7 @@ def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True) -> ProcTree:
                     break
                 pid = ancestors[pid].ppid
     return ProcTree(procs, [r for r in roots if r in procs], ancestors, skipped, fs.boot_time(),
-                    fs.clock_ticks())
+                    fs.clock_ticks(), sorted(excluded))
 
 
 def matching_pids(fs: ProcFS, pattern: str, exclude: set[int] = frozenset()) -> list[int]:

@@ -2,6 +2,7 @@
 chmod 000 proves nothing)."""
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -11,7 +12,11 @@ BTIME = 1_700_000_000
 
 
 class FakeProc:
+    """`add` writes a process's files. `errors` collects the reads a real kernel refuses for what was
+    added (`environ_error`); `reader()` raises them, as the kernel would."""
+
     def __init__(self, base: Path):
+        self.errors: dict[tuple[int, str], BaseException | type] = {}
         self.root = base / "proc"
         self.root.mkdir(parents=True)
         (self.root / "stat").write_text(f"cpu  1 2 3 4\nbtime {BTIME}\n")
@@ -22,10 +27,20 @@ class FakeProc:
             env: dict[str, str] | bytes | None = None, maps: list[str] = (), state: str = "S",
             uid: int = 1000, start: int = 100, fds: list[str] = (), exe: str = "/usr/bin/python3",
             root: str = "/", cwd: str = "/", span: tuple[int, int, int, int] | None = None,
-            flags: int = 0x400000, tgid: int | None = None) -> Path:
+            flags: int = 0x400000, tgid: int | None = None,
+            environ_error: BaseException | type | None = None) -> Path:
+        """environ_error: what reading environ raises, e.g. `esrch()` for a zombie or a kernel thread
+        on Linux >= 6.x, where the read fails instead of returning 0 bytes (needs `reader()`)."""
         d = self.root / str(pid)
+        if environ_error is not None:
+            self.errors[(pid, "environ")] = environ_error
         d.mkdir()
-        span = span or (1000 + pid, 2000 + pid, 3000 + pid, 4000 + pid)
+        if isinstance(env, bytes):
+            raw = env
+        else:
+            raw = b"".join(f"{k}={v}".encode() + b"\0" for k, v in (env or {}).items())
+        # stat's env_start..env_end spans the block, as the kernel shows it (empty block: start == end)
+        span = span or (1000 + pid, 2000 + pid, 3000 + pid, 3000 + pid + len(raw))
         fields = [state, str(ppid), str(pid), str(pid), "0", "-1", str(flags)] + ["0"] * 12 + [str(start)]
         fields += ["0"] * (44 - len(fields)) + [str(x) for x in span] + ["0"]
         (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields) + "\n")
@@ -33,10 +48,6 @@ class FakeProc:
                                   f"PPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
         cmd = cmdline if cmdline is not None else [comm]
         (d / "cmdline").write_bytes(b"".join(a.encode() + b"\0" for a in cmd))
-        if isinstance(env, bytes):
-            raw = env
-        else:
-            raw = b"".join(f"{k}={v}".encode() + b"\0" for k, v in (env or {}).items())
         (d / "environ").write_bytes(raw)
         lines = []
         for i, path in enumerate(maps):
@@ -56,6 +67,14 @@ class FakeProc:
         (d / "ns").mkdir()
         os.symlink("mnt:[4026531840]", d / "ns" / "mnt")
         return d
+
+    def reader(self, extra: dict[tuple[int, str], BaseException | type] | None = None) -> "FailingReader":
+        return FailingReader({**self.errors, **(extra or {})})
+
+
+def esrch() -> ProcessLookupError:
+    """What Linux 6.x raises reading /proc/<pid>/environ of a process without an mm (zombie, kthread)."""
+    return ProcessLookupError(errno.ESRCH, "No such process")
 
 
 class FailingReader(Reader):

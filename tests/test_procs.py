@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from ncclprobe import procs
-from fakeproc import BTIME, FailingReader, FakeProc
+from fakeproc import BTIME, FailingReader, FakeProc, esrch
 
 
 @pytest.fixture
@@ -105,16 +105,47 @@ def test_files_vanishing_after_stat_leave_a_row_with_notes(fake):
     assert (tree.procs[11].env.source, tree.procs[11].env.reason) == ("unreadable", "vanished")
 
 
-def test_empty_blocks_have_reasons(fake):
-    fake.add(10, 1, state="Z", env=b"")
-    fake.add(11, 2, comm="kworker/0:1", env=b"", flags=procs.PF_KTHREAD)
+@pytest.mark.parametrize("kernel", ["0 bytes", "ESRCH"])
+def test_empty_blocks_have_reasons(fake, kernel):
+    """Zombies and kernel threads have no mm: older kernels read 0 bytes, Linux 6.x fails with ESRCH.
+    Either way they are empty, never unreadable."""
+    nomm = None if kernel == "0 bytes" else esrch()
+    fake.add(10, 1, state="Z", env=b"", environ_error=nomm)
+    fake.add(11, 2, comm="kworker/0:1", env=b"", flags=procs.PF_KTHREAD, environ_error=nomm)
     fake.add(12, 1, env=b"\0" * 1711)  # setproctitle zeroed the block
-    fake.add(13, 1, env=b"")
-    fs = procs.ProcFS(fake.root)
-    assert fs.load(10).env.reason == "zombie"
-    assert fs.load(11).env.reason == "kernel thread"
+    fake.add(14, 1, env=b"sglang::scheduler\0\0\0")  # setproctitle wrote its title over it
+    fs = procs.ProcFS(fake.root, fake.reader())
+    assert (fs.load(10).env.source, fs.load(10).env.reason) == ("empty", "zombie")
+    assert (fs.load(11).env.source, fs.load(11).env.reason) == ("empty", "kernel thread")
+    assert fs.load(11).maps == [] and fs.load(10).maps == []
     assert (fs.load(12).env.source, fs.load(12).env.reason) == ("empty", "clobbered")
-    assert fs.load(13).env.reason == "clobbered"
+    assert (fs.load(14).env.source, fs.load(14).env.reason) == ("empty", "clobbered")
+
+
+def test_zero_byte_block_is_an_empty_exec_environment(fake):
+    """env -i / Popen(env={}): env_start == env_end, the block reads 0 bytes; setproctitle never
+    shrinks a block, so this is the real exec-time environment, not a clobbered one."""
+    fake.add(13, 1, env=b"", span=(100, 120, 120, 120))
+    block = procs.ProcFS(fake.root).load(13).env
+    assert (block.env, block.source, block.reason) == ({}, "exec", "empty at exec")
+
+
+def test_zero_bytes_from_a_non_empty_block_means_it_exited(fake):
+    """stat showed env_start < env_end, environ then read 0 bytes: the mm went away (older kernels)."""
+    fake.add(13, 1, env=b"", span=(100, 120, 120, 400))
+    block = procs.ProcFS(fake.root).load(13).env
+    assert (block.source, block.reason) == ("unreadable", "vanished")
+
+
+def test_environ_esrch_of_a_process_that_just_became_a_zombie(fake):
+    """Alive at the walk's stat, a zombie by the environ read (ESRCH): empty (zombie), not vanished."""
+    fake.add(10, 1, state="S", env={"NCCL_PROTO": "LL"}, environ_error=esrch())
+    fs = procs.ProcFS(fake.root, fake.reader())
+    st = fs.stat(10)
+    (fake.root / "10" / "stat").write_text((fake.root / "10" / "stat").read_text().replace(") S ", ") Z "))
+    assert (fs.load(10, st).env.source, fs.load(10, st).env.reason) == ("empty", "zombie")
+    (fake.root / "10" / "stat").unlink()  # reaped: gone for good
+    assert (fs.load(10, st).env.source, fs.load(10, st).env.reason) == ("unreadable", "vanished")
 
 
 def test_partly_overwritten_block_keeps_the_readable_part(fake):
