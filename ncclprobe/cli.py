@@ -97,9 +97,12 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
         expect.update(_guarded("inspect", as_json, read_env_file, expect_file))
     expect.update(_assignments(expects, "--expect"))
     from ncclprobe import inspection
-    result = _guarded("inspect", as_json, inspection.inspect_processes, list(pids), pgrep=pgrep,
-                      expect=expect, scope=scope, all_vars=all_vars, redact=not no_redact,
-                      log_dirs=list(dirs), nccl_logs=list(nccl_logs))
+    try:
+        result = _guarded("inspect", as_json, inspection.inspect_processes, list(pids), pgrep=pgrep,
+                          expect=expect, scope=scope, all_vars=all_vars, redact=not no_redact,
+                          log_dirs=list(dirs), nccl_logs=list(nccl_logs))
+    except inspection.UsageError as exc:
+        raise click.UsageError(str(exc)) from None
     _emit(result, as_json, strict)
 
 

@@ -20,7 +20,8 @@ COMM_ENTRY_POINTS = frozenset({
     "ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitAll", "ncclCommInitRankScalable",
     "ncclCommSplit", "ncclCommShrink", "ncclCommGrow",
 })
-_VERSION_RE = re.compile(rb"NCCL version (\d+)\.(\d+)\.(\d+)(\+cuda[0-9.]+)?")
+_VERSION_RE = re.compile(rb"NCCL version (\d+)\.(\d+)\.(\d+)([-+][\w.+-]*)?")
+SIM_MARKER = "ncclSimulated"  # defined by ncclprobe's simulated NCCL (probes/simnccl/api.c)
 _LIBNCCL_RE = re.compile(r"^libnccl(-[0-9a-f]{8})?\.so(\.\d+)*$")  # auditwheel renames to libnccl-<hash>
 _FILENAME_VERSION_RE = re.compile(r"\.so\.(\d+\.\d+\.\d+)$")
 
@@ -47,6 +48,7 @@ class ElfInfo:
     needed: tuple[str, ...] = ()
     version: str | None = None
     version_source: str | None = None  # rodata | ncclGetVersion | filename
+    simulated: bool = False  # ncclprobe's simulated NCCL ("-simulated" version suffix, ncclSimulated symbol)
 
     @property
     def contains_nccl(self) -> bool:
@@ -61,7 +63,7 @@ class ElfInfo:
     def to_json(self) -> dict:
         return {"path": self.path, "reason": self.reason, "version": self.version,
                 "version_source": self.version_source, "nccl_imports": list(self.nccl_imports),
-                "nccl_defines": list(self.nccl_defines)}
+                "nccl_defines": list(self.nccl_defines), "simulated": self.simulated}
 
 
 _CACHE: dict[tuple[str, int, int], ElfInfo] = {}
@@ -91,7 +93,7 @@ def scan(path: str | Path, display: str | None = None, want_version: bool | None
 
 def _with_path(info: ElfInfo, display: str) -> ElfInfo:
     return ElfInfo(display, info.reason, info.nccl_imports, info.nccl_defines, info.needed,
-                   info.version, info.version_source)
+                   info.version, info.version_source, info.simulated)
 
 
 def _reason(exc: OSError) -> str:
@@ -111,11 +113,13 @@ def _scan(path: str, display: str, want_version: bool | None) -> ElfInfo:
                 return ElfInfo(display)
             fh.seek(0)
             elf = ELFFile(fh)
-            imports, defines, needed = _nccl_symbols(elf)
+            imports, defines, needed, marked = _nccl_symbols(elf)
             version = source = None
+            simulated = marked
             if want_version or (want_version is None and (defines or is_libnccl(display))):
-                version, source = _version(elf, display)
-            return ElfInfo(display, None, imports, defines, needed, version, source)
+                version, source, suffix = _version(elf, display)
+                simulated = simulated or "simulated" in suffix
+            return ElfInfo(display, None, imports, defines, needed, version, source, simulated)
     except OSError as exc:
         return ElfInfo(display, reason=_reason(exc))
     except (ELFError, ValueError, KeyError, IndexError, struct.error) as exc:  # truncated or odd ELF
@@ -154,9 +158,12 @@ def _may_mention_nccl(fh) -> bool:
     return False
 
 
-def _nccl_symbols(elf: ELFFile) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+def _nccl_symbols(elf: ELFFile) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], bool]:
+    """Undefined nccl* dynamic symbols, communicator entry points defined, DT_NEEDED, and whether
+    the object defines the simulated NCCL's marker."""
     imports: set[str] = set()
     defines: set[str] = set()
+    marked = False
     needed: list[str] = []
     dynamic = elf.get_section_by_name(".dynamic")
     if dynamic is not None:
@@ -176,12 +183,15 @@ def _nccl_symbols(elf: ELFFile) -> tuple[tuple[str, ...], tuple[str, ...], tuple
             if sym["st_shndx"] == "SHN_UNDEF":
                 if symtab == ".dynsym":
                     imports.add(name)
+            elif name == SIM_MARKER:
+                marked = True
             elif name in COMM_ENTRY_POINTS and sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC"):
                 defines.add(name)
-    return tuple(sorted(imports)), tuple(sorted(defines)), tuple(needed)
+    return tuple(sorted(imports)), tuple(sorted(defines)), tuple(needed), marked
 
 
-def _version(elf: ELFFile, display: str) -> tuple[str | None, str | None]:
+def _version(elf: ELFFile, display: str) -> tuple[str | None, str | None, str]:
+    """(version, where it was read, the version string's suffix: "+cuda12.9", "-simulated+cpu")."""
     # init.cc prints "NCCL version %s" from a string built at compile time: "NCCL version 2.32.3+cuda12.9"
     for name in (".rodata", ".rodata.str1.1", ".rodata.str1.8"):
         sec = elf.get_section_by_name(name)
@@ -189,14 +199,14 @@ def _version(elf: ELFFile, display: str) -> tuple[str | None, str | None]:
             continue
         m = _VERSION_RE.search(sec.data())
         if m:
-            return f"{int(m[1])}.{int(m[2])}.{int(m[3])}", "rodata"
+            return f"{int(m[1])}.{int(m[2])}.{int(m[3])}", "rodata", (m[4] or b"").decode("ascii", "replace")
     code = _get_version_constant(elf)
     if code:
-        return version_from_code(code), "ncclGetVersion"
+        return version_from_code(code), "ncclGetVersion", ""
     m = _FILENAME_VERSION_RE.search(display)
     if m:
-        return m.group(1), "filename"
-    return None, None
+        return m.group(1), "filename", ""
+    return None, None, ""
 
 
 def _get_version_constant(elf: ELFFile) -> int | None:

@@ -17,8 +17,18 @@ from ncclprobe.doc import Result, Text, Title, Tree, Unexaminable
 from ncclprobe.watched import REDACTED, is_watched, looks_secret, select
 
 _ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
+# Command lines are shown on one line: a newline or tab in an argument (`python -c` scripts) is escaped.
+_CONTROL = {**{i: f"\\x{i:02x}" for i in range(32)}, 9: "\\t", 10: "\\n", 13: "\\r", 127: "\\x7f"}
 _MAX_SCRIPT = 1 << 20
 _FD_PATH = re.compile(r"^/(?:dev|proc/self)/fd/(\d+)$")
+
+
+class UsageError(ValueError):
+    """A malformed argument (the CLI turns it into a usage error, exit 2)."""
+
+
+def one_line(text: str) -> str:
+    return text if text.isprintable() else text.translate(_CONTROL)
 
 
 def _read_regular(path: Path) -> str:
@@ -44,9 +54,11 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
                       gpu_lookup: Callable[[], tuple[dict[int, list[int]], str]] | None = None,
                       merge_probe_dirs: bool = True) -> Result:
     expect = dict(expect or {})
+    _check_logs(log_dirs or [], nccl_logs or [])
     fs = procs.ProcFS(proc_root, reader)
-    roots = _roots(fs, pids, pgrep)
-    tree = procs.walk(fs, roots)
+    roots, not_found = _roots(fs, pids, pgrep)
+    # ncclprobe itself (and its children) is not part of the job, even when the target is its ancestor
+    tree = procs.walk(fs, roots, exclude=frozenset({os.getpid()}))
     if not tree.procs:
         raise Unexaminable(f"process {roots[0]} could not be read", "vanished",
                            {"hint": "it exited while being read; inspect it again while it runs"})
@@ -66,9 +78,9 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     findings = exectime.all_rules(recs, expect, pitfalls)
     data = {"roots": tree.roots, "expect": expect, "scope": scope,
             "processes": _public(recs),
-            "skipped": tree.skipped, "gpu_source": "nvml" if not gpu_reason else "fds",
-            "gpu_reason": gpu_reason or None}
-    doc = _document(recs, tree, notes, gpu_reason)
+            "skipped": not_found + tree.skipped, "excluded": tree.excluded,
+            "gpu_source": "nvml" if not gpu_reason else "fds", "gpu_reason": gpu_reason or None}
+    doc = _document(recs, tree, notes, gpu_reason, not_found)
     result = Result("inspect", findings, data, doc)
     dirs = list(log_dirs or []) or (sorted({d for p in tree.procs.values() if p.env and p.env.env
                                             for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
@@ -83,13 +95,34 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     return result
 
 
-def _roots(fs: procs.ProcFS, pids: list[int], pgrep: str | None) -> list[int]:
+def _check_logs(log_dirs: list[str], nccl_logs: list[str]) -> None:
+    """Log directories and NCCL logs the user named must be there (exit 3 before any work); one only
+    found in a target's NCCLPROBE_DIR is merged on a best-effort basis, with a note if unreadable."""
+    for d in log_dirs:
+        if not os.path.isdir(d):
+            raise Unexaminable(f"no such log directory: {d}", "no log directory",
+                               {"hint": "give the directory `ncclprobe run` printed, or the NCCLPROBE_DIR of the job"})
+        if not os.access(d, os.R_OK | os.X_OK):
+            raise Unexaminable(f"cannot read log directory: {d}", "permission",
+                               {"hint": "log directories are private (0700) to the user who ran the job: "
+                                        "run as that user or root"})
+    for f in nccl_logs:
+        if not os.path.isfile(f) or not os.access(f, os.R_OK):
+            raise Unexaminable(f"cannot read NCCL log: {f}", "no nccl log",
+                               {"hint": "give a readable file written with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE)"})
+
+
+def _roots(fs: procs.ProcFS, pids: list[int], pgrep: str | None) -> tuple[list[int], list[dict]]:
+    """The roots to walk, and the given PIDs that cannot be examined ({"pid", "reason", "given"});
+    raises Unexaminable only when nothing given can be examined."""
     roots: list[int] = []
+    not_found: list[dict] = []
+    first_error: Unexaminable | None = None
     if pgrep:
         try:
             matched = procs.matching_pids(fs, pgrep, exclude={os.getpid()})
         except re.error as exc:
-            raise Unexaminable(f"--pgrep {pgrep!r} is not a valid regular expression: {exc}", "usage") from None
+            raise UsageError(f"--pgrep {pgrep!r} is not a valid regular expression: {exc}") from None
         if not matched:
             raise Unexaminable(f"no process matches {pgrep!r}", "no such process",
                                {"hint": "check the pattern against `ps -eo pid,args`"})
@@ -100,12 +133,18 @@ def _roots(fs: procs.ProcFS, pids: list[int], pgrep: str | None) -> list[int]:
         except OSError as exc:
             reason = procs.reason_of(exc)
             if reason == "vanished":
-                raise Unexaminable(f"no such process: {pid}", "no such process",
-                                   {"hint": "check the PID with `ps -p PID` (it may have exited)", "pid": pid}) from None
-            raise Unexaminable(f"cannot read /proc/{pid}: {reason}", reason,
-                               {"hint": exectime.PTRACE_HINT, "pid": pid}) from None
+                error = Unexaminable(f"no such process: {pid}", "no such process",
+                                     {"hint": "check the PID with `ps -p PID` (it may have exited)", "pid": pid})
+            else:
+                error = Unexaminable(f"cannot read /proc/{pid}: {reason}", reason,
+                                     {"hint": exectime.PTRACE_HINT, "pid": pid})
+            first_error = first_error or error
+            not_found.append({"pid": pid, "reason": error.reason, "given": True})
+            continue
         roots.append(procs.tgid_of(fs, pid))
-    return list(dict.fromkeys(roots))
+    if not roots and first_error is not None:
+        raise first_error
+    return list(dict.fromkeys(roots)), not_found
 
 
 def _public(recs: list[dict]) -> list[dict]:
@@ -245,8 +284,24 @@ class _Context:
         return [_ASSIGN_WORD.sub(sub, a) if "=" in a else a for a in argv]
 
     def short(self, p: procs.Proc, limit: int = 100) -> str:
-        text = " ".join(self.cmdline(p.cmdline)) or f"[{p.name}]"
+        text = one_line(" ".join(self.cmdline(p.cmdline))) or f"[{p.name}]"
         return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    def shell_command(self, shell: procs.Proc, limit: int = 200) -> str:
+        """A shell's command line for a finding's evidence: its script is shell code, so every NAME=VALUE
+        word there is an assignment, shown only as shown_value allows."""
+        def sub(m):
+            value = self.shown_value(m.group(1), m.group(2))
+            return m.group(0) if value is not None else f"{m.group(1)}={REDACTED}"
+        text = one_line(" ".join(_ASSIGN_WORD.sub(sub, a) if "=" in a else a for a in shell.cmdline))
+        return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    def shown_value(self, name: str, value: str) -> str | None:
+        """How an assignment word's value may appear in evidence: watched ones as they are, others
+        only with --all-vars (secret-looking ones then redacted unless --no-redact); None: redacted."""
+        if is_watched(name) or (self.all_vars and not (self.redact and looks_secret(name))):
+            return value
+        return None
 
     def _root_key(self, p: procs.Proc):
         self.fs.resolve_root(p)
@@ -273,7 +328,8 @@ class _Context:
             shared = elf.is_libnccl(m.path)
             if shared or info.contains_nccl:
                 libs.append({"path": m.path, "inode": m.inode, "version": info.version,
-                             "version_source": info.version_source, "kind": "shared" if shared else "static",
+                             "version_source": info.version_source, "simulated": info.simulated,
+                             "kind": "shared" if shared else "static",
                              "defines": list(info.nccl_defines), "deleted": m.deleted, "reason": info.reason})
             elif info.interposes_nccl:
                 callers.append({"path": m.path, "interposes": list(info.nccl_defines)[:8], "hookable": True})
@@ -374,14 +430,14 @@ class _Context:
                 affected = self._subtree(child.pid)
                 if not affected:
                     continue
-                for pf in shells.pitfalls(script, child.cmdline, is_watched, shell_env):
-                    out.append({"shell": shell.pid, "shell_command": self.short(shell, 200), "pids": affected,
-                                "var": pf.var, "value": pf.value, "command": pf.command,
-                                "led_to_target": pf.led_to_target, "kind": pf.kind})
+                for pf in shells.pitfalls(script, child.cmdline, is_watched, shell_env, self.shown_value):
+                    out.append({"shell": shell.pid, "shell_command": self.shell_command(shell), "pids": affected,
+                                "var": pf.var, "value": one_line(pf.value), "command": one_line(pf.command),
+                                "led_to_target": one_line(pf.led_to_target), "kind": pf.kind})
         return out
 
     def _env_of(self, p: procs.Proc):
-        block = p.env if p.env is not None else self.fs.environ(p.pid, p.state, p.kernel_thread)
+        block = p.env if p.env is not None else self.fs.environ(p.pid, p.state, p.kernel_thread, p.env_span)
         return block.env if block.source == "exec" else None
 
     def _subtree(self, pid: int) -> list[int]:
@@ -406,7 +462,14 @@ class _Context:
 
 
 # -- document ----------------------------------------------------------------------------------
-def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reason: str) -> list:
+def lib_label(lib: dict) -> str:
+    """`libnccl 2.28.9 (simulated NCCL) PATH`: a simulated copy is named so wherever it is shown."""
+    return (f"libnccl {lib['version'] or '?'}" + (" (simulated NCCL)" if lib.get("simulated") else "")
+            + f" {lib['path']}")
+
+
+def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reason: str,
+              not_found: list[dict] = ()) -> list:
     by_pid = {r["pid"]: r for r in recs}
     kids: dict[int, list[int]] = {}
     for r in recs:
@@ -422,7 +485,7 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
         t = Tree(label, style="" if r["in_scope"] else "dim")
         t.children.append(_env_node(r, by_pid.get(r["ppid"])))
         for lib in r["nccl_libs"]:
-            t.children.append(Tree(f"libnccl {lib['version'] or '?'} {lib['path']} — {lib['reached_by']}",
+            t.children.append(Tree(f"{lib_label(lib)} — {lib['reached_by']}",
                                    style="warn" if lib["kind"] == "static" else ""))
         if r["gpus"] or r["cuda_visible_devices"] is not None:
             g = ",".join(map(str, r["gpus"])) or "none"
@@ -445,8 +508,13 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
         doc.append(Text(n, "note"))
     if gpu_reason:
         doc.append(Text(f"GPUs from open /dev/nvidia* files: {gpu_reason}", "dim"))
+    for s in not_found:
+        doc.append(Text(f"pid {s['pid']} (given) not examined: {s['reason']}", "warn"))
     for s in tree.skipped:
         doc.append(Text(f"pid {s['pid']} skipped: {s['reason']} (exited mid-walk or refused)", "dim"))
+    if tree.excluded:
+        doc.append(Text(f"left out: this ncclprobe process ({', '.join(map(str, tree.excluded))}) and anything "
+                        "under it", "dim"))
     return doc
 
 
@@ -461,6 +529,8 @@ def _env_node(r: dict, parent: dict | None) -> Tree:
              "forkserver": "forkserver child: shows the server's block from its start",
              "clobbered": "block partly overwritten"}.get(r["stale"] or "")
     head = f"env: exec, {len(env)} shown" + (f" — {stale}" if stale else "")
+    if why == "empty at exec":
+        head = "env: exec, empty at exec (started with no environment at all)" + (f" — {stale}" if stale else "")
     t = Tree(head, style="warn" if stale else "")
     diff = r["env_diff"]
     if diff is None or parent is None:

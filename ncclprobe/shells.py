@@ -10,7 +10,10 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from ncclprobe.watched import REDACTED
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"})
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
@@ -29,6 +32,22 @@ class SimpleCommand:
     words: tuple[str, ...]  # the command and its arguments, wrappers removed
     text: str  # as written, for evidence
     exported: tuple[str, ...] = ()  # names made environment variables by `export`/`declare -x`
+    tokens: tuple[str, ...] = ()  # the words as written, keywords and wrappers included
+
+    def display(self, show: Callable[[str, str], str | None] | None = None) -> str:
+        """The text with each NAME=VALUE word's value as show(NAME, VALUE) gives it (None: redacted),
+        so evidence never prints a value the caller may not show (a token in a prefix, say)."""
+        if show is None:
+            return self.text
+        words = []
+        for tok in self.tokens:
+            m = _ASSIGN.match(tok)
+            if m is None:
+                words.append(shlex.quote(tok) if tok else "''")
+                continue
+            value = show(m.group(1), m.group(2))
+            words.append(f"{m.group(1)}=" + (REDACTED if value is None else shlex.quote(value) if value else ""))
+        return " ".join(words)
 
 
 def split_script(script: str) -> list[SimpleCommand]:
@@ -69,6 +88,7 @@ def split_script(script: str) -> list[SimpleCommand]:
 
 def _simple(tokens: list[str]) -> SimpleCommand:
     text = " ".join(shlex.quote(t) if t != "" else "''" for t in tokens)
+    written = tuple(tokens)
     while tokens and tokens[0] in _KEYWORDS:
         tokens = tokens[1:]
     assigns: list[tuple[str, str]] = []
@@ -91,7 +111,7 @@ def _simple(tokens: list[str]) -> SimpleCommand:
             words = words[1:]
         if wrapper in ("timeout",) and words and re.match(r"^\d", words[0]):
             words = words[1:]
-    return SimpleCommand(tuple(assigns), tuple(words), text, tuple(exported))
+    return SimpleCommand(tuple(assigns), tuple(words), text, tuple(exported), written)
 
 
 def shell_script(cmdline: list[str]) -> str | None:
@@ -148,12 +168,14 @@ class PrefixPitfall:
     kind: str  # prefix (scoped to another command) | unexported (bare assignment, never exported)
 
 
-def pitfalls(script: str, child: list[str], watched, shell_env=None) -> list[PrefixPitfall]:
+def pitfalls(script: str, child: list[str], watched, shell_env=None,
+             show: Callable[[str, str], str | None] | None = None) -> list[PrefixPitfall]:
     """Assignments to watched variables in `script` that cannot have reached `child`, the command
     line of the shell's child on the way to the target. Nothing is claimed unless one simple command
     of the script is recognisably that child. A bare assignment is only claimed unexported when the
     shell's own environment (shell_env) is known and lacks the name (assigning an inherited,
-    hence exported, variable updates the exported value)."""
+    hence exported, variable updates the exported value). `show` decides how the values of the
+    commands' NAME=VALUE words appear in the pitfall's texts (SimpleCommand.display)."""
     try:
         commands = split_script(script)
     except ValueError:
@@ -171,8 +193,8 @@ def pitfalls(script: str, child: list[str], watched, shell_env=None) -> list[Pre
             if not watched(name) or name in prefixed_lead:
                 continue
             if c.words:
-                out.append(PrefixPitfall(name, value, c.text, lead.text, "prefix"))
+                out.append(PrefixPitfall(name, value, c.display(show), lead.display(show), "prefix"))
             elif (shell_env is not None and name not in shell_env and name not in exported
                   and commands.index(c) < lead_index):
-                out.append(PrefixPitfall(name, value, "", lead.text, "unexported"))
+                out.append(PrefixPitfall(name, value, "", lead.display(show), "unexported"))
     return out

@@ -22,6 +22,12 @@ def _cmd(rec: Mapping) -> str:
     return rec.get("command") or rec.get("name") or "?"
 
 
+def _is_probe_wiring(value: str | None) -> bool:
+    # imported on use: the in-process rules pull in their model, which `inspect` does not otherwise need
+    from ncclprobe.diagnose.inprocess import is_probe_wiring
+    return value is not None and is_probe_wiring(value)
+
+
 def readable(rec: Mapping) -> bool:
     return rec.get("env_source") == "exec" and not rec.get("stale")
 
@@ -123,9 +129,12 @@ def parent_diffs(recs: list[Mapping], expect: Mapping[str, str]) -> list[Finding
         for var, old in theirs.items():
             if var in expect or var.startswith("NCCLPROBE_"):  # ncclprobe's own wiring is not the job's
                 continue
+            new = mine.get(var)
+            if new == old or _is_probe_wiring(old) or _is_probe_wiring(new):
+                continue  # nor is its library as a plugin or preload (NCCL_PROFILER_PLUGIN, LD_PRELOAD)
             if var not in mine:
                 per_child[("ENV_MISSING", r["ppid"], r["pid"])][var] = (old, None)
-            elif mine[var] != old:
+            else:
                 per_child[("ENV_CHANGED", r["ppid"], r["pid"])][var] = (old, mine[var])
     groups: dict[tuple, list[int]] = defaultdict(list)
     for (code, ppid, pid), diff in per_child.items():
@@ -193,6 +202,11 @@ def _last_good_ancestor(by_pid, pid, var, want):
     return None
 
 
+def _lib_version(lib: Mapping) -> str:
+    v = lib.get("version") or "?"
+    return f"{v} simulated" if lib.get("simulated") else v
+
+
 def libraries(recs: list[Mapping]) -> list[Finding]:
     out = []
     versions: dict[str, list[int]] = defaultdict(list)
@@ -204,19 +218,20 @@ def libraries(recs: list[Mapping]) -> list[Finding]:
                 "NCCL_MULTIPLE_LIBS", "warning",
                 f"pid {r['pid']} has {len(copies)} NCCL copies loaded, each with its own parameter cache "
                 "and its own communicators",
-                (r["pid"],), None, {"libs": [f"{lib['path']} ({lib.get('version') or '?'})" for lib in libs]},
+                (r["pid"],), None, {"libs": [f"{lib['path']} ({_lib_version(lib)})" for lib in libs]},
                 "load one libnccl: point VLLM_NCCL_SO_PATH / SGLANG_NCCL_SO_PATH at the copy torch "
                 "loads, or remove the extra copy; tuning must reach every copy"))
         for lib in libs:
-            versions[lib.get("version") or "unknown"].append(r["pid"])
+            versions[_lib_version(lib) if lib.get("version") else "unknown"].append(r["pid"])
         for lib in libs:
             if lib.get("kind") == "static":
                 out.append(Finding(
                     "NCCL_UNHOOKABLE", "warning",
-                    f"NCCL is linked statically into {lib['path']} in pid {r['pid']}: no LD_PRELOAD "
+                    f"{'simulated ' if lib.get('simulated') else ''}NCCL is linked statically into {lib['path']} "
+                    f"in pid {r['pid']}: no LD_PRELOAD "
                     "hook can see its communicators",
                     (r["pid"],), None, {"object": lib["path"], "defines": lib.get("defines", [])[:4],
-                                        "version": lib.get("version")},
+                                        "version": lib.get("version"), "simulated": bool(lib.get("simulated"))},
                     "rely on NCCL's own plugins (NCCL_PROFILER_PLUGIN / NCCL_ENV_PLUGIN, which "
                     "`ncclprobe run` sets) or use a build that links libnccl.so dynamically"))
     known = {v: p for v, p in versions.items() if v != "unknown"}

@@ -1,0 +1,275 @@
+"""`inspect` at the edges a reviewer found: empty environments, zombies and kernel threads, secrets in
+shell evidence, bad arguments, several PIDs, explicit log paths, ncclprobe inside its own target, multi-line
+command lines, the simulated NCCL, and ncclprobe's own wiring in parent diffs. Live processes where the
+point is live processes."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from io import StringIO
+from pathlib import Path
+
+import pytest
+
+from ncclprobe import render
+from ncclprobe.doc import Unexaminable
+from ncclprobe.inspection import UsageError, inspect_processes
+from fakeproc import FakeProc
+
+NO_NVML = lambda: ({}, "no NVML in this test")  # noqa: E731
+NCCLPROBE = [sys.executable, "-m", "ncclprobe"]
+SLEEP = shutil.which("sleep") or "/bin/sleep"
+
+
+def cli(*args, env=None):
+    return subprocess.run([*NCCLPROBE, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def text_of(res) -> str:
+    out = StringIO()
+    render.render_text(res, out, width=200, color=False)
+    return out.getvalue()
+
+
+def started(cmd, **kw):
+    """A live process, given a moment to exec."""
+    p = subprocess.Popen(cmd, **kw)
+    time.sleep(0.3)
+    return p
+
+
+def stop(*ps):
+    """Kill each process started here and everything it started (by pid, children first)."""
+    import psutil
+    for p in ps:
+        try:
+            kids = psutil.Process(p.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            kids = []
+        for k in kids:
+            try:
+                k.kill()
+            except psutil.NoSuchProcess:
+                pass
+        p.kill()
+        p.wait()
+
+
+# -- 1: a child exec'ed with an empty environment ------------------------------------------------
+def test_live_empty_environment_is_real_and_checked():
+    """Popen(env={}) gives a 0-byte block: the exec-time environment really is empty. Not clobbered, not
+    stale: the parent diff and --expect apply to it."""
+    code = (f"import subprocess, sys, time; c = subprocess.Popen([{SLEEP!r}, '30'], env={{}}); "
+            "print(c.pid, flush=True); time.sleep(30)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "NCCL_PROTO": "LL"})
+    try:
+        child = int(parent.stdout.readline())
+        time.sleep(0.2)
+        res = inspect_processes([parent.pid], expect={"NCCL_PROTO": "LL"}, scope="all", gpu_lookup=NO_NVML)
+        row = next(p for p in res.data["processes"] if p["pid"] == child)
+        assert (row["env_source"], row["env_reason"], row["env"], row["stale"]) == ("exec", "empty at exec", {}, None)
+        assert not [f for f in res.findings if f.code == "EXEC_ENV_STALE"]
+        (missing,) = [f for f in res.findings if f.code == "ENV_MISSING" and f.var == "NCCL_PROTO"]
+        assert missing.severity == "error" and missing.pids == (child,)
+        assert "empty at exec" in text_of(res)
+        plain = inspect_processes([parent.pid], scope="all", gpu_lookup=NO_NVML)  # against the parent only
+        assert [f.pids for f in plain.findings if f.code == "ENV_MISSING"] == [(child,)]
+    finally:
+        stop(parent)
+
+
+def test_live_setproctitle_block_is_still_clobbered():
+    """The other side of the distinction: setproctitle keeps the block's size and writes over it."""
+    pytest.importorskip("setproctitle")
+    code = "import setproctitle, time; setproctitle.setproctitle('w::titled'); print('ok', flush=True); time.sleep(30)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                         env={k: v for k, v in os.environ.items() if k != "SPT_NOENV"})
+    try:
+        assert p.stdout.readline().strip() == "ok"
+        (row,) = inspect_processes([p.pid], gpu_lookup=NO_NVML).data["processes"]
+        assert (row["env_source"], row["env_reason"], row["stale"]) == ("empty", "clobbered", "clobbered")
+    finally:
+        stop(p)
+
+
+# -- 2: zombies and kernel threads ---------------------------------------------------------------
+def test_live_zombie_is_empty_not_unreadable():
+    code = "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nprint(pid, flush=True)\ntime.sleep(30)"
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        zombie = int(parent.stdout.readline())
+        time.sleep(0.2)
+        res = inspect_processes([parent.pid], gpu_lookup=NO_NVML)
+        row = next(p for p in res.data["processes"] if p["pid"] == zombie)
+        assert row["state"] == "Z" and (row["env_source"], row["env_reason"]) == ("empty", "zombie")
+        assert not [f for f in res.findings if f.code in ("ENV_UNREADABLE", "EXEC_ENV_STALE")]
+    finally:
+        stop(parent)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/2/stat"), reason="no kthreadd visible (PID namespace)")
+def test_live_kernel_threads_are_empty_not_unreadable():
+    try:
+        comm = Path("/proc/2/comm").read_text().strip()
+    except OSError:
+        pytest.skip("pid 2 not readable")
+    if comm != "kthreadd":
+        pytest.skip("pid 2 is not kthreadd here (PID namespace)")
+    res = inspect_processes([2], gpu_lookup=NO_NVML)
+    rows = res.data["processes"]
+    assert rows and all((r["env_source"], r["env_reason"]) == ("empty", "kernel thread") for r in rows)
+    assert not [f for f in res.findings if f.code == "ENV_UNREADABLE"]
+
+
+# -- 3: secrets in the shell-prefix evidence -----------------------------------------------------
+def test_live_shell_prefix_evidence_shows_only_watched_assignments():
+    script = "HF_TOKEN=sekrit123 PLAIN_SETTING=zz9 NCCL_ALGO=Ring cd /tmp && sleep 20; echo x"
+    shell = started(["bash", "-c", script], env={**os.environ, "NCCL_PROTO": "LL"})
+    try:
+        res = inspect_processes([shell.pid], gpu_lookup=NO_NVML)
+        (f,) = [f for f in res.findings if f.code == "SHELL_PREFIX_SCOPE"]
+        assert f.var == "NCCL_ALGO" and "NCCL_ALGO=Ring" in f.evidence["assigned_in"]
+        shown = json.dumps(res.to_json()) + text_of(res)
+        assert "sekrit123" not in shown
+        assert "zz9" not in json.dumps(f.to_json())  # the tree shows command lines; findings only watched values
+        assert "HF_TOKEN=<redacted>" in f.evidence["assigned_in"] and "PLAIN_SETTING=<redacted>" in f.message
+        allv = inspect_processes([shell.pid], gpu_lookup=NO_NVML, all_vars=True)
+        (f,) = [f for f in allv.findings if f.code == "SHELL_PREFIX_SCOPE"]
+        assert "PLAIN_SETTING=zz9" in f.evidence["assigned_in"] and "sekrit123" not in json.dumps(allv.to_json())
+        raw = inspect_processes([shell.pid], gpu_lookup=NO_NVML, all_vars=True, redact=False)
+        (f,) = [f for f in raw.findings if f.code == "SHELL_PREFIX_SCOPE"]
+        assert "HF_TOKEN=sekrit123" in f.evidence["assigned_in"]
+    finally:
+        stop(shell)
+
+
+# -- 4, 5, 6: arguments --------------------------------------------------------------------------
+def test_malformed_pgrep_is_a_usage_error():
+    with pytest.raises(UsageError):
+        inspect_processes([], pgrep="(", gpu_lookup=NO_NVML)
+    r = cli("inspect", "--pgrep", "(")
+    assert r.returncode == 2 and "regular expression" in r.stderr
+
+
+def test_one_missing_pid_among_valid_ones():
+    p = started([SLEEP, "30"])
+    try:
+        res = inspect_processes([p.pid, 999999999], gpu_lookup=NO_NVML)
+        assert [r["pid"] for r in res.data["processes"]] == [p.pid]
+        assert {"pid": 999999999, "reason": "no such process", "given": True} in res.data["skipped"]
+        assert "pid 999999999 (given) not examined: no such process" in text_of(res)
+        r = cli("inspect", str(p.pid), "999999999", "--json")
+        assert r.returncode == 0 and [row["pid"] for row in json.loads(r.stdout)["processes"]] == [p.pid]
+        r = cli("inspect", "999999998", "999999999")
+        assert r.returncode == 3 and "no such process" in r.stderr
+    finally:
+        stop(p)
+
+
+def test_explicit_missing_log_paths_exit_3(tmp_path):
+    p = started([SLEEP, "30"])
+    try:
+        with pytest.raises(Unexaminable) as exc:
+            inspect_processes([p.pid], log_dirs=[str(tmp_path / "nope")], gpu_lookup=NO_NVML)
+        assert exc.value.reason == "no log directory"
+        r = cli("inspect", str(p.pid), "--dir", str(tmp_path / "nope"))
+        assert r.returncode == 3 and "no such log directory" in r.stderr
+        r = cli("inspect", str(p.pid), "--nccl-log", str(tmp_path / "nope.log"), "--json")
+        assert r.returncode == 3 and json.loads(r.stdout)["error"]["reason"] == "no nccl log"
+    finally:
+        stop(p)
+
+
+def test_discovered_missing_log_dir_is_a_note(tmp_path):
+    """NCCLPROBE_DIR found in the target's environment, not given by the user: best effort, a note."""
+    p = started([SLEEP, "30"], env={**os.environ, "NCCLPROBE_DIR": str(tmp_path / "gone")})
+    try:
+        r = cli("inspect", str(p.pid), "--json")
+        assert r.returncode == 0, r.stderr
+        assert "error" in json.loads(r.stdout).get("in_process", {})
+    finally:
+        stop(p)
+
+
+# -- 7: ncclprobe inside its own target ----------------------------------------------------------
+def test_live_ncclprobe_leaves_itself_out_of_an_ancestor_tree():
+    code = textwrap.dedent(f"""
+        import json, os, subprocess, sys
+        r = subprocess.run({NCCLPROBE!r} + ["inspect", str(os.getpid()), "--json", "--scope", "all"],
+                           capture_output=True, text=True)
+        print(json.dumps({{"me": os.getpid(), "rc": r.returncode, "out": r.stdout}}))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    got = json.loads(r.stdout)
+    doc = json.loads(got["out"])
+    assert [row["pid"] for row in doc["processes"]] == [got["me"]]  # ncclprobe's own process is not a row
+    assert len(doc["excluded"]) == 1 and doc["excluded"][0] != got["me"]
+    assert not [f for f in doc["findings"] if got["me"] not in f["pids"]]
+
+
+def test_a_root_that_is_ncclprobe_itself_is_still_shown():
+    res = inspect_processes([os.getpid()], gpu_lookup=NO_NVML)
+    assert res.data["processes"][0]["pid"] == os.getpid() and res.data["excluded"] == []
+
+
+# -- 8: multi-line command lines -----------------------------------------------------------------
+def test_live_multiline_command_line_is_shown_on_one_line():
+    p = started([sys.executable, "-c", "import time\ntime.sleep(30)"])
+    try:
+        res = inspect_processes([p.pid], gpu_lookup=NO_NVML)
+        (row,) = res.data["processes"]
+        assert "\n" not in row["command"] and "import time\\ntime.sleep(30)" in row["command"]
+        assert row["cmdline"][-1] == "import time\ntime.sleep(30)"  # the data keeps the argument as it is
+        tree_line = next(line for line in text_of(res).splitlines() if line.startswith(str(p.pid)))
+        assert "time.sleep(30)" in tree_line
+    finally:
+        stop(p)
+
+
+def test_multiline_commands_in_hints_are_one_line(tmp_path):
+    fake = FakeProc(tmp_path)
+    fake.add(10, 1, cmdline=["python", "-c", "import os\nos.execv(...)"], env={"NCCL_PROTO": "LL"})
+    fake.add(11, 10, cmdline=["python", "w.py"], env={})
+    res = inspect_processes([10], scope="all", proc_root=fake.root, gpu_lookup=NO_NVML)
+    (f,) = [f for f in res.findings if f.code == "ENV_MISSING"]
+    assert "\n" not in f.hint and "import os\\nos.execv" in f.hint
+
+
+# -- 9: the simulated NCCL -----------------------------------------------------------------------
+def sim_lib() -> Path | None:
+    import ncclprobe
+    p = Path(ncclprobe.__file__).parent / "_lib" / "sim" / "libnccl.so.2"
+    return p if p.exists() else None
+
+
+@pytest.mark.skipif(sim_lib() is None, reason="simulated NCCL not built (pip install .)")
+def test_live_simulated_nccl_is_labelled_simulated():
+    code = f"import ctypes, time; ctypes.CDLL({str(sim_lib())!r}); print('ok', flush=True); time.sleep(30)"
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ok"
+        res = inspect_processes([p.pid], gpu_lookup=NO_NVML)
+        (lib,) = res.data["processes"][0]["nccl_libs"]
+        assert lib["simulated"] is True and lib["version"] == "2.28.9"
+        assert "libnccl 2.28.9 (simulated NCCL)" in text_of(res)
+    finally:
+        stop(p)
+
+
+# -- 10: ncclprobe's own wiring is not a dropped variable ----------------------------------------
+def test_probe_wiring_is_not_reported_as_dropped(tmp_path):
+    fake = FakeProc(tmp_path)
+    lib = "/site/ncclprobe/_lib/libncclprobe.so"
+    fake.add(10, 1, cmdline=["ncclprobe-run"], env={"NCCL_PROTO": "LL", "NCCL_PROFILER_PLUGIN": lib,
+                                                     "NCCL_ENV_PLUGIN": lib, "LD_PRELOAD": lib})
+    fake.add(11, 10, cmdline=["python", "w.py"], env={"NCCL_PROTO": "LL"})
+    fake.add(12, 10, cmdline=["python", "v.py"], env={"NCCL_PROTO": "LL", "LD_PRELOAD": f"{lib}:/x/libjemalloc.so"})
+    fake.add(13, 10, cmdline=["python", "u.py"], env={})
+    res = inspect_processes([10], scope="all", proc_root=fake.root, gpu_lookup=NO_NVML)
+    named = {v for f in res.findings if f.code in ("ENV_MISSING", "ENV_CHANGED")
+             for v in (f.evidence.get("vars") or {f.var: None})}
+    assert named == {"NCCL_PROTO"}
