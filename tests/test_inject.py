@@ -159,3 +159,34 @@ def test_cli_usage_errors_exit_2(venv):
         res = run([sys.executable, "-m", "ncclprobe", "inject", "install", "--python", py, *args], clean_env())
         assert res.returncode == 2 and words in res.stderr, res.stderr
     assert not (site_packages(py) / inject.PTH).exists()
+
+
+def test_rest_of_the_probe_loaded_on_first_use(venv, tmp_path):
+    """A persistent start loads only the hot module; a guarded write (here in a fork child) runs the
+    second file, and without it the write still happens, recorded as one probe_error."""
+    py, sp = venv
+    log = tmp_path / "log"
+    inject.install(str(py), profile=profile.from_cli([], [], ["NCCL_PROTO"]), log_dir=log)
+    assert (sp / f"{inject.REST}.py").exists() and list((sp / "__pycache__").glob(f"{inject.REST}.*.pyc"))
+    code = ("import os, sys; print('rest' if 'parse_profile' in vars(sys.modules['_ncclprobe_boot']) else 'hot');"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    os.environ['NCCL_ALGO'] = 'Tree'; os.environ['NCCL_PROTO'] = 'LL'; os._exit(0)\n"
+            "os.waitpid(pid, 0); print(pid)")
+    out = run([py, "-c", code], clean_env()).stdout.split()
+    assert out[0] == "hot"
+    child = int(out[1])
+    writes = [(w["var"], w["new"], w["blocked"]) for w in events(log, "env_write") if w["pid"] == child]
+    assert writes == [("NCCL_ALGO", "Tree", False), ("NCCL_PROTO", "LL", True)]
+    assert starts_by_pid(log)[child]["pinned"] == {"NCCL_PROTO": None}
+    (sp / f"{inject.REST}.py").unlink()
+    for f in (sp / "__pycache__").glob(f"{inject.REST}.*.pyc"):
+        f.unlink()
+    res = run([py, "-c", "import os; os.environ['NCCL_ALGO'] = 'Tree'; print(os.getpid(), os.environ['NCCL_ALGO'])"],
+              clean_env())
+    pid, algo = res.stdout.split()
+    assert algo == "Tree" and res.returncode == 0 and not res.stderr
+    errors = [e for e in events(log, "probe_error") if e["pid"] == int(pid)]
+    assert [e["part"] for e in errors] == ["guard"]
+    inject.uninstall(str(py))
+    assert not list(sp.glob("*ncclprobe*")) and not list((sp / "__pycache__").glob("*ncclprobe*"))
