@@ -17,6 +17,10 @@ DEFAULT_PROC = Path("/proc")
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads have no mm, so no environ
 _NVIDIA_DEV = re.compile(r"^/dev/nvidia(\d+)$")
 _O_READ = os.O_RDONLY | os.O_CLOEXEC
+# Files whose read returns everything asked for up to the end: stat and status (single_open seq_file,
+# one record), cmdline and environ (fs/proc/base.c get_mm_cmdline / environ_read loop until done).
+# Multi-record seq_files (maps, children) stop at a page and need reading to 0.
+_ONE_CALL = ("/stat", "/status", "/cmdline", "/environ")
 
 
 class Reader:
@@ -26,10 +30,13 @@ class Reader:
         # os.open/os.read, not open(): no file object and no fstat per file (this is the hot path)
         fd = os.open(path, _O_READ)
         try:
-            chunks = []
+            chunk = os.read(fd, 1 << 16)
+            if not chunk or (len(chunk) < 1 << 16 and str(path).endswith(_ONE_CALL)):
+                return chunk  # the kernel fills these in one call: a shorter read is the end
+            chunks = [chunk]
             while True:
                 chunk = os.read(fd, 1 << 16)
-                if not chunk:  # procfs returns short reads before the end (environ, maps): read to 0
+                if not chunk:  # maps and children stop at a page before the end: read to 0
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 chunks.append(chunk)
         finally:
@@ -37,6 +44,9 @@ class Reader:
 
     def readlink(self, path: Path) -> str:
         return os.readlink(path)
+
+    def owner(self, path: Path | str) -> int:
+        return os.stat(path).st_uid
 
     def listdir(self, path: Path) -> list[str]:
         return os.listdir(path)
@@ -230,20 +240,28 @@ class ProcFS:
                 out[k] = v.strip()
         return out
 
-    def uid(self, pid: int) -> int | None:
-        """The real uid, from the Uid: line of status (searched as bytes: this is the hot path)."""
-        raw = self.reader.read_bytes(self.path(pid, "status"))
-        i = raw.find(b"\nUid:")
-        return int(raw[i + 5:].split(None, 1)[0]) if i >= 0 else None
+    def uid(self, pid: int) -> int:
+        """The effective uid, as the owner of /proc/<pid>: the kernel gives that directory the task's
+        euid even when it is not dumpable (fs/proc/base.c task_dump_owner), which is what procps reads
+        for `ps -o user`; one stat, where parsing status would cost a file read per process."""
+        return self.reader.owner(self.path(pid))
 
-    def cmdline(self, pid: int) -> list[str]:
-        raw = self.reader.read_bytes(self.path(pid, "cmdline"))
+    def hidden(self, pid: int) -> bool:
+        """Whether status is refused too, after environ was: procfs mounted with hidepid (proc(5))."""
+        try:
+            self.reader.read_bytes(self.path(pid, "status"))
+        except OSError as exc:
+            return reason_of(exc) == "permission"
+        return False
+
+    def cmdline(self, pid: int, path: str | None = None) -> list[str]:
+        raw = self.reader.read_bytes(path or self.path(pid, "cmdline"))
         if raw.endswith(b"\0"):
             raw = raw[:-1]
         return [decode(a) for a in raw.split(b"\0")] if raw else []
 
     def environ(self, pid: int, state: str = "", kernel_thread: bool = False,
-                env_span: tuple[int, int, int, int] = (0, 0, 0, 0)) -> EnvBlock:
+                env_span: tuple[int, int, int, int] = (0, 0, 0, 0), path: str | None = None) -> EnvBlock:
         # Kernel threads and zombies have no mm: environ reads 0 bytes on older kernels and fails with
         # ESRCH on recent ones (fs/proc/base.c proc_mem_open), so their state decides before any read.
         if kernel_thread:
@@ -251,7 +269,7 @@ class ProcFS:
         if state in ("Z", "X"):
             return EnvBlock({}, "empty", "zombie", 0, 0, None)
         try:
-            raw = self.reader.read_bytes(self.path(pid, "environ"))
+            raw = self.reader.read_bytes(path or self.path(pid, "environ"))
         except OSError as exc:
             reason = reason_of(exc)
             if reason == "vanished" and self._exited(pid):
@@ -281,9 +299,9 @@ class ProcFS:
         except OSError:
             return False
 
-    def maps(self, pid: int) -> list[Mapping]:
+    def maps(self, pid: int, path: str | None = None) -> list[Mapping]:
         """The process's file mappings (a list shared with processes that map the same files)."""
-        rows = maps_rows(self.reader.read_bytes(self.path(pid, "maps")))
+        rows = maps_rows(self.reader.read_bytes(path or self.path(pid, "maps")))
         hit = self._maps.get(rows)
         if hit is None:
             hit = self._maps[rows] = parse_rows(rows)
@@ -342,32 +360,33 @@ class ProcFS:
 
     def load(self, pid: int, st: Stat | None = None, with_env: bool = True, with_maps: bool = True) -> Proc:
         """Everything about one process; raises OSError only if even its stat is gone or refused."""
-        st = st or self.stat(pid)
+        base = f"{self._root_s}/{pid}"  # built once: this is the hot path
+        st = st or parse_stat(self.reader.read_bytes(base + "/stat"))
         proc = Proc(pid=pid, ppid=st.ppid, name=st.comm, state=st.state, uid=None,
                     start_ticks=st.start_ticks, flags=st.flags, env_span=st.env_span)
         try:
-            proc.uid = self.uid(pid)
+            proc.uid = self.reader.owner(base)
         except OSError as exc:
-            # stat readable but status refused: procfs mounted with hidepid=1 (proc(5))
-            hidden = reason_of(exc) == "permission"
-            proc.notes.append("hidden by hidepid" if hidden else f"status: {reason_of(exc)}")
+            proc.notes.append(f"owner: {reason_of(exc)}")
         try:
-            proc.cmdline = self.cmdline(pid)
+            proc.cmdline = self.cmdline(pid, base + "/cmdline")
         except OSError as exc:
             proc.cmdline_reason = reason_of(exc)
         try:
-            proc.exe = self.reader.readlink(self.path(pid, "exe"))
+            proc.exe = self.reader.readlink(base + "/exe")
         except OSError:
             pass  # needs ptrace access; kernel threads have none
+        no_mm = proc.kernel_thread or proc.state in ("Z", "X")
         if with_env:
-            proc.env = self.environ(pid, proc.state, proc.kernel_thread, proc.env_span)
-            if proc.env.reason == "permission" and "hidden by hidepid" in proc.notes:
+            proc.env = self.environ(pid, proc.state, proc.kernel_thread, proc.env_span, base + "/environ")
+            if proc.env.reason == "permission" and self.hidden(pid):
+                proc.notes.append("hidden by hidepid")
                 proc.env = EnvBlock(None, "unreadable", "hidepid", 0, 0, None)
-        if with_maps and (proc.kernel_thread or proc.state in ("Z", "X")):
+        if with_maps and no_mm:
             proc.maps = []  # no mm, nothing mapped (and recent kernels refuse the read with ESRCH)
         elif with_maps:
             try:
-                proc.maps = self.maps(pid)
+                proc.maps = self.maps(pid, base + "/maps")
             except OSError as exc:
                 proc.maps_reason = reason_of(exc)
         return proc

@@ -17,6 +17,7 @@ class FakeProc:
 
     def __init__(self, base: Path):
         self.errors: dict[tuple[int, str], BaseException | type] = {}
+        self.owners: dict[int, int] = {}  # uid of /proc/<pid> where chown is not permitted (not root)
         self.root = base / "proc"
         self.root.mkdir(parents=True)
         (self.root / "stat").write_text(f"cpu  1 2 3 4\nbtime {BTIME}\n")
@@ -35,6 +36,10 @@ class FakeProc:
         if environ_error is not None:
             self.errors[(pid, "environ")] = environ_error
         d.mkdir()
+        try:
+            os.chown(d, uid, -1)  # the kernel gives /proc/<pid> the task's euid
+        except PermissionError:
+            self.owners[pid] = uid  # seen through reader()
         if isinstance(env, bytes):
             raw = env
         else:
@@ -69,7 +74,7 @@ class FakeProc:
         return d
 
     def reader(self, extra: dict[tuple[int, str], BaseException | type] | None = None) -> "FailingReader":
-        return FailingReader({**self.errors, **(extra or {})})
+        return FailingReader({**self.errors, **(extra or {})}, self.owners)
 
 
 def esrch() -> ProcessLookupError:
@@ -80,8 +85,9 @@ def esrch() -> ProcessLookupError:
 class FailingReader(Reader):
     """Raises `errors[(pid, file)]` (an exception instance or class) when that file is read."""
 
-    def __init__(self, errors: dict[tuple[int, str], BaseException | type]):
+    def __init__(self, errors: dict[tuple[int, str], BaseException | type], owners: dict[int, int] | None = None):
         self.errors = errors
+        self.owners = owners or {}
 
     def _check(self, path: Path):
         parts = Path(path).parts
@@ -100,3 +106,11 @@ class FailingReader(Reader):
     def listdir(self, path):
         self._check(path)
         return super().listdir(path)
+
+    def owner(self, path):
+        """The stat of /proc/<pid> itself fails with errors[(pid, "owner")]."""
+        exc = self.errors.get((int(Path(path).name), "owner")) if Path(path).name.isdigit() else None
+        if exc is not None:
+            raise exc if isinstance(exc, BaseException) else exc(13 if exc is PermissionError else 2, "owner")
+        uid = self.owners.get(int(Path(path).name)) if Path(path).name.isdigit() else None
+        return uid if uid is not None else super().owner(path)

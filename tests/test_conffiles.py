@@ -79,7 +79,8 @@ def test_inspect_resolves_conf_inside_the_container_root(tmp_path):
     fake = FakeProc(tmp_path)
     fake.add(10, 1, cmdline=["python", "serve.py"], env={"NCCL_PROTO": "LL"}, root=str(rootfs), uid=1000,
              fds=["/dev/nvidia0"])
-    res = inspect_processes([10], proc_root=fake.root, gpu_lookup=lambda: ({}, "no NVML in this test"))
+    res = inspect_processes([10], proc_root=fake.root, reader=fake.reader(),
+                            gpu_lookup=lambda: ({}, "no NVML in this test"))
     proc = res.data["processes"][0]
     confs = {c["role"]: c for c in proc["conf_files"]}
     assert confs["/etc/nccl.conf"]["path"] == "/etc/nccl.conf"

@@ -99,9 +99,9 @@ def test_process_vanishing_mid_walk_is_skipped_with_a_note(fake):
 def test_files_vanishing_after_stat_leave_a_row_with_notes(fake):
     fake.add(10, 1)
     fake.add(11, 10, env={"NCCL_PROTO": "LL"})
-    reader = FailingReader({(11, "status"): FileNotFoundError, (11, "environ"): FileNotFoundError})
+    reader = FailingReader({(11, "owner"): FileNotFoundError, (11, "environ"): FileNotFoundError})
     tree = procs.walk(procs.ProcFS(fake.root, reader), [10])
-    assert "status: vanished" in tree.procs[11].notes
+    assert "owner: vanished" in tree.procs[11].notes and tree.procs[11].uid is None
     assert (tree.procs[11].env.source, tree.procs[11].env.reason) == ("unreadable", "vanished")
 
 
@@ -201,4 +201,5 @@ def test_real_proc_self():
     fs = procs.ProcFS()
     me = fs.load(os.getpid())
     assert me.env.source == "exec" and me.env.env.get("PATH") == os.environ.get("PATH")
+    assert me.uid == os.geteuid()  # the owner of /proc/<pid>: the effective uid, as `ps -o user` shows
     assert any(m.path.endswith(".so") or "python" in m.path for m in me.maps)
