@@ -65,10 +65,13 @@ def main() -> int:
                 times[name].append(_time_once(py, env))
         files = len(list((tmp / "log-persistent").glob("*.jsonl")))
     med = {name: statistics.median(w for w, _ in v) for name, v in times.items()}
+    # the middle half of the runs (25th-75th percentile), to judge a ratio on a noisy machine
+    iqr = {name: [q for q in statistics.quantiles([w for w, _ in v], n=4)[::2]] for name, v in times.items()}
     cpu = {name: statistics.median(c for _, c in v) for name, v in times.items()}
     ratio = {name: med[name] / med["baseline"] for name in med}
     cpu_ratio = {name: cpu[name] / cpu["baseline"] for name in cpu}
     out = {"runs": args.runs, "median_ms": {k: round(v * 1e3, 3) for k, v in med.items()},
+           "p25_p75_ms": {k: [round(q * 1e3, 3) for q in v] for k, v in iqr.items()},
            "ratio": {k: round(v, 3) for k, v in ratio.items()},
            "cpu_median_ms": {k: round(v * 1e3, 3) for k, v in cpu.items()},
            "cpu_ratio": {k: round(v, 3) for k, v in cpu_ratio.items()}, "goal": GOAL,
@@ -77,10 +80,10 @@ def main() -> int:
         print(json.dumps(out, indent=2))
     else:
         print(f"python -c pass, median of {args.runs} runs each (alternating); load {os.getloadavg()[0]:.2f}")
-        print(f"  {'case':<11} {'wall':>9} {'ratio':>7} {'cpu':>9} {'ratio':>7}")
+        print(f"  {'case':<11} {'wall':>9} {'ratio':>7} {'cpu':>9} {'ratio':>7}   wall p25-p75")
         for name in cases:
             print(f"  {name:<11} {med[name] * 1e3:6.2f} ms {ratio[name]:6.3f}x {cpu[name] * 1e3:6.2f} ms "
-                  f"{cpu_ratio[name]:6.3f}x")
+                  f"{cpu_ratio[name]:6.3f}x   {iqr[name][0] * 1e3:.2f}-{iqr[name][1] * 1e3:.2f} ms")
         verdict = "ok" if out["ok"] else "OVER"
         print(f"persistent / baseline = {ratio['persistent']:.3f}x wall, {cpu_ratio['persistent']:.3f}x cpu "
               f"(goal <= {GOAL:.2f}x): {verdict}")
