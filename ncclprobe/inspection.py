@@ -80,8 +80,8 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
             "processes": _public(recs),
             "skipped": not_found + tree.skipped, "excluded": tree.excluded,
             "gpu_source": "nvml" if not gpu_reason else "fds", "gpu_reason": gpu_reason or None}
-    doc = _document(recs, tree, notes, gpu_reason, not_found)
-    result = Result("inspect", findings, data, doc)
+    result = _InspectResult("inspect", findings, data,
+                            lambda: _document(recs, tree, notes, gpu_reason, not_found))
     dirs = list(log_dirs or []) or (sorted({d for p in tree.procs.values() if p.env and p.env.env
                                             for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
                                     if merge_probe_dirs else [])
@@ -93,6 +93,27 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
         else:
             result = augment_inspection(result, dirs, list(nccl_logs or []))
     return result
+
+
+class _InspectResult(Result):
+    """A Result whose document is built on first use: --json never draws it. Nothing changes the
+    records or the tree it is drawn from once inspect_processes has returned."""
+
+    def __init__(self, command: str, findings: list, data: dict, build: Callable[[], list]):
+        super().__init__(command, findings, data)
+        self._build: Callable[[], list] | None = build
+
+    @property
+    def doc(self) -> list:
+        if self._build is not None:
+            build, self._build = self._build, None
+            self._doc = build()
+        return self._doc
+
+    @doc.setter
+    def doc(self, value: list) -> None:
+        self._build = None
+        self._doc = value
 
 
 def _check_logs(log_dirs: list[str], nccl_logs: list[str]) -> None:
@@ -201,6 +222,7 @@ class _Context:
         self._elf: dict[tuple, elf.ElfInfo] = {}
         self._text: dict[tuple, str | OSError] = {}
         self._users: dict[int, str] = {}
+        self._argv: dict[int, tuple[list[str], list[str], str]] = {}
         # Per-tree memos keyed by the identity of what procs.ProcFS shares between processes (the
         # parsed environ block, the parsed maps); each entry keeps its key object alive. The values
         # are shared by the records of those processes, which nothing modifies after they are built.
@@ -241,9 +263,10 @@ class _Context:
         start = self.tree.start_time(p)
         libs, callers, maps_reason = self.libraries(p)
         gpus, gpus_source, gpus_reason = self.gpus(p)
+        argv, command = self.argv(p)
         rec = {
             "pid": p.pid, "ppid": p.ppid, "user": self.user(p.uid), "uid": p.uid, "name": p.name,
-            "cmdline": self.cmdline(p.cmdline), "command": self.short(p),
+            "cmdline": argv, "command": command,
             "exe": p.exe, "state": p.state,
             "start_time": self.start_time(start),
             "env_source": block.source if block else "unreadable",
@@ -282,6 +305,16 @@ class _Context:
             name = m.group(1)
             return m.group(0) if is_watched(name) or not looks_secret(name) else f"{name}={REDACTED}"
         return [_ASSIGN_WORD.sub(sub, a) if "=" in a else a for a in argv]
+
+    def argv(self, p: procs.Proc) -> tuple[list[str], str]:
+        """cmdline and short, once per command line (procs.ProcFS shares the lists of processes
+        started with the same one; a record's list is never modified)."""
+        if not p.cmdline:  # shown by name: kernel threads, zombies
+            return self.cmdline(p.cmdline), self.short(p)
+        hit = self._argv.get(id(p.cmdline))
+        if hit is None:
+            hit = self._argv[id(p.cmdline)] = (p.cmdline, self.cmdline(p.cmdline), self.short(p))
+        return hit[1], hit[2]
 
     def short(self, p: procs.Proc, limit: int = 100) -> str:
         text = one_line(" ".join(self.cmdline(p.cmdline))) or f"[{p.name}]"

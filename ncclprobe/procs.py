@@ -10,7 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 DEFAULT_PROC = Path("/proc")
@@ -78,15 +78,22 @@ class Stat:
     threads: int = 1
 
 
+_new = object.__new__
+_setattr = object.__setattr__
+
+
 def parse_stat(raw: bytes) -> Stat:
     head, _, tail = raw.rpartition(b")")  # comm may contain spaces and ')'
     pid_s, _, comm_b = head.partition(b" (")
     comm = decode(comm_b)  # ASCII ' (' and ')' never occur inside a UTF-8 sequence: same as decoding all
     f = tail.split()
     # f[0] is field 3 (state); proc(5) numbers fields from 1.
-    span = tuple(int(x) for x in f[44:48]) if len(f) >= 48 else (0, 0, 0, 0)
-    return Stat(pid=int(pid_s), comm=comm, state=decode(f[0]), ppid=int(f[1]), flags=int(f[6]),
-                start_ticks=int(f[19]), env_span=span, threads=int(f[17]))  # type: ignore[arg-type]
+    span = (int(f[44]), int(f[45]), int(f[46]), int(f[47])) if len(f) >= 48 else (0, 0, 0, 0)
+    st = _new(Stat)  # the frozen dataclass's __init__ sets each field through object.__setattr__
+    _setattr(st, "__dict__", {"pid": int(pid_s), "comm": comm, "state": decode(f[0]), "ppid": int(f[1]),
+                              "flags": int(f[6]), "start_ticks": int(f[19]), "env_span": span,
+                              "threads": int(f[17])})
+    return st
 
 
 @dataclass(frozen=True)
@@ -185,6 +192,11 @@ class Proc:
         return bool(self.flags & PF_KTHREAD)
 
 
+# every field of a Proc that has a plain default (those with a default_factory are given in load)
+_PROC_DEFAULTS = {f.name: f.default for f in fields(Proc) if f.default is not MISSING}
+_PROC_DEFAULTS["uid"] = None
+
+
 class ProcFS:
     """One view of a proc filesystem (a real /proc or a fake one under a test's tmp_path)."""
 
@@ -195,8 +207,9 @@ class ProcFS:
         self._self_mnt: str | None = None
         # Parsed environ blocks and maps, shared by the processes of a tree that have the same ones
         # (exec'ed siblings have the same block; their maps differ only in addresses).
-        self._environs: dict[bytes, tuple[dict[str, str], int]] = {}
+        self._environs: dict[bytes, EnvBlock] = {}
         self._maps: dict[tuple[bytes, ...], list[Mapping]] = {}
+        self._cmdlines: dict[bytes, list[str]] = {}  # likewise their command lines (never modified)
 
     def path(self, pid: int | str, *rest: str) -> str:
         return "/".join((self._root_s, str(pid), *rest))  # str, not Path: this is the hot path
@@ -256,9 +269,11 @@ class ProcFS:
 
     def cmdline(self, pid: int, path: str | None = None) -> list[str]:
         raw = self.reader.read_bytes(path or self.path(pid, "cmdline"))
-        if raw.endswith(b"\0"):
-            raw = raw[:-1]
-        return [decode(a) for a in raw.split(b"\0")] if raw else []
+        argv = self._cmdlines.get(raw)
+        if argv is None:
+            args = raw[:-1] if raw.endswith(b"\0") else raw
+            argv = self._cmdlines[raw] = [decode(a) for a in args.split(b"\0")] if args else []
+        return argv
 
     def environ(self, pid: int, state: str = "", kernel_thread: bool = False,
                 env_span: tuple[int, int, int, int] = (0, 0, 0, 0), path: str | None = None) -> EnvBlock:
@@ -283,14 +298,17 @@ class ProcFS:
             # env_start == env_end: exec'ed with no environment at all (env -i, Popen(env={})). setproctitle
             # writes over the block but never shrinks it, so a clobbered block is never 0 bytes.
             return EnvBlock({}, "exec", "empty at exec", 0, 0, hash(raw))
-        parsed = self._environs.get(raw)
-        if parsed is None:
-            parsed = self._environs[raw] = parse_environ(raw)
-        env, garbled = parsed
-        if not env:
-            # setproctitle moves environ to the heap and zeroes or overwrites the exec-time block
-            return EnvBlock({}, "empty", "clobbered", len(raw), garbled, hash(raw))
-        return EnvBlock(env, "exec", "partly overwritten" if garbled else None, len(raw), garbled, hash(raw))
+        block = self._environs.get(raw)  # the block, as every process with these bytes shows it
+        if block is None:
+            env, garbled = parse_environ(raw)
+            if not env:
+                # setproctitle moves environ to the heap and zeroes or overwrites the exec-time block
+                block = EnvBlock({}, "empty", "clobbered", len(raw), garbled, hash(raw))
+            else:
+                block = EnvBlock(env, "exec", "partly overwritten" if garbled else None, len(raw), garbled,
+                                 hash(raw))
+            self._environs[raw] = block
+        return block
 
     def _exited(self, pid: int) -> bool:
         """Whether the process is a zombie now (its stat still reads) rather than gone."""
@@ -362,8 +380,11 @@ class ProcFS:
         """Everything about one process; raises OSError only if even its stat is gone or refused."""
         base = f"{self._root_s}/{pid}"  # built once: this is the hot path
         st = st or parse_stat(self.reader.read_bytes(base + "/stat"))
-        proc = Proc(pid=pid, ppid=st.ppid, name=st.comm, state=st.state, uid=None,
-                    start_ticks=st.start_ticks, flags=st.flags, env_span=st.env_span)
+        # Proc(pid=..., ...) field by field, without the generated __init__'s cost (one per process)
+        proc = _new(Proc)
+        proc.__dict__ = {**_PROC_DEFAULTS, "pid": pid, "ppid": st.ppid, "name": st.comm, "state": st.state,
+                         "start_ticks": st.start_ticks, "flags": st.flags, "env_span": st.env_span,
+                         "cmdline": [], "notes": []}
         try:
             proc.uid = self.reader.owner(base)
         except OSError as exc:
