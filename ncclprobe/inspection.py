@@ -223,6 +223,7 @@ class _Context:
         self._text: dict[tuple, str | OSError] = {}
         self._users: dict[int, str] = {}
         self._argv: dict[int, tuple[list[str], list[str], str]] = {}
+        self._alike: dict[tuple, tuple] = {}
         # Per-tree memos keyed by the identity of what procs.ProcFS shares between processes (the
         # parsed environ block, the parsed maps); each entry keeps its key object alive. The values
         # are shared by the records of those processes, which nothing modifies after they are built.
@@ -257,6 +258,28 @@ class _Context:
 
     # -- per process --------------------------------------------------------------------------
     def record(self, p: procs.Proc) -> dict:
+        """The record of p; processes started alike (the same command line, block and mappings, as
+        procs.ProcFS shares them, the same user, name, executable and state) differ only in the
+        fields set here, so the rest is copied from the first one's record as it was built."""
+        key = (id(p.cmdline), id(p.env), id(p.maps), p.maps_reason, p.uid, p.name, p.exe, p.state)
+        hit = self._alike.get(key)
+        if hit is None:
+            rec = self._record(p)
+            # the objects whose ids are in the key stay alive with the entry
+            self._alike[key] = (p.cmdline, p.env, p.maps, dict(rec), rec["gpus_source"] == "maps")
+            return rec
+        start = self.tree.start_time(p)
+        rec = {**hit[3], "pid": p.pid, "ppid": p.ppid, "start_time": self.start_time(start), "root": p.root,
+               "notes": list(p.notes), "_span": p.env_span, "_start": start}
+        if hit[4]:  # found in the mappings, which p shares
+            rec["gpus"] = list(rec["gpus"])
+        else:
+            rec["gpus"], rec["gpus_source"], rec["gpus_reason"] = self.gpus(p)
+        if p.cmdline_reason:
+            rec["notes"].append(f"cmdline: {p.cmdline_reason}")
+        return rec
+
+    def _record(self, p: procs.Proc) -> dict:
         block = p.env
         env = block.env if block else None
         watched = self.select(env, False) if env is not None else {}
