@@ -466,10 +466,16 @@ class _Context:
         for q in everyone.values():
             kids.setdefault(q.ppid, []).append(q)
         out = []
+        scripts: dict[int, tuple[list[str], str | None, str | None]] = {}  # by command line (shared lists)
         for shell in everyone.values():
-            script = shells.shell_script(shell.cmdline)
+            hit = scripts.get(id(shell.cmdline))
+            if hit is None:
+                script = shells.shell_script(shell.cmdline)
+                hit = scripts[id(shell.cmdline)] = (shell.cmdline, script,
+                                                    shells.script_file(shell.cmdline) if script is None else None)
+            script = hit[1]
             if script is None:
-                path = shells.script_file(shell.cmdline)
+                path = hit[2]
                 if path is None:
                     continue
                 cwd = self.fs.cwd_of(shell) if not path.startswith("/") else None

@@ -85,14 +85,14 @@ _setattr = object.__setattr__
 def parse_stat(raw: bytes) -> Stat:
     head, _, tail = raw.rpartition(b")")  # comm may contain spaces and ')'
     pid_s, _, comm_b = head.partition(b" (")
-    comm = decode(comm_b)  # ASCII ' (' and ')' never occur inside a UTF-8 sequence: same as decoding all
+    comm = comm_b.decode("utf-8", "backslashreplace")  # ' (' and ')' never occur inside a UTF-8 sequence
     f = tail.split()
     # f[0] is field 3 (state); proc(5) numbers fields from 1.
     span = (int(f[44]), int(f[45]), int(f[46]), int(f[47])) if len(f) >= 48 else (0, 0, 0, 0)
     st = _new(Stat)  # the frozen dataclass's __init__ sets each field through object.__setattr__
-    _setattr(st, "__dict__", {"pid": int(pid_s), "comm": comm, "state": decode(f[0]), "ppid": int(f[1]),
-                              "flags": int(f[6]), "start_ticks": int(f[19]), "env_span": span,
-                              "threads": int(f[17])})
+    _setattr(st, "__dict__", {"pid": int(pid_s), "comm": comm, "state": f[0].decode("utf-8", "backslashreplace"),
+                              "ppid": int(f[1]), "flags": int(f[6]), "start_ticks": int(f[19]),
+                              "env_span": span, "threads": int(f[17])})
     return st
 
 
@@ -243,7 +243,7 @@ class ProcFS:
 
     # -- per process ---------------------------------------------------------------------------
     def stat(self, pid: int) -> Stat:
-        return parse_stat(self.reader.read_bytes(self.path(pid, "stat")))
+        return parse_stat(self.reader.read_bytes(f"{self._root_s}/{pid}/stat"))
 
     def status(self, pid: int) -> dict[str, str]:
         out = {}
@@ -443,7 +443,10 @@ def children_of(fs: ProcFS, st: Stat) -> list[int]:
     """The process's children from /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN), which lists
     the children each thread forked (fs/proc/array.c get_children_pid): every thread's, when it has
     several. Raises OSError when the file is absent or unreadable."""
-    tids = [str(st.pid)] if st.threads <= 1 else fs.reader.listdir(fs.path(st.pid, "task"))
+    if st.threads <= 1:  # one thread: one file (most processes, and most of them have no children)
+        raw = fs.reader.read_bytes(f"{fs._root_s}/{st.pid}/task/{st.pid}/children")
+        return [int(c) for c in raw.split()] if raw else []
+    tids = fs.reader.listdir(fs.path(st.pid, "task"))
     out: list[int] = []
     for tid in tids:
         out.extend(int(c) for c in fs.reader.read_bytes(fs.path(st.pid, "task", tid, "children")).split())

@@ -49,11 +49,13 @@ def stale_kind(rec: Mapping, parent: Mapping | None) -> str | None:
     if parent is None or rec.get("env_source") != "exec" or parent.get("env_source") != "exec":
         return None
     same_block = rec.get("_hash") is not None and rec.get("_hash") == parent.get("_hash")
+    if not same_block:
+        return None
     same_program = rec.get("exe") == parent.get("exe") and rec.get("cmdline") == parent.get("cmdline")
     span, pspan = rec.get("_span") or (0, 0, 0, 0), parent.get("_span") or (0, 0, 0, 0)
     layout = None if not any(span) or not any(pspan) else tuple(span) == tuple(pspan)
     later = (rec.get("_start") or 0) >= (parent.get("_start") or 0)
-    if same_block and later and layout is not False and (same_program or layout):
+    if later and layout is not False and (same_program or layout):
         return "forkserver" if is_forkserver(parent) else "fork"
     return None
 
@@ -120,22 +122,19 @@ def parent_diffs(recs: list[Mapping], expect: Mapping[str, str]) -> list[Finding
     per parent, kind and set of children, naming every variable; names with an expectation are left
     to `expectations`, which reports them as errors."""
     by_pid = {r["pid"]: r for r in recs}
-    per_child: dict[tuple[str, int, int], dict[str, tuple]] = defaultdict(dict)
+    per_child: dict[tuple[str, int, int], dict[str, tuple]] = {}
+    # the differences of a pair of watched sets, once per pair (siblings share theirs)
+    pairs: dict[tuple[int, int], tuple[Mapping, Mapping, list[tuple[str, dict[str, tuple]]]]] = {}
     for r in recs:
         parent = by_pid.get(r["ppid"])
         if not r.get("in_scope") or parent is None or not readable(r) or parent.get("env_source") != "exec":
             continue
         mine, theirs = r["_watched"], parent["_watched"]
-        for var, old in theirs.items():
-            if var in expect or var.startswith("NCCLPROBE_"):  # ncclprobe's own wiring is not the job's
-                continue
-            new = mine.get(var)
-            if new == old or _is_probe_wiring(old) or _is_probe_wiring(new):
-                continue  # nor is its library as a plugin or preload (NCCL_PROFILER_PLUGIN, LD_PRELOAD)
-            if var not in mine:
-                per_child[("ENV_MISSING", r["ppid"], r["pid"])][var] = (old, None)
-            else:
-                per_child[("ENV_CHANGED", r["ppid"], r["pid"])][var] = (old, mine[var])
+        hit = pairs.get((id(mine), id(theirs)))
+        if hit is None:
+            hit = pairs[(id(mine), id(theirs))] = (mine, theirs, _watched_diff(mine, theirs, expect))
+        for code, diff in hit[2]:
+            per_child[(code, r["ppid"], r["pid"])] = diff
     groups: dict[tuple, list[int]] = defaultdict(list)
     for (code, ppid, pid), diff in per_child.items():
         groups[(code, ppid, tuple(sorted(diff.items())))].append(pid)
@@ -158,6 +157,25 @@ def parent_diffs(recs: list[Mapping], expect: Mapping[str, str]) -> list[Finding
                     "override (framework defaults, env= of the launch call) and make it keep an explicit value")
         out.append(Finding(code, "warning", msg, tuple(sorted(pids)), names[0] if len(names) == 1 else None, ev, hint))
     return out
+
+
+def _watched_diff(mine: Mapping[str, str], theirs: Mapping[str, str],
+                  expect: Mapping[str, str]) -> list[tuple[str, dict[str, tuple]]]:
+    """("ENV_MISSING" | "ENV_CHANGED", {var: (parent's, child's)}) for a child's and its parent's
+    watched variables; empty kinds are left out."""
+    missing: dict[str, tuple] = {}
+    changed: dict[str, tuple] = {}
+    for var, old in theirs.items():
+        if var in expect or var.startswith("NCCLPROBE_"):  # ncclprobe's own wiring is not the job's
+            continue
+        new = mine.get(var)
+        if new == old or _is_probe_wiring(old) or _is_probe_wiring(new):
+            continue  # nor is its library as a plugin or preload (NCCL_PROFILER_PLUGIN, LD_PRELOAD)
+        if var not in mine:
+            missing[var] = (old, None)
+        else:
+            changed[var] = (old, mine[var])
+    return [(code, d) for code, d in (("ENV_MISSING", missing), ("ENV_CHANGED", changed)) if d]
 
 
 def expectations(recs: list[Mapping], expect: Mapping[str, str]) -> list[Finding]:
