@@ -3,7 +3,6 @@ nccl.conf files — diffed against parents and expectations, with the places tha
 from __future__ import annotations
 
 import errno
-import operator
 import os
 import re
 import stat
@@ -169,19 +168,18 @@ def _roots(fs: procs.ProcFS, pids: list[int], pgrep: str | None) -> tuple[list[i
 
 
 def _public(recs: list[dict]) -> list[dict]:
-    """The records without their private `_` keys, in their order; the keys to keep are found once
-    per record layout (every record has the same one) and picked in C (itemgetter, zip)."""
-    picks: dict[tuple, tuple[tuple, Callable]] = {}
-    out = []
+    """The records, their private `_` keys removed in place once the rules have read them (the
+    document drawn later reads only public keys); the keys to drop are found once per record
+    layout (every record has the same one)."""
+    drops: dict[tuple, tuple[str, ...]] = {}
     for r in recs:
         layout = tuple(r)
-        pick = picks.get(layout)
-        if pick is None:
-            keys = tuple(k for k in layout if not k.startswith("_"))
-            getter = operator.itemgetter(*keys) if len(keys) > 1 else (lambda d, ks=keys: tuple(d[k] for k in ks))
-            pick = picks[layout] = (keys, getter)
-        out.append(dict(zip(pick[0], pick[1](r))))
-    return out
+        drop = drops.get(layout)
+        if drop is None:
+            drop = drops[layout] = tuple(k for k in layout if k.startswith("_"))
+        for k in drop:
+            del r[k]
+    return list(recs)
 
 
 def _refuse_if_blind(recs: list[dict], roots: list[int]) -> None:
@@ -442,7 +440,8 @@ class _Context:
 
     def conf(self, p: procs.Proc, rec: dict) -> list[dict]:
         env = p.env.env if p.env and p.env.source == "exec" else None
-        version = next((lib["version"] for lib in rec["nccl_libs"] if lib["version"]), None)
+        libs = rec["nccl_libs"]
+        version = next((lib["version"] for lib in libs if lib["version"]), None) if libs else None
         named = (env or {}).get("NCCL_CONF_FILE", "")
         # the same files in the same root for the same block, uid and version: the same answer, unless
         # the named file is relative to the cwd or one of the process's own descriptors

@@ -347,12 +347,13 @@ class ProcFS:
         """Read the process's root and mount namespace once, when a path must be resolved in it."""
         if proc.root is not None or proc.root_reason is not None:
             return
+        base = f"{self._root_s}/{proc.pid}"
         try:
-            proc.root = self.reader.readlink(self.path(proc.pid, "root"))
+            proc.root = self.reader.readlink(base + "/root")
         except OSError as exc:
             proc.root_reason = reason_of(exc)  # needs ptrace access
         try:
-            proc.same_mnt_ns = self.reader.readlink(self.path(proc.pid, "ns", "mnt")) == self.self_mnt_ns()
+            proc.same_mnt_ns = self.reader.readlink(base + "/ns/mnt") == self.self_mnt_ns()
         except OSError:
             proc.same_mnt_ns = True
 
