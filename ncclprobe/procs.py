@@ -119,7 +119,9 @@ def parse_maps(raw: bytes) -> list[Mapping]:
     return parse_rows(maps_rows(raw))
 
 
-def parse_rows(rows: tuple[bytes, ...]) -> list[Mapping]:
+def parse_rows(rows: tuple[bytes, ...], memo: dict[tuple, Mapping] | None = None) -> list[Mapping]:
+    """The mappings of maps_rows; memo (kept by the caller) shares Mapping objects between parses
+    (processes that map the same files in another order have a list of their own)."""
     seen: dict[tuple[bytes, bytes], list] = {}
     for perms, dev, inode, path in _MAPS_ROW.findall(b"\n".join(rows)):
         if inode == b"0":
@@ -131,11 +133,16 @@ def parse_rows(rows: tuple[bytes, ...]) -> list[Mapping]:
             entry[1] = True
     out = []
     for (path_b, inode), (dev, exe) in seen.items():
-        path = decode(path_b)
-        deleted = path.endswith(" (deleted)")
-        if deleted:
-            path = path[: -len(" (deleted)")]
-        out.append(Mapping(path, decode(dev), int(inode), exe, deleted))
+        m = memo.get((path_b, inode, dev, exe)) if memo is not None else None
+        if m is None:
+            path = decode(path_b)
+            deleted = path.endswith(" (deleted)")
+            if deleted:
+                path = path[: -len(" (deleted)")]
+            m = Mapping(path, decode(dev), int(inode), exe, deleted)
+            if memo is not None:
+                memo[(path_b, inode, dev, exe)] = m
+        out.append(m)
     return out
 
 
@@ -209,6 +216,7 @@ class ProcFS:
         # (exec'ed siblings have the same block; their maps differ only in addresses).
         self._environs: dict[bytes, EnvBlock] = {}
         self._maps: dict[tuple[bytes, ...], list[Mapping]] = {}
+        self._mappings: dict[tuple, Mapping] = {}
         self._cmdlines: dict[bytes, list[str]] = {}  # likewise their command lines (never modified)
 
     def path(self, pid: int | str, *rest: str) -> str:
@@ -322,7 +330,7 @@ class ProcFS:
         rows = maps_rows(self.reader.read_bytes(path or self.path(pid, "maps")))
         hit = self._maps.get(rows)
         if hit is None:
-            hit = self._maps[rows] = parse_rows(rows)
+            hit = self._maps[rows] = parse_rows(rows, self._mappings)
         return hit
 
     def fd_targets(self, pid: int) -> list[str]:
