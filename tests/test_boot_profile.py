@@ -20,8 +20,10 @@ def test_watched_set_matches_the_tool():
 
 
 def test_installed_copy_is_the_probe_source():
-    # a stale ncclprobe/_lib copy would ship an old probe: run `python probes/build.py`
-    assert (ROOT / "ncclprobe/_lib/ncclprobe_boot.py").read_bytes() == (ROOT / "probes/ncclprobe_boot.py").read_bytes()
+    # the copy the installed package ships must be this source's probe (a stale build ships an old one:
+    # reinstall, or `python probes/build.py` for an editable install)
+    from ncclprobe._lib import lib_path
+    assert lib_path("ncclprobe_boot.py").read_bytes() == (ROOT / "probes/ncclprobe_boot.py").read_bytes()
 
 
 def test_parse_and_format_round_trip():

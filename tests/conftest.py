@@ -1,0 +1,23 @@
+"""Test-session settings shared by every test file."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _installed_package_in_subprocesses(tmp_path_factory):
+    """Subprocesses run `python -m ncclprobe`, which puts the working directory first on sys.path: from
+    the repository root that is the source tree, whose native parts are built only by an install.
+    Run them from elsewhere, so every test exercises the installed package (PYTHONSAFEPATH does the
+    same on Python >= 3.11; the chdir covers 3.10)."""
+    old_cwd, old_safe = os.getcwd(), os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    os.chdir(tmp_path_factory.mktemp("cwd"))
+    yield
+    os.chdir(old_cwd)
+    if old_safe is None:
+        os.environ.pop("PYTHONSAFEPATH", None)
+    else:
+        os.environ["PYTHONSAFEPATH"] = old_safe
