@@ -88,8 +88,10 @@ def main() -> int:
             assert len(res.data["processes"]) == args.procs
         b, i = statistics.median(base_t), statistics.median(insp_t)
         print(f"processes            {args.procs}")
-        print(f"baseline (read stat, environ, maps)  median {b * 1e3:8.1f} ms")
-        print(f"inspect_processes                    median {i * 1e3:8.1f} ms")
+        print(f"baseline (read stat, environ, maps)  median {b * 1e3:8.1f} ms  "
+              f"(range {min(base_t) * 1e3:.1f}-{max(base_t) * 1e3:.1f})")
+        print(f"inspect_processes                    median {i * 1e3:8.1f} ms  "
+              f"(range {min(insp_t) * 1e3:.1f}-{max(insp_t) * 1e3:.1f})")
         ratio = i / b
         print(f"ratio inspect/baseline               {ratio:8.2f}x  (goal <= 1.5x: {'ok' if ratio <= 1.5 else 'OVER'})")
         return 0
