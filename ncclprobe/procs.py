@@ -199,9 +199,8 @@ class Proc:
         return bool(self.flags & PF_KTHREAD)
 
 
-# every field of a Proc that has a plain default (those with a default_factory are given in load)
+# every field of a Proc that has a plain default (ProcFS.load gives the others)
 _PROC_DEFAULTS = {f.name: f.default for f in fields(Proc) if f.default is not MISSING}
-_PROC_DEFAULTS["uid"] = None
 
 
 class ProcFS:
@@ -389,36 +388,40 @@ class ProcFS:
         """Everything about one process; raises OSError only if even its stat is gone or refused."""
         base = f"{self._root_s}/{pid}"  # built once: this is the hot path
         st = st or parse_stat(self.reader.read_bytes(base + "/stat"))
-        # Proc(pid=..., ...) field by field, without the generated __init__'s cost (one per process)
-        proc = _new(Proc)
-        proc.__dict__ = {**_PROC_DEFAULTS, "pid": pid, "ppid": st.ppid, "name": st.comm, "state": st.state,
-                         "start_ticks": st.start_ticks, "flags": st.flags, "env_span": st.env_span,
-                         "cmdline": [], "notes": []}
+        reader, notes = self.reader, []
+        uid = cmdline_reason = exe = env = maps = maps_reason = None
+        cmdline: list[str] = []
         try:
-            proc.uid = self.reader.owner(base)
+            uid = reader.owner(base)
         except OSError as exc:
-            proc.notes.append(f"owner: {reason_of(exc)}")
+            notes.append(f"owner: {reason_of(exc)}")
         try:
-            proc.cmdline = self.cmdline(pid, base + "/cmdline")
+            cmdline = self.cmdline(pid, base + "/cmdline")
         except OSError as exc:
-            proc.cmdline_reason = reason_of(exc)
+            cmdline_reason = reason_of(exc)
         try:
-            proc.exe = self.reader.readlink(base + "/exe")
+            exe = reader.readlink(base + "/exe")
         except OSError:
             pass  # needs ptrace access; kernel threads have none
-        no_mm = proc.kernel_thread or proc.state in ("Z", "X")
+        kernel_thread = bool(st.flags & PF_KTHREAD)
         if with_env:
-            proc.env = self.environ(pid, proc.state, proc.kernel_thread, proc.env_span, base + "/environ")
-            if proc.env.reason == "permission" and self.hidden(pid):
-                proc.notes.append("hidden by hidepid")
-                proc.env = EnvBlock(None, "unreadable", "hidepid", 0, 0, None)
-        if with_maps and no_mm:
-            proc.maps = []  # no mm, nothing mapped (and recent kernels refuse the read with ESRCH)
+            env = self.environ(pid, st.state, kernel_thread, st.env_span, base + "/environ")
+            if env.reason == "permission" and self.hidden(pid):
+                notes.append("hidden by hidepid")
+                env = EnvBlock(None, "unreadable", "hidepid", 0, 0, None)
+        if with_maps and (kernel_thread or st.state in ("Z", "X")):
+            maps = []  # no mm, nothing mapped (and recent kernels refuse the read with ESRCH)
         elif with_maps:
             try:
-                proc.maps = self.maps(pid, base + "/maps")
+                maps = self.maps(pid, base + "/maps")
             except OSError as exc:
-                proc.maps_reason = reason_of(exc)
+                maps_reason = reason_of(exc)
+        # Proc(pid=..., ...) in one dict, without the generated __init__'s cost (one per process)
+        proc = _new(Proc)
+        proc.__dict__ = {**_PROC_DEFAULTS, "pid": pid, "ppid": st.ppid, "name": st.comm, "state": st.state,
+                         "uid": uid, "start_ticks": st.start_ticks, "flags": st.flags, "env_span": st.env_span,
+                         "cmdline": cmdline, "cmdline_reason": cmdline_reason, "exe": exe, "env": env,
+                         "maps": maps, "maps_reason": maps_reason, "notes": notes}
         return proc
 
 
