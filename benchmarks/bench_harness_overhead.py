@@ -5,7 +5,8 @@ timing the same calls, in the same run, same process, same buffers. Goal: within
     python benchmarks/bench_harness_overhead.py --gloo     # CPU/gloo fallback, labelled as such
 
 Both sides do n back-to-back `dist.all_reduce` calls then one synchronize (nccl-tests' method); the two
-are interleaved and repeated so drift hits both alike; the median ratio per size is reported.
+are interleaved and repeated so drift hits both alike. The ratio per size compares the fastest repeat
+of each (host jitter only adds time); the medians are printed beside them to show the spread.
 """
 from __future__ import annotations
 
@@ -57,15 +58,20 @@ def rank_main(args) -> None:
             a, b = pair[0](), pair[1]()
             ours.append(a if rep % 2 == 0 else b)
             theirs.append(b if rep % 2 == 0 else a)
-        o, t = statistics.median(ours), statistics.median(theirs)
-        rows.append({"bytes": size, "harness_us": o * 1e6, "hand_us": t * 1e6, "ratio": o / t})
+        # Host jitter on a shared GPU machine only ever adds time: the fastest of the alternating
+        # repeats estimates each side's own cost; the medians are kept to show the spread.
+        o, t = min(ours), min(theirs)
+        rows.append({"bytes": size, "harness_us": o * 1e6, "hand_us": t * 1e6, "ratio": o / t,
+                     "harness_median_us": statistics.median(ours) * 1e6,
+                     "hand_median_us": statistics.median(theirs) * 1e6})
     if rank == 0:
         label = "CPU/gloo (fallback: not GPU numbers)" if args.gloo else f"GPU/NCCL on {h.versions()['device']}"
         print(f"harness eager vs hand-written loop, {n} rank(s), {label}, bf16 in-place, "
-              f"{args.iters} calls x {args.repeats} repeats, median")
-        print(f"{'size':>10} {'harness us':>12} {'hand us':>10} {'ratio':>7}")
+              f"{args.iters} calls x {args.repeats} alternating repeats; fastest repeat (median)")
+        print(f"{'size':>10} {'harness us':>18} {'hand us':>18} {'ratio':>7}")
         for r in rows:
-            print(f"{r['bytes']:>10} {r['harness_us']:>12.2f} {r['hand_us']:>10.2f} {r['ratio']:>7.3f}")
+            print(f"{r['bytes']:>10} {r['harness_us']:>8.2f} ({r['harness_median_us']:>7.2f}) "
+                  f"{r['hand_us']:>8.2f} ({r['hand_median_us']:>7.2f}) {r['ratio']:>7.3f}")
         worst = max(r["ratio"] for r in rows)
         print(f"worst ratio {worst:.3f} (goal <= {GOAL}): {'met' if worst <= GOAL else 'NOT met'}")
         out = Path(__file__).parent / "results" / f"harness_overhead-{'gloo' if args.gloo else 'gpu'}.json"
