@@ -395,17 +395,15 @@ def test_version_level_prints_the_bare_simulated_version_on_rank_0_only(libs, tm
         assert stdout.splitlines() == expect
 
 
-# ------------------------------------------------------------------ with the real probe library, when built
+# ------------------------------------------------------------------ with the real probe library (installed)
 
-PROBE = ROOT / "ncclprobe" / "_lib" / "libncclprobe.so"
-
-
-@pytest.mark.skipif(not PROBE.exists(), reason="libncclprobe.so not built")
 def test_probe_library_records_the_sim_through_preload_and_both_plugins(libs, tmp_path, uid):
     from ncclprobe import events
+    from ncclprobe._lib import lib_path
+    probe = lib_path("libncclprobe.so")  # built by the install, like the sim the fixture builds
     logdir = tmp_path / "probe"
     logdir.mkdir(mode=0o700)
-    env = clean_env(NCCLPROBE_DIR=logdir, NCCL_PROFILER_PLUGIN=PROBE, NCCL_ENV_PLUGIN=PROBE, LD_PRELOAD=PROBE,
+    env = clean_env(NCCLPROBE_DIR=logdir, NCCL_PROFILER_PLUGIN=probe, NCCL_ENV_PLUGIN=probe, LD_PRELOAD=probe,
                     NCCL_PROTO="LL")
     plan = [["uid", uid], ["initcfg", "decode", 2, 0, {}], ["allreduce", "decode", 256],
             ["setenv", "NCCL_PROTO", "Simple"], ["initcfg", "verify", 2, 0, {}], ["allreduce", "verify", 256],
