@@ -229,7 +229,9 @@ def libraries(recs: list[Mapping]) -> list[Finding]:
     out = []
     versions: dict[str, list[int]] = defaultdict(list)
     for r in recs:
-        libs = r.get("nccl_libs") or []
+        libs = r.get("nccl_libs")
+        if not libs:
+            continue
         copies = {(lib["path"], lib.get("inode")) for lib in libs}
         if len(copies) > 1:
             out.append(Finding(
