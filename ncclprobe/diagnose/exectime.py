@@ -51,11 +51,14 @@ def stale_kind(rec: Mapping, parent: Mapping | None) -> str | None:
     same_block = rec.get("_hash") is not None and rec.get("_hash") == parent.get("_hash")
     if not same_block:
         return None
-    same_program = rec.get("exe") == parent.get("exe") and rec.get("cmdline") == parent.get("cmdline")
     span, pspan = rec.get("_span") or (0, 0, 0, 0), parent.get("_span") or (0, 0, 0, 0)
     layout = None if not any(span) or not any(pspan) else tuple(span) == tuple(pspan)
-    later = (rec.get("_start") or 0) >= (parent.get("_start") or 0)
-    if later and layout is not False and (same_program or layout):
+    if layout is False:  # a block laid out elsewhere: exec'ed again (most children of a launcher)
+        return None
+    if (rec.get("_start") or 0) < (parent.get("_start") or 0):
+        return None
+    same_program = rec.get("exe") == parent.get("exe") and rec.get("cmdline") == parent.get("cmdline")
+    if same_program or layout:
         return "forkserver" if is_forkserver(parent) else "fork"
     return None
 
