@@ -5,13 +5,19 @@ Runs alternate between the interpreters so that drift (CPU frequency, page cache
 Each run is measured twice: wall time, and the child's CPU time (user + system, from wait4), which a
 busy machine disturbs much less. The verdict is the ratio of median wall times. Goal: persistent <= 1.10x.
 
-    python benchmarks/bench_boot_startup.py [--runs 300] [--json]
+With --instructions (needs valgrind), each case also runs once under callgrind with a fixed hash seed:
+its user-space instruction count is the same from run to run whatever the machine's load, so a change
+of a fraction of a percent shows (the kernel's share, e.g. creating the log file, is not counted).
+
+    python benchmarks/bench_boot_startup.py [--runs 300] [--instructions] [--json]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -40,9 +46,23 @@ def _time_once(python: str, env: dict[str, str]) -> tuple[float, float]:
     return wall, usage.ru_utime + usage.ru_stime
 
 
+def _instructions(python: str, env: dict[str, str], tmp: Path) -> int | None:
+    """User-space instructions of one `python -c pass` under callgrind (hash seed fixed: repeatable)."""
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        return None
+    out = subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={tmp / 'callgrind.out'}",
+                          python, "-c", "pass"], env={**env, "PYTHONHASHSEED": "0"},
+                         capture_output=True, text=True)
+    m = re.search(r"Collected : (\d+)", out.stderr)
+    return int(m.group(1)) if out.returncode == 0 and m else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=300, help="timed runs per case")
+    ap.add_argument("--instructions", action="store_true",
+                    help="also count each case's instructions under valgrind's callgrind (repeatable)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("NCCLPROBE_") and k != "PYTHONPATH"}
@@ -61,6 +81,7 @@ def main() -> int:
             for name, (py, env) in cases.items():
                 times[name].append(_time_once(py, env))
         files = len(list((tmp / "log-persistent").glob("*.jsonl")))
+        instr = {name: _instructions(py, env, tmp) for name, (py, env) in cases.items()} if args.instructions else {}
     med = {name: statistics.median(w for w, _ in v) for name, v in times.items()}
     # the middle half of the runs (25th-75th percentile), to judge a ratio on a noisy machine
     iqr = {name: [q for q in statistics.quantiles([w for w, _ in v], n=4)[::2]] for name, v in times.items()}
@@ -73,6 +94,10 @@ def main() -> int:
            "cpu_median_ms": {k: round(v * 1e3, 3) for k, v in cpu.items()},
            "cpu_ratio": {k: round(v, 3) for k, v in cpu_ratio.items()}, "goal": GOAL,
            "ok": ratio["persistent"] <= GOAL, "persistent_log_files": files, "load": os.getloadavg()}
+    if instr:
+        out["instructions"] = instr
+        if instr.get("baseline") and None not in instr.values():
+            out["instructions_ratio"] = {k: round(v / instr["baseline"], 4) for k, v in instr.items()}
     if args.json:
         print(json.dumps(out, indent=2))
     else:
@@ -81,6 +106,10 @@ def main() -> int:
         for name in cases:
             print(f"  {name:<11} {med[name] * 1e3:6.2f} ms {ratio[name]:6.3f}x {cpu[name] * 1e3:6.2f} ms "
                   f"{cpu_ratio[name]:6.3f}x   {iqr[name][0] * 1e3:.2f}-{iqr[name][1] * 1e3:.2f} ms")
+        if instr:
+            print("  instructions (callgrind, PYTHONHASHSEED=0): " + ", ".join(
+                f"{k} {v / 1e6:.2f}M" + (f" ({out['instructions_ratio'][k]:.3f}x)" if "instructions_ratio" in out else "")
+                if v is not None else f"{k} n/a" for k, v in instr.items()))
         verdict = "ok" if out["ok"] else "OVER"
         print(f"persistent / baseline = {ratio['persistent']:.3f}x wall, {cpu_ratio['persistent']:.3f}x cpu "
               f"(goal <= {GOAL:.2f}x): {verdict}")
