@@ -217,7 +217,7 @@ def model_doc(m: Model, dirs, title: str = "") -> list:
                      _nccl_read(m, c), _realized(c)])
     if crow:
         doc.append(Table(["pid", "rank", "API", "communicator", "library", "seen by", "env at creation",
-                          "NCCL read (process)", "ran (algo/proto)"], crow, title="Communicators"))
+                          "NCCL read", "ran (algo/proto)"], crow, title="Communicators"))
     else:
         doc.append(Text("No communicator was created, or none was seen by a probe.", "warn"))
     skipped = sum(m.skipped.values())
