@@ -15,12 +15,14 @@ it for the profile parser.
 
 Start-up cost (issue 4: `python -c pass` at most 1.10x with the probe). Everything above the line
 "# ncclprobe: the rest of the probe" runs in every interpreter: it imports nothing the interpreter
-has not imported already, and is kept to few code objects (no comprehensions, few small functions),
-since loading each one is a good part of the cost. A persistent install loads only that part at start;
-the rest (profile parser, recording of guarded writes) is a second file that _rest() runs on first use.
+has not imported already and is kept to a handful of code objects (one start() with the common path
+inlined, the guard, the fork hook), since loading each one costs, and every object it keeps counts
+towards the interpreter's next garbage collection (a bare start ends ~100 objects short of one). A
+persistent install loads only that part at start; the rest (JSON of any value, the log writer for
+later events, profile files, argv redaction, fork children, recording of guarded writes, error
+reports) is a second file that _rest() runs on first use.
 """
 import os
-import stat
 import sys
 import time
 import _weakref
@@ -28,17 +30,15 @@ import _weakref
 # Same set as ncclprobe/watched.py (tests/test_boot_profile.py checks they agree); nothing else is
 # ever logged.
 WATCHED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "NCCLPROBE_")
-WATCHED_NAMES = frozenset({
-    "TORCH_DISTRIBUTED_DEBUG", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PYTHONPATH",
-    "SGLANG_NCCL_SO_PATH", "VLLM_NCCL_SO_PATH",
-})
+WATCHED_NAMES = frozenset(("TORCH_DISTRIBUTED_DEBUG", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PYTHONPATH",
+                           "SGLANG_NCCL_SO_PATH", "VLLM_NCCL_SO_PATH"))
 SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
-# Watched entries of a raw (bytes) environment are found with bytes.find on the whole block, entries
-# separated by NUL: a prefix matches at the start of an entry only, a name is followed by '=' in an
-# environment block. Every prefix contains "NCCL": one test rules them all out, usually.
-_NAMES_B = frozenset(map(str.encode, WATCHED_NAMES))
-_FIND_PREFIXES = tuple(map(b"\0%s".__mod__, map(str.encode, WATCHED_PREFIXES)))
-_FIND_NAMES = tuple(map(b"\0%s=".__mod__, sorted(_NAMES_B)))
+# Watched entries of an environment block (NUL first, "NAME=VALUE" entries NUL-separated, NUL last) are
+# found with bytes.find: a prefix matches at the start of an entry only, a name is followed by '='.
+# Every prefix contains "NCCL": one test rules them all out, usually. (The two lists above, as bytes.)
+_FIND = (b"\0NCCL_", b"\0TORCH_NCCL_", b"\0NCCLPROBE_",  # the prefixes, then the names
+         b"\0TORCH_DISTRIBUTED_DEBUG=", b"\0CUDA_VISIBLE_DEVICES=", b"\0LD_PRELOAD=", b"\0PYTHONPATH=",
+         b"\0SGLANG_NCCL_SO_PATH=", b"\0VLLM_NCCL_SO_PATH=")
 
 DIR_VAR = "NCCLPROBE_DIR"          # log directory (wins over the installed one)
 PROFILE_VAR = "NCCLPROBE_PROFILE"  # path of a profile file, applied after the installed profile
@@ -47,21 +47,31 @@ OFF_VAR = "NCCLPROBE_BOOT"         # "off": this process and its children skip t
 # `ncclprobe inject install` rewrites this line in its copy: {"log_dir": str|None, "profile": str, ...}
 INSTALLED = None
 
-OPS = ("set", "default", "pin")
 MAX_STR = 65536  # bound on any logged string, so a line stays far below the readers' 1 MiB limit
 
+_dir = None  # log directory, None = silent
+_fd = -1     # log file of process _fd_pid
+_fd_pid = 0
+_host = ""
+_fs_encoding = sys.getfilesystemencoding()
+_real_putenv = os.putenv
+_real_unsetenv = os.unsetenv
+_pins = {}   # name -> pinned value (None: pinned absent)
+_c_env = {}  # watched names last written through os.putenv/unsetenv (os.environ does not see them)
+_start = {}  # process_start fields shared with fork children (and the parts whose failure was logged)
 
-def is_watched(name):
-    return name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES)
+# The fields of process_start, as _json in the rest writes them.
+_START_FIELDS = (',"ppid":%d,"argv":[%s],"exe":%s,"prefix":%s,"python":"%d.%d.%d","mode":"%s","env":{%s},'
+                 '"exec_env":%s,"exec_env_differs":%s,"profile":[%s],"profile_unwatched":%d,"pinned":{%s}')
 
 
-# ---------------------------------------------------------------------------- JSON (no json import:
-# it costs more start-up time than the whole probe)
+# ---------------------------------------------------------------------------- log writer
 
 _ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\r": "\\r", "\t": "\\t", "\b": "\\b", "\f": "\\f"}
 
 
 def _jstr(s):
+    # s as JSON
     if len(s) > MAX_STR:
         s = s[:MAX_STR] + "...[truncated]"
     if s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
@@ -81,14 +91,350 @@ def _jstr(s):
     return '"' + "".join(out) + '"'
 
 
+def _emit(ev, fields):
+    # One event line, as _json(rec) in the rest writes it. fields: a dict (str keys; values other than
+    # str, None, bool, int go through _json) or the JSON of the fields already (',"key":value...').
+    global _fd, _fd_pid, _dir
+    pid = os.getpid()
+    if _fd < 0 or _fd_pid != pid:
+        if _fd >= 0:  # inherited through fork: the child writes its own file
+            try:
+                os.close(_fd)
+            except OSError:
+                pass
+            _fd = -1
+        if _dir is None:
+            return
+        path = "%s%s%s-%d.jsonl" % (_dir, "" if _dir.endswith("/") else "/", _host, pid)  # os.path.join
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            try:
+                _fd = os.open(path, flags, 0o600)
+            except FileNotFoundError:  # first process of this log directory
+                os.makedirs(_dir, 0o700, exist_ok=True)
+                _fd = os.open(path, flags, 0o600)
+            _fd_pid = pid
+        except OSError:
+            _dir = None  # unwritable: go silent, the host is unaffected
+            return
+    t = time.time()
+    if type(fields) is not str:
+        parts = [""]
+        for k, v in fields.items():
+            if type(v) is str:
+                v = _jstr(v)
+            elif v is None or v is True or v is False:
+                v = "null" if v is None else "true" if v else "false"
+            elif type(v) is int:
+                v = str(v)
+            else:
+                _rest()
+                v = _json(v)
+            parts.append('"%s":%s' % (k, v))
+        fields = ",".join(parts)
+    try:  # one write per line: O_APPEND keeps it whole
+        os.write(_fd, ('{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"%s}\n'
+                       % (ev, t, _jstr(_host), pid, fields)).encode("ascii"))
+    except OSError:
+        pass
+
+
+def _fail(part, exc):
+    part_key = "failed " + part  # each part's failure is logged once
+    if part_key in _start:
+        return
+    _start[part_key] = True
+    try:
+        _emit("probe_error", {"part": part, "message": "%s: %s" % (type(exc).__name__, exc)})
+    except Exception:
+        pass
+
+
+def start():
+    """Boot the probe in this process (idempotent: a second copy, e.g. ephemeral on top of
+    persistent, does nothing). Never raises."""
+    # The common path (profile given at install, nothing secret-looking, plain strings) is inlined
+    # here; anything else goes to the rest of the probe.
+    global _dir, _host
+    try:
+        data, enc = os.environ._data, _fs_encoding
+        if getattr(sys, "_ncclprobe_boot", None) or data.get(b"NCCLPROBE_BOOT") == b"off":
+            return
+        sys._ncclprobe_boot = __name__
+        _host = os.uname().nodename
+        pid = os.getpid()
+        d = data.get(b"NCCLPROBE_DIR")
+        if d:
+            d = d.decode(enc, "surrogateescape")
+        elif not INSTALLED:
+            d = None
+        elif INSTALLED.get("log_dir"):
+            d = INSTALLED["log_dir"]
+        else:  # default_log_dir(); shared /tmp: use it only if it is ours and a directory, not a link
+            d = "/tmp/ncclprobe-%d" % os.geteuid()
+            try:
+                st = os.lstat(d)
+                if st.st_uid != os.geteuid() or (st.st_mode & 0o170000) != 0o040000:  # not S_ISDIR
+                    d = None
+            except FileNotFoundError:
+                pass
+            except OSError:
+                d = None
+        _dir = d
+        argv = getattr(sys, "orig_argv", None)
+        if argv is None:  # before 3.10
+            try:
+                with open("/proc/self/cmdline", "rb") as f:
+                    argv = list(map(os.fsdecode, f.read().split(b"\0")[:-1]))
+            except OSError:
+                argv = list(sys.argv)
+        argv = list(argv)[:512]
+        upper = "\0".join(argv).upper()
+        for marker in SECRET_MARKERS:
+            if marker in upper:  # something looks like a secret: redact_argv
+                _rest()
+                argv = redact_argv(argv)
+                break
+        _start.update(pid=pid, mode="persistent" if INSTALLED else "ephemeral", argv=argv)
+        found = []  # watched part of os.environ (before the profile) and of /proc/self/environ
+        if d is not None:  # silent: nothing to find
+            try:
+                fd = os.open("/proc/self/environ", os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    chunks = [b"\0"]
+                    b = os.read(fd, 65536)
+                    while b:
+                        chunks.append(b)
+                        b = os.read(fd, 65536)
+                    chunks.append(b"\0")  # an extra empty entry at the end is harmless
+                    raw = b"".join(chunks)
+                finally:
+                    os.close(fd)
+            except OSError:
+                raw = None
+            for block in (b"\0" + b"\0".join(map(b"=".join, data.items())) + b"\0", raw):
+                if block is None:
+                    found.append(None)
+                    continue
+                hits = []
+                for key in _FIND if b"NCCL" in block else _FIND[3:]:
+                    i = block.find(key)
+                    while i >= 0:
+                        j = block.find(b"\0", i + 1)
+                        hits.append((i, block[i + 1:j]))
+                        i = block.find(key, j)
+                hits.sort()  # block order
+                env = {}
+                for _, entry in hits:
+                    name, sep, value = entry.partition(b"=")
+                    if sep:
+                        env[name.decode(enc, "surrogateescape")] = value.decode(enc, "surrogateescape")
+                found.append(env)
+        # the profile: the installed one (parsed at install time), then the file NCCLPROBE_PROFILE names
+        entries = INSTALLED.get("entries") if INSTALLED else None
+        if (entries is None and INSTALLED and INSTALLED.get("profile")) or data.get(b"NCCLPROBE_PROFILE"):
+            _rest()
+            entries = _profile_entries()
+        applied, pinned, strs, unwatched, set_watched = [], [], [], 0, []
+        for op, name, value in entries or ():
+            if op == "pin":
+                continue
+            key = name.encode(enc, "surrogateescape")
+            prev = data.get(key)
+            if prev is not None:
+                prev = prev.decode(enc, "surrogateescape")
+            changed = (op == "set" or prev is None) and prev != value
+            if changed:  # what os.environ[name] = value does (3.8-3.14); before the guard: no foreign write
+                value_b = value.encode(enc, "surrogateescape")
+                _real_putenv(key, value_b)
+                data[key] = value_b
+            if name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES):
+                applied.append((op, name, value, prev, changed))
+                strs += (op, name, value, prev or "")
+                if changed:
+                    set_watched.append((name, value))
+            else:
+                unwatched += 1
+        for op, name, _ in entries or ():
+            if op == "pin":
+                value = data.get(name.encode(enc, "surrogateescape"))
+                if value is not None:
+                    value = value.decode(enc, "surrogateescape")
+                _pins[name] = value
+                pinned.append((name, value))
+                strs += (name, value or "")
+        _start.update(profile=applied, profile_unwatched=unwatched)
+        if _dir is not None:
+            before, exec_env = found
+            env = before
+            if set_watched:  # the profile only sets variables: what it set, on top of what was there
+                env = dict(before)
+                env.update(set_watched)
+            strs += argv
+            strs += env
+            strs += env.values()
+            if exec_env is not None:
+                strs += exec_env
+                strs += exec_env.values()
+            s = "".join(strs) + sys.executable + sys.prefix
+            # plain strings (printable ASCII without '"' or '\\', within MAX_STR) are their JSON between quotes
+            q = _jstr
+            if len(s) <= MAX_STR and s.isascii() and s.isprintable() and '"' not in s and "\\" not in s:
+                q = '"%s"'.__mod__
+            texts = []
+            for op, name, value, prev, changed in applied:
+                texts.append('{"op":%s,"var":%s,"value":%s,"previous":%s,"applied":%s}' % (
+                    q(op), q(name), q(value), "null" if prev is None else q(prev), "true" if changed else "false"))
+            for i, (name, value) in enumerate(pinned):
+                pinned[i] = "%s:%s" % (q(name), "null" if value is None else q(value))
+            vi = sys.version_info
+            _emit("process_start", _START_FIELDS % (
+                os.getppid(), ",".join(map(q, argv)), q(sys.executable), q(sys.prefix), vi[0], vi[1], vi[2],
+                _start["mode"], ",".join(map("%s:%s".__mod__, zip(map(q, env), map(q, env.values())))),
+                "null" if exec_env is None else
+                "{" + ",".join(map("%s:%s".__mod__, zip(map(q, exec_env), map(q, exec_env.values())))) + "}",
+                "null" if exec_env is None else "false" if exec_env == before else "true",
+                ",".join(texts), unwatched, ",".join(pinned)))
+    except Exception as exc:
+        _fail("start", exc)
+        return
+    try:
+        for env in (os.environ, getattr(os, "environb", None)):
+            if env is not None and type(env) is os._Environ:
+                env.__class__ = _GuardedEnviron
+        os.putenv, os.unsetenv = putenv, unsetenv
+    except Exception as exc:
+        _fail("guard", exc)
+    try:
+        # through a function whose globals hold only a weak reference to the handler: a handler
+        # that refers to this module's globals would keep them (and every module they reach)
+        # alive until the interpreter's last clean-up, which makes every process exit slower
+        os.register_at_fork(after_in_child=type(_fork_hook)(
+            _fork_hook.__code__, {"_ref": _weakref.ref(_rest)}))
+    except Exception as exc:
+        _fail("fork", exc)
+
+
+# ---------------------------------------------------------------------------- environ guard
+# Writes to unwatched variables take the path os._Environ / os.putenv / os.unsetenv would (3.8-3.14);
+# those to watched ones go to _guarded_write (in the rest): recorded, and refused if pinned. If the rest
+# cannot be loaded, such a write is reported (probe_error) and done as without the probe.
+
+class _GuardedEnviron(os._Environ):
+    """os.environ / os.environb with writes to watched variables recorded (the object keeps its
+    identity: `from os import environ` elsewhere sees the same guard)."""
+
+    def __setitem__(self, key, value):
+        if isinstance(key, (bytes, str)):
+            name = os.fsdecode(key)
+            if name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES):
+                try:
+                    _rest()
+                except Exception as exc:
+                    _fail("guard", exc)
+                else:
+                    return _guarded_write("set", self, key, value, name)
+        key, value = self.encodekey(key), self.encodevalue(value)
+        _real_putenv(key, value)
+        self._data[key] = value
+
+    def __delitem__(self, key):
+        if isinstance(key, (bytes, str)):
+            name = os.fsdecode(key)
+            if ((name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES))
+                    and (_c_env[name] if name in _c_env else os.environ.get(name)) is not None):
+                try:
+                    _rest()
+                except Exception as exc:
+                    _fail("guard", exc)
+                else:
+                    return _guarded_write("unset", self, key, None, name)
+        # deleting an absent variable changes nothing (and raises KeyError)
+        ekey = self.encodekey(key)
+        _real_unsetenv(ekey)
+        try:
+            del self._data[ekey]
+        except KeyError:
+            raise KeyError(key) from None
+
+
+def putenv(name, value):
+    n = os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else None
+    if n is not None and (n in WATCHED_NAMES or n.startswith(WATCHED_PREFIXES)):
+        try:
+            _rest()
+        except Exception as exc:
+            _fail("guard", exc)
+        else:
+            return _guarded_write("putenv", None, name, value, n)
+    return _real_putenv(name, value)
+
+
+def unsetenv(name):
+    n = os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else None
+    if n is not None and (n in WATCHED_NAMES or n.startswith(WATCHED_PREFIXES)):
+        try:
+            _rest()
+        except Exception as exc:
+            _fail("guard", exc)
+        else:
+            return _guarded_write("unsetenv", None, name, None, n)
+    return _real_unsetenv(name)
+
+
+putenv.__doc__ = _real_putenv.__doc__
+unsetenv.__doc__ = _real_unsetenv.__doc__
+
+
+def _fork_hook():
+    rest = _ref()  # noqa: F821 (a global of the copy start() registers; see there)
+    if rest is not None:
+        rest("fork")
+
+
+def _rest(*fork):
+    """Define the rest of the probe (what only some processes need) in this module. A persistent
+    install keeps it in a second file beside this one, run here on first use, so that a start does
+    not load it; everywhere else it is already defined below. With an argument (the fork hook start()
+    registers): then log the fork child's process_start, reporting errors rather than raising them."""
+    try:
+        if "_guarded_write" not in globals():
+            from _frozen_importlib_external import SourceFileLoader  # the import system's own: no import
+            name = __name__ + "_rest"
+            code = SourceFileLoader(name, __file__[:-len(".py")] + "_rest.py").get_code(name)  # its .pyc
+            exec(code, globals())
+        if fork:
+            _forked()
+    except Exception as exc:
+        if not fork:
+            raise
+        _fail("fork", exc)
+
+
+# ncclprobe: the rest of the probe (`ncclprobe inject install` writes what follows into a second file)
+
+OPS = ("set", "default", "pin")
+
+
+def is_watched(name):
+    return name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES)
+
+
+def default_log_dir(uid=None):
+    """Log directory of a persistent install without --dir: per user, so that no user writes
+    (or is blocked by) another user's files."""
+    return "/tmp/ncclprobe-%d" % (os.geteuid() if uid is None else uid)
+
+
+# ---------------------------------------------------------------------------- JSON (no json import:
+# it costs more start-up time than the whole probe)
+
 def _plain(s):
     """Whether s, between quotes, is already its JSON form (no escape needed, no truncation)."""
     return len(s) <= MAX_STR and s.isascii() and s.isprintable() and '"' not in s and "\\" not in s
 
 
 def _json(v):
-    # A line is written at every process start: the shapes of the events (str keys; str, None, bool,
-    # int values) take the short paths here.
     t = type(v)
     if t is str:
         return '"' + v + '"' if _plain(v) else _jstr(v)
@@ -122,92 +468,31 @@ def _json(v):
     return "[" + ",".join(parts) + "]"
 
 
-# ---------------------------------------------------------------------------- log writer
-
-_dir = None        # log directory, None = silent
-_fd = -1
-_fd_pid = 0
-_host = ""
-_reported = set()  # parts whose failure was already logged
-
-
-def _emit(ev, fields):
-    global _fd, _fd_pid, _dir
-    pid = os.getpid()
-    if _fd < 0 or _fd_pid != pid:
-        if _fd >= 0:  # inherited through fork: the child writes its own file
-            try:
-                os.close(_fd)
-            except OSError:
-                pass
-            _fd = -1
-        if _dir is None:
-            return
-        path = "%s%s%s-%d.jsonl" % (_dir, "" if _dir.endswith("/") else "/", _host, pid)  # os.path.join
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            try:
-                _fd = os.open(path, flags, 0o600)
-            except FileNotFoundError:  # first process of this log directory
-                os.makedirs(_dir, 0o700, exist_ok=True)
-                _fd = os.open(path, flags, 0o600)
-            _fd_pid = pid
-        except OSError:
-            _dir = None  # unwritable: go silent, the host is unaffected
-            return
-    rec = {"ev": ev, "t": time.time(), "host": _host, "pid": pid, "src": "boot"}
-    rec.update(fields)
-    try:
-        os.write(_fd, (_json(rec) + "\n").encode("ascii"))  # one write per line: O_APPEND keeps it whole
-    except OSError:
-        pass
-
-
-def _fail(part, exc):
-    if part in _reported:
-        return
-    _reported.add(part)
-    try:
-        _emit("probe_error", {"part": part, "message": "%s: %s" % (type(exc).__name__, exc)})
-    except Exception:
-        pass
-
-
 # ---------------------------------------------------------------------------- process facts
+# (start() finds them inlined; these serve fork children)
 
-_fs_encoding = sys.getfilesystemencoding()
-
-
-def _find_watched(block, names):
-    """The watched entries of `block` (NUL first, NUL-separated, NUL last) in block order; `names`:
-    the watched names to look for, each as NUL + name + its end (b"=" in an environment block)."""
+def _find_watched(block):
+    """The watched part of an environment block (NUL first, NAME=VALUE entries NUL-separated, NUL
+    last), in block order."""
     found = []
-    for key in _FIND_PREFIXES + names if b"NCCL" in block else names:
+    for key in _FIND if b"NCCL" in block else _FIND[3:]:
         i = block.find(key)
         while i >= 0:
             j = block.find(b"\0", i + 1)
             found.append((i, block[i + 1:j]))
             i = block.find(key, j)
-    if len(found) > 1:
-        found.sort()
-    return found
-
-
-def _getenv(name):
-    """os.environ.get(name), without raising and catching KeyError twice for an absent one."""
-    value = os.environ._data.get(name.encode(_fs_encoding, "surrogateescape"))
-    return None if value is None else value.decode(_fs_encoding, "surrogateescape")
+    found.sort()
+    env = {}
+    for _, entry in found:
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            env[name.decode(_fs_encoding, "surrogateescape")] = value.decode(_fs_encoding, "surrogateescape")
+    return env
 
 
 def _watched_now():
     """Watched part of os.environ, in its order."""
-    data = os.environ._data
-    present = _NAMES_B.intersection(data)  # the watched names by lookup, the prefixes by one search
-    names = tuple(map(b"\0%s\0".__mod__, present)) if present else ()
-    env = {}
-    for _, key in _find_watched(b"\0" + b"\0".join(data) + b"\0", names):
-        env[key.decode(_fs_encoding, "surrogateescape")] = data[key].decode(_fs_encoding, "surrogateescape")
-    return env
+    return _find_watched(b"\0" + b"\0".join(map(b"=".join, os.environ._data.items())) + b"\0")
 
 
 def _exec_env():
@@ -228,12 +513,13 @@ def _exec_env():
     finally:
         os.close(fd)
     chunks.append(b"\0")  # the last entry ends with one already; an extra empty entry is harmless
-    env = {}
-    for _, entry in _find_watched(b"".join(chunks), _FIND_NAMES):
-        name, sep, value = entry.partition(b"=")
-        if sep:
-            env[name.decode(_fs_encoding, "surrogateescape")] = value.decode(_fs_encoding, "surrogateescape")
-    return env
+    return _find_watched(b"".join(chunks))
+
+
+def _getenv(name):
+    """os.environ.get(name), without raising and catching KeyError twice for an absent one."""
+    value = os.environ._data.get(name.encode(_fs_encoding, "surrogateescape"))
+    return None if value is None else value.decode(_fs_encoding, "surrogateescape")
 
 
 def _secretish(name):
@@ -265,252 +551,45 @@ def redact_argv(argv):
     return out
 
 
-def _argv():
-    argv = getattr(sys, "orig_argv", None)
-    if argv is None:  # before 3.10
-        try:
-            with open("/proc/self/cmdline", "rb") as f:
-                argv = list(map(os.fsdecode, f.read().split(b"\0")[:-1]))
-        except OSError:
-            argv = list(sys.argv)
-    return redact_argv(argv)
-
-
-# ---------------------------------------------------------------------------- environ guard
-# Writes to unwatched variables take the path os._Environ / os.putenv / os.unsetenv would (3.8-3.14);
-# those to watched ones go to _guarded_write (in the rest).
-
-_real_putenv = os.putenv
-_real_unsetenv = os.unsetenv
-_pins = {}    # name -> pinned value (None: pinned absent)
-_c_env = {}   # watched names last written through os.putenv/unsetenv (os.environ does not see them)
-_code_file = None
-_stdlib = None
-
-
-def _name(key):
-    return os.fsdecode(key) if isinstance(key, (bytes, str)) else None
-
-
-def _old(name):
-    if name in _c_env:
-        return _c_env[name]
-    return os.environ.get(name)
-
-
-def _guarded(op, env, key, value, name):
-    """A write to a watched variable: recorded, and refused if pinned. If the rest of the probe
-    cannot be loaded, the write is done as without the probe."""
-    try:
-        _rest()
-    except Exception as exc:
-        _fail("guard", exc)
-        if op == "set":
-            return os._Environ.__setitem__(env, key, value)
-        if op == "unset":
-            return os._Environ.__delitem__(env, key)
-        return _real_putenv(key, value) if op == "putenv" else _real_unsetenv(key)
-    return _guarded_write(op, env, key, value, name)
-
-
-class _GuardedEnviron(os._Environ):
-    """os.environ / os.environb with writes to watched variables recorded (the object keeps its
-    identity: `from os import environ` elsewhere sees the same guard)."""
-
-    def __setitem__(self, key, value):
-        name = _name(key)
-        if name is not None and is_watched(name):
-            return _guarded("set", self, key, value, name)
-        key, value = self.encodekey(key), self.encodevalue(value)
-        _real_putenv(key, value)
-        self._data[key] = value
-
-    def __delitem__(self, key):
-        name = _name(key)
-        if name is not None and is_watched(name) and _old(name) is not None:
-            return _guarded("unset", self, key, None, name)
-        # deleting an absent variable changes nothing (and raises KeyError)
-        ekey = self.encodekey(key)
-        _real_unsetenv(ekey)
-        try:
-            del self._data[ekey]
-        except KeyError:
-            raise KeyError(key) from None
-
-
-def putenv(name, value):
-    n = _name(os.fspath(name)) if isinstance(name, (str, bytes, os.PathLike)) else None
-    if n is None or not is_watched(n):
-        return _real_putenv(name, value)
-    return _guarded("putenv", None, name, value, n)
-
-
-def unsetenv(name):
-    n = _name(os.fspath(name)) if isinstance(name, (str, bytes, os.PathLike)) else None
-    if n is None or not is_watched(n):
-        return _real_unsetenv(name)
-    return _guarded("unsetenv", None, name, None, n)
-
-
-putenv.__doc__ = _real_putenv.__doc__
-unsetenv.__doc__ = _real_unsetenv.__doc__
-
-
-# ---------------------------------------------------------------------------- start
-
-_start = {}  # process_start fields shared with fork children
-
-
 def _process_start(extra, env, exec_env, live):
     """process_start fields; exec_env_differs compares /proc's view with `live`."""
+    profile = []
+    for op, name, value, prev, changed in _start.get("profile") or ():
+        profile.append({"op": op, "var": name, "value": value, "previous": prev, "applied": changed})
     fields = {"ppid": os.getppid(), "argv": _start.get("argv"), "exe": sys.executable,
               "prefix": sys.prefix, "python": "%d.%d.%d" % sys.version_info[:3], "mode": _start.get("mode"),
               "env": env, "exec_env": exec_env, "exec_env_differs": None if exec_env is None else exec_env != live,
-              "profile": _start.get("profile"), "profile_unwatched": _start.get("profile_unwatched", 0),
-              "pinned": dict(_pins)}
+              "profile": profile if "profile" in _start else None,
+              "profile_unwatched": _start.get("profile_unwatched", 0), "pinned": dict(_pins)}
     fields.update(extra)
     return fields
 
 
-def _after_fork_child():
-    try:
-        parent = _start.get("pid")
-        _start["pid"] = os.getpid()
-        env = _watched_now()
-        _emit("process_start", _process_start({"forked_from": parent}, env, _exec_env(), env))
-    except Exception as exc:
-        _fail("fork", exc)
+def _forked():
+    """process_start of a fork child (os.register_at_fork, through _rest)."""
+    parent = _start.get("pid")
+    _start["pid"] = os.getpid()
+    env = _watched_now()
+    _emit("process_start", _process_start({"forked_from": parent}, env, _exec_env(), env))
 
 
-def _fork_hook():
-    handler = _ref()  # noqa: F821 (a global of the copy start() registers; see there)
-    if handler is not None:
-        handler()
-
-
-def _apply_profile():
-    """Apply the profile (the installed one, then the file NCCLPROBE_PROFILE names); returns
-    (what it did to watched variables, how many unwatched ones it set, whether it changed any)."""
+def _profile_entries():
+    """The profile's entries: the installed one, then the file NCCLPROBE_PROFILE names ([] and a
+    probe_error if either cannot be read or parsed)."""
     entries = []
     try:
         if INSTALLED and INSTALLED.get("entries") is not None:  # parsed at install time
             entries.extend(map(tuple, INSTALLED["entries"]))
         elif INSTALLED and INSTALLED.get("profile"):
-            _rest()
             entries.extend(parse_profile(INSTALLED["profile"], "installed profile"))
         path = _getenv(PROFILE_VAR)
         if path:
-            _rest()
             entries.extend(parse_profile(_read_text(path), path))
     except (OSError, ValueError) as exc:
         entries = []
         _fail("profile", exc)
-    applied, unwatched, any_changed = [], 0, False
-    for op, name, value in entries:
-        if op == "pin":
-            continue
-        prev = _getenv(name)
-        changed = (op == "set" or prev is None) and prev != value
-        if changed:  # what os.environ[name] = value does (3.8-3.14); before the guard: no foreign write
-            key, data = name.encode(_fs_encoding, "surrogateescape"), value.encode(_fs_encoding, "surrogateescape")
-            _real_putenv(key, data)
-            os.environ._data[key] = data
-            any_changed = True
-        if is_watched(name):
-            applied.append({"op": op, "var": name, "value": value, "previous": prev, "applied": changed})
-        else:
-            unwatched += 1
-    for op, name, _ in entries:
-        if op == "pin":
-            _pins[name] = _getenv(name)
-    return applied, unwatched, any_changed
+    return entries
 
-
-def _log_dir():
-    d = _getenv(DIR_VAR)
-    if d:
-        return d
-    if not INSTALLED:
-        return None
-    if INSTALLED.get("log_dir"):
-        return INSTALLED["log_dir"]
-    d = default_log_dir()
-    try:  # shared /tmp: use the default directory only if it is ours and not a link
-        st = os.lstat(d)
-        if st.st_uid != os.geteuid() or not stat.S_ISDIR(st.st_mode):
-            return None
-    except FileNotFoundError:
-        pass
-    except OSError:
-        return None
-    return d
-
-
-def default_log_dir(uid=None):
-    """Log directory of a persistent install without --dir: per user, so that no user writes
-    (or is blocked by) another user's files."""
-    return "/tmp/ncclprobe-%d" % (os.geteuid() if uid is None else uid)
-
-
-def start():
-    """Boot the probe in this process (idempotent: a second copy, e.g. ephemeral on top of
-    persistent, does nothing). Never raises."""
-    global _dir, _host, _code_file, _stdlib
-    try:
-        if getattr(sys, "_ncclprobe_boot", None) or _getenv(OFF_VAR) == "off":
-            return
-        sys._ncclprobe_boot = __name__
-        _host = os.uname().nodename
-        _dir = _log_dir()
-        _start.update(pid=os.getpid(), mode="persistent" if INSTALLED else "ephemeral", argv=_argv())
-        before = _watched_now()
-        exec_env = _exec_env()
-        profile, unwatched, changed = _apply_profile()
-        _start.update(profile=profile, profile_unwatched=unwatched)
-        env = before
-        if changed:  # the profile only sets variables: what it set, on top of what was there
-            env = dict(before)
-            for p in profile:
-                if p["applied"]:
-                    env[p["var"]] = p["value"]
-        _emit("process_start", _process_start({}, env, exec_env, before))
-    except Exception as exc:
-        _fail("start", exc)
-        return
-    try:
-        _code_file = start.__code__.co_filename
-        stdlib = getattr(sys, "_stdlib_dir", None) or os.path.dirname(getattr(os, "__file__", "") or "")
-        _stdlib = stdlib.rstrip("/") + "/" if stdlib else None
-        for env in (os.environ, getattr(os, "environb", None)):
-            if env is not None and type(env) is os._Environ:
-                env.__class__ = _GuardedEnviron
-        os.putenv, os.unsetenv = putenv, unsetenv
-    except Exception as exc:
-        _fail("guard", exc)
-    try:
-        # through a function whose globals hold only a weak reference to the handler: a handler
-        # that refers to this module's globals would keep them (and every module they reach)
-        # alive until the interpreter's last clean-up, which makes every process exit slower
-        hook = type(_fork_hook)(_fork_hook.__code__, {"_ref": _weakref.ref(_after_fork_child)})
-        os.register_at_fork(after_in_child=hook)
-    except Exception as exc:
-        _fail("fork", exc)
-
-
-def _rest():
-    """Define the rest of the probe (what only some processes need: the profile parser, the
-    recording of guarded writes) in this module. A persistent install keeps it in a second file
-    beside this one, run here on first use, so that a start does not load it; everywhere else it
-    is already defined below."""
-    if "_guarded_write" in globals():
-        return
-    from _frozen_importlib_external import SourceFileLoader  # the import system's own: no import
-    name = __name__ + "_rest"
-    code = SourceFileLoader(name, __file__[:-len(".py")] + "_rest.py").get_code(name)  # its .pyc
-    exec(code, globals())
-
-
-# ncclprobe: the rest of the probe (`ncclprobe inject install` writes what follows into a second file)
 
 class ProfileError(ValueError):
     """A malformed profile line; the message starts with `source:line` (or the CLI option)."""
@@ -633,6 +712,10 @@ def _guarded_write(op, env, key, value, name):
     return _write(name, None, "unsetenv", base)
 
 
+_stdlib = getattr(sys, "_stdlib_dir", None) or os.path.dirname(getattr(os, "__file__", "") or "")
+_stdlib = _stdlib.rstrip("/") + "/" if _stdlib else None
+
+
 def _is_stdlib(filename):
     if filename.startswith("<frozen"):
         return True
@@ -643,7 +726,7 @@ def _is_stdlib(filename):
 
 def _writer():
     """`file:line function` of the first frame outside this probe and the standard library."""
-    own = (_code_file, _writer.__code__.co_filename)  # a persistent install has two files
+    own = (start.__code__.co_filename, _writer.__code__.co_filename)  # a persistent install has two files
     frame = sys._getframe(1)
     first = None
     while frame is not None:
@@ -670,6 +753,12 @@ def _record(name, old, new, op, blocked):
                             "blocked": blocked})
     except Exception as exc:
         _fail("guard", exc)
+
+
+def _old(name):
+    if name in _c_env:
+        return _c_env[name]
+    return os.environ.get(name)
 
 
 def _write(name, new, op, base_op):
