@@ -299,9 +299,9 @@ def start():
         _fail("start", exc)
         return
     try:
-        for env in (os.environ, getattr(os, "environb", None)):
-            if env is not None and type(env) is os._Environ:
-                env.__class__ = _GuardedEnviron
+        # the class of os.environ and os.environb (patched rather than subclassed: a class costs more
+        # objects at start than the interpreter's next garbage collection leaves room for)
+        os._Environ.__setitem__, os._Environ.__delitem__ = _setitem, _delitem
         os.putenv, os.unsetenv = putenv, unsetenv
     except Exception as exc:
         _fail("guard", exc)
@@ -320,42 +320,42 @@ def start():
 # those to watched ones go to _guarded_write (in the rest): recorded, and refused if pinned. If the rest
 # cannot be loaded, such a write is reported (probe_error) and done as without the probe.
 
-class _GuardedEnviron(os._Environ):
-    """os.environ / os.environb with writes to watched variables recorded (the object keeps its
-    identity: `from os import environ` elsewhere sees the same guard)."""
+# os._Environ.__setitem__ / __delitem__ (of os.environ and os.environb, which keep their identity:
+# `from os import environ` elsewhere sees the same guard) with writes to watched variables recorded.
 
-    def __setitem__(self, key, value):
-        if isinstance(key, (bytes, str)):
-            name = os.fsdecode(key)
-            if name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES):
-                try:
-                    _rest()
-                except Exception as exc:
-                    _fail("guard", exc)
-                else:
-                    return _guarded_write("set", self, key, value, name)
-        key, value = self.encodekey(key), self.encodevalue(value)
-        _real_putenv(key, value)
-        self._data[key] = value
+def _setitem(self, key, value):
+    if isinstance(key, (bytes, str)):
+        name = os.fsdecode(key)
+        if name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES):
+            try:
+                _rest()
+            except Exception as exc:
+                _fail("guard", exc)
+            else:
+                return _guarded_write("set", self, key, value, name)
+    key, value = self.encodekey(key), self.encodevalue(value)
+    _real_putenv(key, value)
+    self._data[key] = value
 
-    def __delitem__(self, key):
-        if isinstance(key, (bytes, str)):
-            name = os.fsdecode(key)
-            if ((name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES))
-                    and (_c_env[name] if name in _c_env else os.environ.get(name)) is not None):
-                try:
-                    _rest()
-                except Exception as exc:
-                    _fail("guard", exc)
-                else:
-                    return _guarded_write("unset", self, key, None, name)
-        # deleting an absent variable changes nothing (and raises KeyError)
-        ekey = self.encodekey(key)
-        _real_unsetenv(ekey)
-        try:
-            del self._data[ekey]
-        except KeyError:
-            raise KeyError(key) from None
+
+def _delitem(self, key):
+    if isinstance(key, (bytes, str)):
+        name = os.fsdecode(key)
+        if ((name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES))
+                and (_c_env[name] if name in _c_env else os.environ.get(name)) is not None):
+            try:
+                _rest()
+            except Exception as exc:
+                _fail("guard", exc)
+            else:
+                return _guarded_write("unset", self, key, None, name)
+    # deleting an absent variable changes nothing (and raises KeyError)
+    ekey = self.encodekey(key)
+    _real_unsetenv(ekey)
+    try:
+        del self._data[ekey]
+    except KeyError:
+        raise KeyError(key) from None
 
 
 def putenv(name, value):
