@@ -9,6 +9,10 @@ With --instructions (needs valgrind), each case also runs once under callgrind w
 its user-space instruction count is the same from run to run whatever the machine's load, so a change
 of a fraction of a percent shows (the kernel's share, e.g. creating the log file, is not counted).
 
+Each case also reports how many young-generation garbage collections its start-up ran: the objects the
+probe keeps count towards the next one, and a bare start ends ~100 objects short of it, so a probe that
+keeps too many costs a whole extra collection (~100 us).
+
     python benchmarks/bench_boot_startup.py [--runs 300] [--instructions] [--json]
 """
 from __future__ import annotations
@@ -58,6 +62,13 @@ def _instructions(python: str, env: dict[str, str], tmp: Path) -> int | None:
     return int(m.group(1)) if out.returncode == 0 and m else None
 
 
+def _gc_collections(python: str, env: dict[str, str]) -> int | None:
+    """Young-generation collections run by the start-up of `python` (up to the -c code)."""
+    out = subprocess.run([python, "-c", "import gc, sys; sys.stdout.write(str(gc.get_stats()[0]['collections']))"],
+                         env=env, capture_output=True, text=True)
+    return int(out.stdout) if out.returncode == 0 and out.stdout.isdigit() else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=300, help="timed runs per case")
@@ -81,6 +92,7 @@ def main() -> int:
             for name, (py, env) in cases.items():
                 times[name].append(_time_once(py, env))
         files = len(list((tmp / "log-persistent").glob("*.jsonl")))
+        gcs = {name: _gc_collections(py, env) for name, (py, env) in cases.items()}
         instr = {name: _instructions(py, env, tmp) for name, (py, env) in cases.items()} if args.instructions else {}
     med = {name: statistics.median(w for w, _ in v) for name, v in times.items()}
     # the middle half of the runs (25th-75th percentile), to judge a ratio on a noisy machine
@@ -93,7 +105,8 @@ def main() -> int:
            "ratio": {k: round(v, 3) for k, v in ratio.items()},
            "cpu_median_ms": {k: round(v * 1e3, 3) for k, v in cpu.items()},
            "cpu_ratio": {k: round(v, 3) for k, v in cpu_ratio.items()}, "goal": GOAL,
-           "ok": ratio["persistent"] <= GOAL, "persistent_log_files": files, "load": os.getloadavg()}
+           "ok": ratio["persistent"] <= GOAL, "persistent_log_files": files, "gc_collections": gcs,
+           "load": os.getloadavg()}
     if instr:
         out["instructions"] = instr
         if instr.get("baseline") and None not in instr.values():
@@ -106,6 +119,7 @@ def main() -> int:
         for name in cases:
             print(f"  {name:<11} {med[name] * 1e3:6.2f} ms {ratio[name]:6.3f}x {cpu[name] * 1e3:6.2f} ms "
                   f"{cpu_ratio[name]:6.3f}x   {iqr[name][0] * 1e3:.2f}-{iqr[name][1] * 1e3:.2f} ms")
+        print("  young-generation collections at start-up: " + ", ".join(f"{k} {v}" for k, v in gcs.items()))
         if instr:
             print("  instructions (callgrind, PYTHONHASHSEED=0): " + ", ".join(
                 f"{k} {v / 1e6:.2f}M" + (f" ({out['instructions_ratio'][k]:.3f}x)" if "instructions_ratio" in out else "")
