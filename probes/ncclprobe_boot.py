@@ -94,60 +94,60 @@ def _jstr(s):
 def _emit(ev, fields):
     # One event line, as _json(rec) in the rest writes it. fields: a dict (str keys; values other than
     # str, None, bool, int go through _json) or the JSON of the fields already (',"key":value...').
+    # A probe_error (fields: (part, exception)) is logged once per part and never raises.
     global _fd, _fd_pid, _dir
-    pid = os.getpid()
-    if _fd < 0 or _fd_pid != pid:
-        if _fd >= 0:  # inherited through fork: the child writes its own file
-            try:
-                os.close(_fd)
-            except OSError:
-                pass
-            _fd = -1
-        if _dir is None:
-            return
-        path = "%s%s%s-%d.jsonl" % (_dir, "" if _dir.endswith("/") else "/", _host, pid)  # os.path.join
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        try:
-            try:
-                _fd = os.open(path, flags, 0o600)
-            except FileNotFoundError:  # first process of this log directory
-                os.makedirs(_dir, 0o700, exist_ok=True)
-                _fd = os.open(path, flags, 0o600)
-            _fd_pid = pid
-        except OSError:
-            _dir = None  # unwritable: go silent, the host is unaffected
-            return
-    t = time.time()
-    if type(fields) is not str:
-        parts = [""]
-        for k, v in fields.items():
-            if type(v) is str:
-                v = _jstr(v)
-            elif v is None or v is True or v is False:
-                v = "null" if v is None else "true" if v else "false"
-            elif type(v) is int:
-                v = str(v)
-            else:
-                _rest()
-                v = _json(v)
-            parts.append('"%s":%s' % (k, v))
-        fields = ",".join(parts)
-    try:  # one write per line: O_APPEND keeps it whole
-        os.write(_fd, ('{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"%s}\n'
-                       % (ev, t, _jstr(_host), pid, fields)).encode("ascii"))
-    except OSError:
-        pass
-
-
-def _fail(part, exc):
-    part_key = "failed " + part  # each part's failure is logged once
-    if part_key in _start:
-        return
-    _start[part_key] = True
     try:
-        _emit("probe_error", {"part": part, "message": "%s: %s" % (type(exc).__name__, exc)})
+        if ev == "probe_error":
+            part, exc = fields
+            if "failed " + part in _start:
+                return
+            _start["failed " + part] = True
+            fields = {"part": part, "message": "%s: %s" % (type(exc).__name__, exc)}
+        pid = os.getpid()
+        if _fd < 0 or _fd_pid != pid:
+            if _fd >= 0:  # inherited through fork: the child writes its own file
+                try:
+                    os.close(_fd)
+                except OSError:
+                    pass
+                _fd = -1
+            if _dir is None:
+                return
+            path = "%s%s%s-%d.jsonl" % (_dir, "" if _dir.endswith("/") else "/", _host, pid)  # os.path.join
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            try:
+                try:
+                    _fd = os.open(path, flags, 0o600)
+                except FileNotFoundError:  # first process of this log directory
+                    os.makedirs(_dir, 0o700, exist_ok=True)
+                    _fd = os.open(path, flags, 0o600)
+                _fd_pid = pid
+            except OSError:
+                _dir = None  # unwritable: go silent, the host is unaffected
+                return
+        t = time.time()
+        if type(fields) is not str:
+            parts = [""]
+            for k, v in fields.items():
+                if type(v) is str:
+                    v = _jstr(v)
+                elif v is None or v is True or v is False:
+                    v = "null" if v is None else "true" if v else "false"
+                elif type(v) is int:
+                    v = str(v)
+                else:
+                    _rest()
+                    v = _json(v)
+                parts.append('"%s":%s' % (k, v))
+            fields = ",".join(parts)
+        try:  # one write per line: O_APPEND keeps it whole
+            os.write(_fd, ('{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"%s}\n'
+                           % (ev, t, _jstr(_host), pid, fields)).encode("ascii"))
+        except OSError:
+            pass
     except Exception:
-        pass
+        if ev != "probe_error":
+            raise
 
 
 def start():
@@ -296,7 +296,7 @@ def start():
                 "null" if exec_env is None else "false" if exec_env == before else "true",
                 ",".join(texts), unwatched, ",".join(pinned)))
     except Exception as exc:
-        _fail("start", exc)
+        _emit("probe_error", ("start", exc))
         return
     try:
         # the class of os.environ and os.environb (patched rather than subclassed: a class costs more
@@ -304,7 +304,7 @@ def start():
         os._Environ.__setitem__, os._Environ.__delitem__ = _setitem, _delitem
         os.putenv, os.unsetenv = putenv, unsetenv
     except Exception as exc:
-        _fail("guard", exc)
+        _emit("probe_error", ("guard", exc))
     try:
         # through a function whose globals hold only a weak reference to the handler: a handler
         # that refers to this module's globals would keep them (and every module they reach)
@@ -312,7 +312,7 @@ def start():
         os.register_at_fork(after_in_child=type(_fork_hook)(
             _fork_hook.__code__, {"_ref": _weakref.ref(_rest)}))
     except Exception as exc:
-        _fail("fork", exc)
+        _emit("probe_error", ("fork", exc))
 
 
 # ---------------------------------------------------------------------------- environ guard
@@ -330,7 +330,7 @@ def _setitem(self, key, value):
             try:
                 _rest()
             except Exception as exc:
-                _fail("guard", exc)
+                _emit("probe_error", ("guard", exc))
             else:
                 return _guarded_write("set", self, key, value, name)
     key, value = self.encodekey(key), self.encodevalue(value)
@@ -346,7 +346,7 @@ def _delitem(self, key):
             try:
                 _rest()
             except Exception as exc:
-                _fail("guard", exc)
+                _emit("probe_error", ("guard", exc))
             else:
                 return _guarded_write("unset", self, key, None, name)
     # deleting an absent variable changes nothing (and raises KeyError)
@@ -364,7 +364,7 @@ def putenv(name, value):
         try:
             _rest()
         except Exception as exc:
-            _fail("guard", exc)
+            _emit("probe_error", ("guard", exc))
         else:
             return _guarded_write("putenv", None, name, value, n)
     return _real_putenv(name, value)
@@ -376,7 +376,7 @@ def unsetenv(name):
         try:
             _rest()
         except Exception as exc:
-            _fail("guard", exc)
+            _emit("probe_error", ("guard", exc))
         else:
             return _guarded_write("unsetenv", None, name, None, n)
     return _real_unsetenv(name)
@@ -408,7 +408,7 @@ def _rest(*fork):
     except Exception as exc:
         if not fork:
             raise
-        _fail("fork", exc)
+        _emit("probe_error", ("fork", exc))
 
 
 # ncclprobe: the rest of the probe (`ncclprobe inject install` writes what follows into a second file)
@@ -418,6 +418,11 @@ OPS = ("set", "default", "pin")
 
 def is_watched(name):
     return name in WATCHED_NAMES or name.startswith(WATCHED_PREFIXES)
+
+
+def _fail(part, exc):
+    """Log a probe_error for `part` (once per part); never raises."""
+    _emit("probe_error", (part, exc))
 
 
 def default_log_dir(uid=None):
