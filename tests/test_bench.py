@@ -506,3 +506,22 @@ def test_projection_break_even():
     assert proj["allreduces_per_forward"] == 122
     assert row["per_forward_us"] == {1: pytest.approx(2440.0), 2: pytest.approx(3660.0)}
     assert row["break_even"] == {2: pytest.approx(1.5)}
+
+
+def test_recommendation_ignores_a_winner_that_ran_what_nccl_already_picked():
+    """Seen on 2 H200s: algo=Ring 'won' by 1.06x while the defaults also ran RING/LL at every size."""
+    from ncclprobe.bench import report as rep
+
+    def cfg(name, us, per_size, env):
+        res = [{"bytes": 1024, "mode": "graph", "inplace": False, "time_us": us}]
+        return {"name": name, "status": "ok", "results": res, "env": env,
+                "realized": {"available": True, "per_size": per_size}}
+
+    ctx = rep.Context("nccl", 2, "graph", "GPU/NCCL")
+    same = [cfg("defaults", 13.3, {"1024": "RING/LL"}, {}), cfg("algo=Ring", 12.0, {"1024": "RING/LL"}, {"NCCL_ALGO": "Ring"})]
+    rec = rep.recommend(ctx, same, [1024], {})
+    assert rec["config"] == "defaults" and rec["export"] == "" and rec["same_as_defaults"] == "algo=Ring"
+    assert "run-to-run noise" in rep.recommendation_text(rec, "GPU/NCCL")[0]
+    other = [cfg("defaults", 13.3, {"1024": "RING/LL"}, {}), cfg("algo=Tree", 12.0, {"1024": "TREE/LL"}, {"NCCL_ALGO": "Tree"})]
+    rec = rep.recommend(ctx, other, [1024], {})
+    assert rec["config"] == "algo=Tree" and rec["export"] == "export NCCL_ALGO=Tree"

@@ -130,6 +130,10 @@ def recommend(ctx: Context, configs: list[dict[str, Any]], sizes: list[int], com
     gain = base / scores[best] if base else None
     if base and (best == DEFAULTS or gain < MIN_GAIN):
         best, gain = DEFAULTS, 1.0
+    elif base and _same_choice(configs, best, sizes):
+        # NCCL already picks that algorithm and protocol at these sizes: the gap is run-to-run noise
+        rec["same_as_defaults"] = best
+        best, gain = DEFAULTS, 1.0
     env = dict(common, **next(c["env"] for c in configs if c["name"] == best))
     rec.update(config=best, gain=gain, export=export_line(env) if best != DEFAULTS else "",
                scores_us={k: round(v, 3) for k, v in scores.items()})
@@ -138,11 +142,25 @@ def recommend(ctx: Context, configs: list[dict[str, Any]], sizes: list[int], com
     return rec
 
 
+def _same_choice(configs: list[dict[str, Any]], name: str, sizes: list[int]) -> bool:
+    """Whether configuration `name` realized the same algorithm/protocol as the defaults at every
+    size (known from the profiler); unknown realizations never count as the same."""
+    real = {c["name"]: (c.get("realized") or {}) for c in configs}
+    a, b = real.get(name, {}), real.get(DEFAULTS, {})
+    if not (a.get("available") and b.get("available")):
+        return False
+    pa, pb = a.get("per_size", {}), b.get("per_size", {})
+    return all(pa.get(str(s)) and pa.get(str(s)) == pb.get(str(s)) for s in sizes)
+
+
 def recommendation_text(rec: dict[str, Any], label: str) -> tuple[str, str]:
     if rec["config"] is None or label == "CPU/gloo":
         return f"No recommendation: {rec['reason']}.", "warn"
     sizes = ", ".join(_size(s) for s in rec["sizes"])
-    if rec["config"] == DEFAULTS:
+    if rec["config"] == DEFAULTS and rec.get("same_as_defaults"):
+        line = (f"Keep NCCL's defaults: the fastest, {rec['same_as_defaults']}, ran the same algorithm and "
+                f"protocol as the defaults at {sizes} (profiler), so its lead is run-to-run noise.")
+    elif rec["config"] == DEFAULTS:
         line = f"Keep NCCL's defaults: no configuration beat them by {MIN_GAIN:.2f}x or more at {sizes} ({rec['basis']} mode)."
     else:
         gain = f"{rec['gain']:.2f}x faster than the defaults" if rec["gain"] else "defaults failed"

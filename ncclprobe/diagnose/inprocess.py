@@ -12,7 +12,8 @@ from ncclprobe.model import CommView, Model, ProcessView
 
 # Variables that legitimately differ between processes or communicators, or only steer diagnostics.
 NOT_TUNING_PREFIXES = ("NCCL_DEBUG", "NCCLPROBE_", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN",
-                       "NCCL_TUNER_PLUGIN", "NCCL_COMM_ID", "NCCL_HOSTID", "NCCL_LOCAL_RANK", "NCCL_INSPECTOR")
+                       "NCCL_TUNER_PLUGIN", "NCCL_COMM_ID", "NCCL_HOSTID", "NCCL_LOCAL_RANK", "NCCL_INSPECTOR",
+                       "NCCL_VERSION")  # NCCL_VERSION: a container image label, never read by NCCL
 
 
 def is_probe_wiring(value: str) -> bool:
