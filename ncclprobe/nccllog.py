@@ -20,20 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Union
 
-# Numeric ids in pre-2.24 TUNING lines (src/include/devcomm.h: NCCL_ALGO_*, NCCL_PROTO_*), spelt as
-# NCCL_ALGO/NCCL_PROTO take them (ncclAlgoStr/ncclProtoStr, src/init.cc).
-ALGO_IDS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
-PROTO_IDS = ("LL", "LL128", "Simple")
-# TUNING lines and profiler descriptors use ncclAlgoToString/ncclProtoToString (src/collectives.cc,
-# 2.24-2.30): "RING", "COLLNET_DIRECT", "SIMPLE". Records carry the NCCL_ALGO/NCCL_PROTO spelling.
-_CANON = {n.upper().replace("_", ""): n for n in ALGO_IDS + PROTO_IDS}
+from ncclprobe import tuning
+
+# Numeric ids in pre-2.24 TUNING lines index these (src/include/devcomm.h: NCCL_ALGO_*, NCCL_PROTO_*);
+# 2.24+ lines print ncclAlgoToString names ("RING", "COLLNET_DIRECT"). Records carry the NCCL_ALGO /
+# NCCL_PROTO spelling, as ncclprobe.tuning defines it.
+ALGO_IDS = tuning.ALGOS
+PROTO_IDS = tuning.PROTOS
 
 
 def canonical(name: str | None) -> str | None:
     """'RING' / 'ring' / 'COLLNET_DIRECT' / 'SIMPLE' -> 'Ring' / 'CollNetDirect' / 'Simple' (others unchanged)."""
-    if name is None:
-        return None
-    return _CANON.get(name.upper().replace("_", ""), name)
+    return None if name is None else tuning.canonical(name)
+
+
 MAX_LINE = 1 << 16  # NCCL formats into a 1024-byte buffer; anything far longer is not NCCL's
 
 
