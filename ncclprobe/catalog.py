@@ -8,7 +8,7 @@ full notes. The rules ask `is_process_cached(var, version)`; `explain` is what a
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ncclprobe.doc import Result, Table, Text, Title
 

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ncclprobe.findings import EXIT_UNEXAMINABLE, EXIT_USAGE
+from ncclprobe.findings import EXIT_UNEXAMINABLE
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 

@@ -75,6 +75,24 @@ class EventLog:
         return sum(self.skipped.values()) + sum(self.unknown.values())
 
 
+def check_sources(dirs, nccl_logs=()) -> None:
+    """Log directories and NCCL logs a user named must be there and readable; raises Unexaminable
+    (exit 3) before any work otherwise."""
+    from ncclprobe.doc import Unexaminable
+    for d in dirs:
+        if not os.path.isdir(d):
+            raise Unexaminable(f"no such log directory: {d}", "no log directory",
+                               {"hint": "give the directory `ncclprobe run` printed, or the NCCLPROBE_DIR of the job"})
+        if not os.access(d, os.R_OK | os.X_OK):
+            raise Unexaminable(f"cannot read log directory: {d}", "permission",
+                               {"hint": "log directories are private (0700) to the user who ran the job: "
+                                        "run as that user or root"})
+    for f in nccl_logs:
+        if not os.path.isfile(f) or not os.access(f, os.R_OK):
+            raise Unexaminable(f"cannot read NCCL log: {f}", "no nccl log",
+                               {"hint": "give a readable file written with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE)"})
+
+
 def _open_nofollow(path: Path):
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     return os.fdopen(fd, "rb")

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ncclprobe import conffiles, elf, procs, shells
+from ncclprobe import conffiles, elf, events, procs, shells
 from ncclprobe.diagnose import exectime
 from ncclprobe.doc import Result, Text, Title, Tree, Unexaminable
 from ncclprobe.watched import REDACTED, is_watched, looks_secret, select
@@ -53,7 +53,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
                       gpu_lookup: Callable[[], tuple[dict[int, list[int]], str]] | None = None,
                       merge_probe_dirs: bool = True) -> Result:
     expect = dict(expect or {})
-    _check_logs(log_dirs or [], nccl_logs or [])
+    events.check_sources(log_dirs or [], nccl_logs or [])
     fs = procs.ProcFS(proc_root, reader)
     roots, not_found = _roots(fs, pids, pgrep)
     # ncclprobe itself (and its children) is not part of the job, even when the target is its ancestor
@@ -85,12 +85,8 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
                                             for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
                                     if merge_probe_dirs else [])
     if dirs or nccl_logs:
-        try:
-            from ncclprobe.report import augment_inspection
-        except ImportError:
-            result.doc.append(Text("In-process view unavailable: ncclprobe.report is not installed", "note"))
-        else:
-            result = augment_inspection(result, dirs, list(nccl_logs or []))
+        from ncclprobe.report import augment_inspection  # the model costs ~27 ms: only when merging
+        result = augment_inspection(result, dirs, list(nccl_logs or []))
     return result
 
 
@@ -113,23 +109,6 @@ class _InspectResult(Result):
     def doc(self, value: list) -> None:
         self._build = None
         self._doc = value
-
-
-def _check_logs(log_dirs: list[str], nccl_logs: list[str]) -> None:
-    """Log directories and NCCL logs the user named must be there (exit 3 before any work); one only
-    found in a target's NCCLPROBE_DIR is merged on a best-effort basis, with a note if unreadable."""
-    for d in log_dirs:
-        if not os.path.isdir(d):
-            raise Unexaminable(f"no such log directory: {d}", "no log directory",
-                               {"hint": "give the directory `ncclprobe run` printed, or the NCCLPROBE_DIR of the job"})
-        if not os.access(d, os.R_OK | os.X_OK):
-            raise Unexaminable(f"cannot read log directory: {d}", "permission",
-                               {"hint": "log directories are private (0700) to the user who ran the job: "
-                                        "run as that user or root"})
-    for f in nccl_logs:
-        if not os.path.isfile(f) or not os.access(f, os.R_OK):
-            raise Unexaminable(f"cannot read NCCL log: {f}", "no nccl log",
-                               {"hint": "give a readable file written with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE)"})
 
 
 def _roots(fs: procs.ProcFS, pids: list[int], pgrep: str | None) -> tuple[list[int], list[dict]]:

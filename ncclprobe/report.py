@@ -3,7 +3,6 @@ probes' log directories (several hosts' directories merge) and NCCL's own INFO l
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,7 @@ SHOWN_VARS_MAX = 8
 def load(dirs, nccl_logs=()) -> Model:
     if not dirs and not nccl_logs:
         raise Unexaminable("give a log directory or --nccl-log FILE", "nothing to read")
-    missing = [str(d) for d in dirs if not Path(d).is_dir()]
-    if missing:
-        raise Unexaminable(f"no such log directory: {', '.join(missing)}", "no log directory",
-                           {"hint": "give the directory `ncclprobe run` printed, or the NCCLPROBE_DIR of the job"})
-    unreadable = [str(d) for d in dirs if not os.access(d, os.R_OK | os.X_OK)]
-    if unreadable:
-        raise Unexaminable(f"cannot read log directory: {', '.join(unreadable)}", "permission",
-                           {"hint": "log directories are private (0700) to the user who ran the job: run as that user or root"})
-    bad_logs = [str(f) for f in nccl_logs if not Path(f).is_file() or not os.access(f, os.R_OK)]
-    if bad_logs:
-        raise Unexaminable(f"cannot read NCCL log: {', '.join(bad_logs)}", "no nccl log")
+    events.check_sources(dirs, nccl_logs)
     log = events.read_dirs(dirs)  # may be empty: NCCL logs alone still tell what NCCL read and ran
     m = model_mod.build(log)
     if nccl_logs:
