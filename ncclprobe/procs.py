@@ -13,6 +13,8 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
+from ncclprobe import procread
+
 DEFAULT_PROC = Path("/proc")
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads have no mm, so no environ
 _NVIDIA_DEV = re.compile(r"^/dev/nvidia(\d+)$")
@@ -51,6 +53,10 @@ class Reader:
     def listdir(self, path: Path) -> list[str]:
         return os.listdir(path)
 
+    def maps_key(self, path: Path | str) -> bytes:
+        """The maps file as normalise_maps gives it."""
+        return normalise_maps(self.read_bytes(path))
+
 
 def reason_of(exc: OSError) -> str:
     """What an OSError from /proc/<pid>/... means for that process."""
@@ -88,7 +94,7 @@ def parse_stat(raw: bytes) -> Stat:
     comm = comm_b.decode("utf-8", "backslashreplace")  # ' (' and ')' never occur inside a UTF-8 sequence
     f = tail.split()
     # f[0] is field 3 (state); proc(5) numbers fields from 1.
-    span = (int(f[44]), int(f[45]), int(f[46]), int(f[47])) if len(f) >= 48 else (0, 0, 0, 0)
+    span = (int(f[45]), int(f[46]), int(f[47]), int(f[48])) if len(f) >= 49 else (0, 0, 0, 0)  # fields 48-51
     st = _new(Stat)  # the frozen dataclass's __init__ sets each field through object.__setattr__
     _setattr(st, "__dict__", {"pid": int(pid_s), "comm": comm, "state": f[0].decode("utf-8", "backslashreplace"),
                               "ppid": int(f[1]), "flags": int(f[6]), "start_ticks": int(f[19]),
@@ -105,34 +111,36 @@ class Mapping:
     deleted: bool
 
 
-_MAPS_ROW = re.compile(rb"^(\S{4}) \S+ (\S+) (\d+) +(/[^\n]*)$", re.M)
+# address perms offset dev inode [padding] path; file-backed rows have an inode and a path from '/'
+_MAPS_ROW = re.compile(rb"^\S+ (\S{4}) \S+ (\S+) (\d+) +(/[^\n]*)$", re.M)
+_NORMAL_ROW = re.compile(rb"^(\S{4}) (\S+) (\d+) (/[^\n]*)$", re.M)
 
 
-def maps_rows(raw: bytes) -> tuple[bytes, ...]:
-    """The lines of a maps file without their first column, the address range: the only part that
-    differs between processes that map the same files (ASLR), so the rows are a cache key."""
-    return tuple([line.partition(b" ")[2] for line in raw.split(b"\n")])
+def normalise_maps(raw: bytes) -> bytes:
+    """The file-backed rows of a maps file as sorted `perms dev inode path` lines: the address range
+    and offset differ between processes that map the same files (ASLR), so does the order of the
+    libraries, and the padding before the path follows the address width, so what is left is a cache
+    key (native/procread.c does the same)."""
+    return b"".join(sorted([b"%s %s %s %s\n" % row for row in _MAPS_ROW.findall(raw) if row[2] != b"0"]))
 
 
 def parse_maps(raw: bytes) -> list[Mapping]:
     """File-backed mappings, one per (path, inode), executable if any of its mappings is."""
-    return parse_rows(maps_rows(raw))
+    return parse_rows(normalise_maps(raw))
 
 
-def parse_rows(rows: tuple[bytes, ...], memo: dict[tuple, Mapping] | None = None) -> list[Mapping]:
-    """The mappings of maps_rows; memo (kept by the caller) shares Mapping objects between parses
-    (processes that map the same files in another order have a list of their own)."""
+def parse_rows(rows: bytes, memo: dict[tuple, Mapping] | None = None) -> list[Mapping]:
+    """The mappings of normalise_maps's rows, in path order; memo (kept by the caller) shares Mapping
+    objects between parses of different rows (processes that map some of the same files)."""
     seen: dict[tuple[bytes, bytes], list] = {}
-    for perms, dev, inode, path in _MAPS_ROW.findall(b"\n".join(rows)):
-        if inode == b"0":
-            continue
+    for perms, dev, inode, path in _NORMAL_ROW.findall(rows):
         entry = seen.get((path, inode))
         if entry is None:
             seen[(path, inode)] = [dev, b"x" in perms]
         elif not entry[1] and b"x" in perms:
             entry[1] = True
     out = []
-    for (path_b, inode), (dev, exe) in seen.items():
+    for (path_b, inode), (dev, exe) in sorted(seen.items()):  # by path: the order of the rows is not kept
         m = memo.get((path_b, inode, dev, exe)) if memo is not None else None
         if m is None:
             path = decode(path_b)
@@ -214,9 +222,14 @@ class ProcFS:
         # Parsed environ blocks and maps, shared by the processes of a tree that have the same ones
         # (exec'ed siblings have the same block; their maps differ only in addresses).
         self._environs: dict[bytes, EnvBlock] = {}
-        self._maps: dict[tuple[bytes, ...], list[Mapping]] = {}
+        self._maps: dict[bytes, list[Mapping]] = {}
         self._mappings: dict[tuple, Mapping] = {}
         self._cmdlines: dict[bytes, list[str]] = {}  # likewise their command lines (never modified)
+        # The native reader reads a whole tree in one call, each distinct value parsed once (in place
+        # of the plain Reader only: a test's reader that injects failures is used as it is);
+        # native_tree keeps what it read of each process until load.
+        self._native = procread.native() if type(self.reader) is Reader else None
+        self._snaps: dict[int, list] = {}
 
     def path(self, pid: int | str, *rest: str) -> str:
         return "/".join((self._root_s, str(pid), *rest))  # str, not Path: this is the hot path
@@ -252,6 +265,69 @@ class ProcFS:
     def stat(self, pid: int) -> Stat:
         return parse_stat(self.reader.read_bytes(f"{self._root_s}/{pid}/stat"))
 
+    def native_tree(self, roots: list[int]) -> tuple[dict[int, Stat], bool] | None:
+        """The stats of the processes under the roots, read with the native reader, which reads all
+        that load will want of each of them in the same pass (kept for load); and whether every
+        children file could be read. None without the native reader."""
+        if self._native is None:
+            return None
+        P = procread
+        flat, fresh = self._native.tree(self._root_s, roots)
+        parsers = (decode, self._argv, os.fsdecode, self._native_block, self._rows_maps, os.fsdecode, os.fsdecode)
+        values: list[dict[int, object]] = [{} for _ in range(P.CHILDREN)]
+        for (k, num), raw in sorted(fresh.items()):
+            values[k][num] = parsers[k](raw)
+        errors = slice(P.O_KINDS, P.PR_OUT, 4)  # of every kind, children last
+        nums = slice(P.O_KINDS + 1, P.O_KINDS + 4 * P.CHILDREN, 4)  # of every kind but children
+        self_mnt = self.self_mnt_ns()
+        # What processes with the same values (exec'ed siblings) have in common, by their numbers
+        alike: dict[tuple[int, ...], dict] = {}
+        stats: dict[int, Stat] = {}
+        complete = True
+        for i in range(0, len(flat), P.PR_OUT):
+            out = flat[i:i + P.PR_OUT]
+            if out[P.O_ERR]:
+                continue  # a root that is gone is reported by load; a child that is gone is not ours
+            pid, state, flags, span = out[P.O_PID], chr(out[P.O_STATE]), out[P.O_FLAGS], tuple(out[P.O_SPAN:P.O_SPAN + 4])
+            key = tuple(out[nums])
+            common = alike.get(key)
+            if common is None:
+                got = [values[k].get(num) for k, num in enumerate(key)]
+                common = alike[key] = {"name": got[0], "cmdline": got[1], "exe": got[2], "env": got[3], "maps": got[4],
+                                       "root": got[5], "same_mnt_ns": got[6] == self_mnt}
+            st = stats[pid] = _new(Stat)
+            _setattr(st, "__dict__", {"pid": pid, "comm": common["name"], "state": state, "ppid": out[P.O_PPID],
+                                      "flags": flags, "start_ticks": out[P.O_START], "env_span": span,
+                                      "threads": out[P.O_THREADS]})
+            errs = out[errors]
+            if errs[P.CHILDREN]:
+                complete = False  # the tree under this one is unknown
+            if (out[P.O_UID_ERR] or any(errs[:P.CHILDREN]) or type(common["env"]) is not EnvBlock
+                    or flags & PF_KTHREAD or state in ("Z", "X")):
+                # anything unusual: load works it out from what was read, as from what it reads
+                self._snaps[pid] = [
+                    OSError(e, os.strerror(e), self.path(pid)) if e else v for e, v in (
+                        (out[P.O_UID_ERR], out[P.O_UID]),
+                        *((errs[k], values[k].get(key[k])) for k in range(1, P.CHILDREN)))]
+                continue
+            # the common case, everything read: the process as load would make it
+            proc = self._snaps[pid] = _new(Proc)
+            proc.__dict__ = {**_PROC_DEFAULTS, **common, "pid": pid, "ppid": out[P.O_PPID], "state": state,
+                             "uid": out[P.O_UID], "start_ticks": out[P.O_START], "flags": flags, "env_span": span,
+                             "notes": []}
+        return stats, complete
+
+    def _native_block(self, raw: bytes) -> EnvBlock | bytes:
+        """The native reader's parser for environ: an empty block stays bytes (what it means depends
+        on the process, see environ)."""
+        return self.parsed_block(raw) if raw else raw
+
+    def _rows_maps(self, rows: bytes) -> list[Mapping]:
+        hit = self._maps.get(rows)
+        if hit is None:
+            hit = self._maps[rows] = parse_rows(rows, self._mappings)
+        return hit
+
     def status(self, pid: int) -> dict[str, str]:
         out = {}
         for line in decode(self.reader.read_bytes(self.path(pid, "status"))).split("\n"):
@@ -275,7 +351,9 @@ class ProcFS:
         return False
 
     def cmdline(self, pid: int, path: str | None = None) -> list[str]:
-        raw = self.reader.read_bytes(path or self.path(pid, "cmdline"))
+        return self._argv(self.reader.read_bytes(path or self.path(pid, "cmdline")))
+
+    def _argv(self, raw: bytes) -> list[str]:
         argv = self._cmdlines.get(raw)
         if argv is None:
             args = raw[:-1] if raw.endswith(b"\0") else raw
@@ -283,17 +361,25 @@ class ProcFS:
         return argv
 
     def environ(self, pid: int, state: str = "", kernel_thread: bool = False,
-                env_span: tuple[int, int, int, int] = (0, 0, 0, 0), path: str | None = None) -> EnvBlock:
+                env_span: tuple[int, int, int, int] = (0, 0, 0, 0), path: str | None = None,
+                raw: bytes | EnvBlock | OSError | None = None) -> EnvBlock:
+        """The process's exec-time block; `raw`: what reading its environ gave, when it was read
+        already (bytes, the block the native reader parsed from them, or the error)."""
         # Kernel threads and zombies have no mm: environ reads 0 bytes on older kernels and fails with
         # ESRCH on recent ones (fs/proc/base.c proc_mem_open), so their state decides before any read.
         if kernel_thread:
             return EnvBlock({}, "empty", "kernel thread", 0, 0, None)
         if state in ("Z", "X"):
             return EnvBlock({}, "empty", "zombie", 0, 0, None)
-        try:
-            raw = self.reader.read_bytes(path or self.path(pid, "environ"))
-        except OSError as exc:
-            reason = reason_of(exc)
+        if isinstance(raw, EnvBlock):
+            return raw
+        if raw is None:
+            try:
+                raw = self.reader.read_bytes(path or self.path(pid, "environ"))
+            except OSError as exc:
+                raw = exc
+        if isinstance(raw, OSError):
+            reason = reason_of(raw)
             if reason == "vanished" and self._exited(pid):
                 return EnvBlock({}, "empty", "zombie", 0, 0, None)  # exited between its stat and this read
             return EnvBlock(None, "unreadable", reason, 0, 0, None)
@@ -305,7 +391,11 @@ class ProcFS:
             # env_start == env_end: exec'ed with no environment at all (env -i, Popen(env={})). setproctitle
             # writes over the block but never shrinks it, so a clobbered block is never 0 bytes.
             return EnvBlock({}, "exec", "empty at exec", 0, 0, hash(raw))
-        block = self._environs.get(raw)  # the block, as every process with these bytes shows it
+        return self.parsed_block(raw)
+
+    def parsed_block(self, raw: bytes) -> EnvBlock:
+        """The block of these (non-empty) bytes, as every process with them shows it."""
+        block = self._environs.get(raw)
         if block is None:
             env, garbled = parse_environ(raw)
             if not env:
@@ -326,11 +416,7 @@ class ProcFS:
 
     def maps(self, pid: int, path: str | None = None) -> list[Mapping]:
         """The process's file mappings (a list shared with processes that map the same files)."""
-        rows = maps_rows(self.reader.read_bytes(path or self.path(pid, "maps")))
-        hit = self._maps.get(rows)
-        if hit is None:
-            hit = self._maps[rows] = parse_rows(rows, self._mappings)
-        return hit
+        return self._rows_maps(self.reader.maps_key(path or self.path(pid, "maps")))
 
     def fd_targets(self, pid: int) -> list[str]:
         d = self.path(pid, "fd")
@@ -350,19 +436,18 @@ class ProcFS:
                 gpus.add(int(m.group(1)))
         return sorted(gpus)
 
-    def resolve_root(self, proc: Proc) -> None:
-        """Read the process's root and mount namespace once, when a path must be resolved in it."""
+    def resolve_root(self, proc: Proc, read: tuple[str | OSError, str | OSError] | None = None) -> None:
+        """Read the process's root and mount namespace once, when a path must be resolved in it
+        (`read`: the two links' targets, or the errors, when they were read already)."""
         if proc.root is not None or proc.root_reason is not None:
             return
         base = f"{self._root_s}/{proc.pid}"
-        try:
-            proc.root = self.reader.readlink(base + "/root")
-        except OSError as exc:
-            proc.root_reason = reason_of(exc)  # needs ptrace access
-        try:
-            proc.same_mnt_ns = self.reader.readlink(base + "/ns/mnt") == self.self_mnt_ns()
-        except OSError:
-            proc.same_mnt_ns = True
+        root, mnt = read or (_readlink(self.reader, base + "/root"), _readlink(self.reader, base + "/ns/mnt"))
+        if isinstance(root, OSError):
+            proc.root_reason = reason_of(root)  # needs ptrace access
+        else:
+            proc.root = root
+        proc.same_mnt_ns = True if isinstance(mnt, OSError) else mnt == self.self_mnt_ns()
 
     def cwd_of(self, proc: Proc) -> str | None:
         """The process's working directory, read once, when a relative path must be resolved."""
@@ -387,25 +472,35 @@ class ProcFS:
     def load(self, pid: int, st: Stat | None = None, with_env: bool = True, with_maps: bool = True) -> Proc:
         """Everything about one process; raises OSError only if even its stat is gone or refused."""
         base = f"{self._root_s}/{pid}"  # built once: this is the hot path
-        st = st or parse_stat(self.reader.read_bytes(base + "/stat"))
+        # what native_tree read: [uid, cmdline, exe, env, maps, root, mnt], each the value or the
+        # OSError reading it gave
+        snap = self._snaps.pop(pid, None)
+        if type(snap) is Proc:  # all of it read, by native_tree
+            if not with_env:
+                snap.env = None
+            if not with_maps:
+                snap.maps = None
+            return snap
         reader, notes = self.reader, []
+        st = st or parse_stat(reader.read_bytes(base + "/stat"))
         uid = cmdline_reason = exe = env = maps = maps_reason = None
         cmdline: list[str] = []
         try:
-            uid = reader.owner(base)
+            uid = reader.owner(base) if snap is None else _value(snap[0])
         except OSError as exc:
             notes.append(f"owner: {reason_of(exc)}")
         try:
-            cmdline = self.cmdline(pid, base + "/cmdline")
+            cmdline = self.cmdline(pid, base + "/cmdline") if snap is None else _value(snap[1])
         except OSError as exc:
             cmdline_reason = reason_of(exc)
         try:
-            exe = reader.readlink(base + "/exe")
+            exe = reader.readlink(base + "/exe") if snap is None else _value(snap[2])
         except OSError:
             pass  # needs ptrace access; kernel threads have none
         kernel_thread = bool(st.flags & PF_KTHREAD)
         if with_env:
-            env = self.environ(pid, st.state, kernel_thread, st.env_span, base + "/environ")
+            env = self.environ(pid, st.state, kernel_thread, st.env_span, base + "/environ",
+                               None if snap is None else snap[3])
             if env.reason == "permission" and self.hidden(pid):
                 notes.append("hidden by hidepid")
                 env = EnvBlock(None, "unreadable", "hidepid", 0, 0, None)
@@ -413,7 +508,7 @@ class ProcFS:
             maps = []  # no mm, nothing mapped (and recent kernels refuse the read with ESRCH)
         elif with_maps:
             try:
-                maps = self.maps(pid, base + "/maps")
+                maps = self.maps(pid, base + "/maps") if snap is None else _value(snap[4])
             except OSError as exc:
                 maps_reason = reason_of(exc)
         # Proc(pid=..., ...) in one dict, without the generated __init__'s cost (one per process)
@@ -422,7 +517,23 @@ class ProcFS:
                          "uid": uid, "start_ticks": st.start_ticks, "flags": st.flags, "env_span": st.env_span,
                          "cmdline": cmdline, "cmdline_reason": cmdline_reason, "exe": exe, "env": env,
                          "maps": maps, "maps_reason": maps_reason, "notes": notes}
+        if snap is not None:
+            self.resolve_root(proc, (snap[5], snap[6]))  # read already (else when first needed)
         return proc
+
+
+def _value(v):
+    """A value the native reader read, or the OSError it gave, raised."""
+    if isinstance(v, OSError):
+        raise v
+    return v
+
+
+def _readlink(reader: Reader, path: str) -> str | OSError:
+    try:
+        return reader.readlink(path)
+    except OSError as exc:
+        return exc
 
 
 @dataclass
@@ -476,6 +587,10 @@ def _tree_by_children(fs: ProcFS, roots: list[int]) -> tuple[dict[int, Stat], di
     """Stats and children of the processes under the roots only, read top down; None when a
     children file cannot be read (kernel without CONFIG_PROC_CHILDREN, a fake /proc, a process that
     exited or is hidden mid-walk): then only a scan of every process is sure to see the same tree."""
+    native = fs.native_tree(roots)
+    if native is not None:
+        stats, complete = native
+        return (stats, _by_parent(stats)) if complete else None
     stats: dict[int, Stat] = {}
     todo = list(roots)
     while todo:

@@ -1,4 +1,5 @@
-"""Builds the C probes and copies the boot probe into an output folder (stdlib only).
+"""Builds the C probes (and the tool's own native /proc reader) and copies the boot probe into an
+output folder (stdlib only).
 
 Used by setup.py at install time and by tests that need a fresh build. Needs only a C compiler:
 no CUDA, no nccl.h (the probes declare the NCCL ABI types they use themselves).
@@ -21,6 +22,8 @@ TARGETS: dict[str, tuple[str, list[str]]] = {
     "libncclprobe.so": ("ncclprobe", ["-ldl", "-lpthread", "-Wl,-z,nodelete"]),
     "sim/libnccl.so.2": ("simnccl", ["-ldl", "-lpthread", "-Wl,-soname,libnccl.so.2"]),
     "sim/libsimtorch.so": ("simframework", ["-L{out}/sim", "-l:libnccl.so.2", "-Wl,-rpath,$ORIGIN"]),
+    # not a probe: the /proc reader `ncclprobe inspect` calls through ctypes (native/, beside probes/)
+    "libprocread.so": ("../native", []),
 }
 
 # Python files that run inside the diagnosed interpreters, shipped as they are.

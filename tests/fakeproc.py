@@ -47,7 +47,7 @@ class FakeProc:
         # stat's env_start..env_end spans the block, as the kernel shows it (empty block: start == end)
         span = span or (1000 + pid, 2000 + pid, 3000 + pid, 3000 + pid + len(raw))
         fields = [state, str(ppid), str(pid), str(pid), "0", "-1", str(flags)] + ["0"] * 12 + [str(start)]
-        fields += ["0"] * (44 - len(fields)) + [str(x) for x in span] + ["0"]
+        fields += ["0"] * (45 - len(fields)) + [str(x) for x in span] + ["0"]  # fields 48-51, then exit_code
         (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields) + "\n")
         (d / "status").write_text(f"Name:\t{comm}\nState:\t{state}\nTgid:\t{tgid or pid}\nPid:\t{pid}\n"
                                   f"PPid:\t{ppid}\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")

@@ -15,7 +15,7 @@ def fake(tmp_path):
 
 def test_parse_stat_comm_with_spaces_and_parens():
     raw = b"42 (my (odd) name) S 7 42 42 0 -1 4194560 " + b" ".join([b"0"] * 12) + b" 555 " + \
-        b" ".join([b"0"] * 24) + b" 11 12 13 14 0"
+        b" ".join([b"0"] * 25) + b" 11 12 13 14 0"  # fields 48-51: arg_start .. env_end
     st = procs.parse_stat(raw)
     assert (st.pid, st.comm, st.state, st.ppid, st.start_ticks) == (42, "my (odd) name", "S", 7, 555)
     assert st.env_span == (11, 12, 13, 14)

@@ -1,0 +1,496 @@
+/* procread.c - the /proc reader behind `ncclprobe inspect`: every file it needs of every process in
+ * a tree, read in one ctypes call, each process's files relative to its directory. On a tree of
+ * hundreds of processes the kernel's work is then most of the cost: from Python, each of the ~10
+ * system calls per process and each copy of what they return costs more than the call itself. Runs in
+ * the ncclprobe process only, never inside a diagnosed one.
+ *
+ * One call reads a whole tree. It numbers every distinct value it returns, per kind: a process whose
+ * command line, environment, maps, ... are byte for byte those of an earlier one (exec'ed siblings)
+ * gets that value's number and no bytes, so Python parses each distinct value once and never copies
+ * or hashes the repeats. Equal bytes, not equal hashes, make a value the same.
+ *
+ * The output (`out`, PR_OUT int64s per process; ncclprobe/procread.py names them) holds the stat fields procs
+ * uses, the owner's uid (the owner of /proc/<pid>: the task's euid, fs/proc/base.c task_dump_owner),
+ * and per kind {errno, value number, offset, length}; the bytes of a new value are at that offset in
+ * `buf`. The directory is opened once (O_PATH), so a PID reused mid-read cannot mix two processes. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define PF_KTHREAD 0x00200000 /* include/linux/sched.h: no mm, so no environ or maps */
+
+/* kinds of values, in output order; children are not numbered (they differ between processes) */
+enum { K_COMM, K_CMDLINE, K_EXE, K_ENVIRON, K_MAPS, K_ROOT, K_MNT, K_CHILDREN, K_COUNT };
+/* fixed slots of the output, then K_COUNT groups of {errno, number, offset, length} */
+enum { O_ERR, O_PID, O_PPID, O_STATE, O_FLAGS, O_START, O_THREADS, O_SPAN0, O_SPAN1, O_SPAN2, O_SPAN3,
+       O_UID, O_UID_ERR, O_KINDS };
+#define PR_OUT (O_KINDS + 4 * K_COUNT)
+
+typedef struct {
+  uint64_t hash;
+  int64_t off, len;
+  int32_t kind, num;
+} pr_entry;
+
+typedef struct {
+  char root[4096];
+  pr_entry* tab; /* open addressing, a power of two */
+  size_t tab_cap, tab_len;
+  char* arena; /* every distinct value's bytes */
+  size_t arena_cap, arena_len;
+  int32_t next_num[K_COUNT];
+} pr_reader;
+
+typedef struct {
+  char* buf;
+  int64_t cap, used;
+} pr_out;
+
+static uint64_t hash_bytes(const char* p, size_t n, uint64_t h) {
+  uint64_t w;
+  for (; n >= 8; n -= 8, p += 8) {
+    memcpy(&w, p, 8);
+    h = (h ^ w) * 0x9E3779B97F4A7C15ull;
+    h ^= h >> 29;
+  }
+  w = 0;
+  memcpy(&w, p, n);
+  h = (h ^ w ^ ((uint64_t)n << 56)) * 0x9E3779B97F4A7C15ull;
+  return h ^ (h >> 32);
+}
+
+static int grow_table(pr_reader* r) {
+  size_t cap = r->tab_cap ? r->tab_cap * 2 : 1024;
+  pr_entry* tab = calloc(cap, sizeof *tab);
+  if (!tab) return ENOMEM;
+  for (size_t i = 0; i < r->tab_cap; i++) {
+    pr_entry* e = &r->tab[i];
+    if (!e->num) continue; /* free */
+    size_t j = e->hash & (cap - 1);
+    while (tab[j].num) j = (j + 1) & (cap - 1);
+    tab[j] = *e;
+  }
+  free(r->tab);
+  r->tab = tab;
+  r->tab_cap = cap;
+  return 0;
+}
+
+/* The number of the value (kind, bytes), and whether it is new (then its bytes stay in out). Numbers
+ * count from 1 in each kind; table slots with num 0 are free. */
+static int intern(pr_reader* r, int kind, const char* p, int64_t n, int32_t* num, int* fresh) {
+  if (2 * (r->tab_len + 1) > r->tab_cap && grow_table(r)) return ENOMEM;
+  uint64_t h = hash_bytes(p, (size_t)n, 0x243F6A8885A308D3ull + (uint64_t)kind);
+  size_t j = h & (r->tab_cap - 1);
+  for (; r->tab[j].num; j = (j + 1) & (r->tab_cap - 1)) {
+    pr_entry* e = &r->tab[j];
+    if (e->hash == h && e->kind == kind && e->len == n && !memcmp(r->arena + e->off, p, (size_t)n)) {
+      *num = e->num;
+      *fresh = 0;
+      return 0;
+    }
+  }
+  if (r->arena_len + (size_t)n > r->arena_cap) {
+    size_t cap = r->arena_cap ? r->arena_cap : 1 << 16;
+    while (cap < r->arena_len + (size_t)n) cap *= 2;
+    char* a = realloc(r->arena, cap);
+    if (!a) return ENOMEM;
+    r->arena = a;
+    r->arena_cap = cap;
+  }
+  memcpy(r->arena + r->arena_len, p, (size_t)n);
+  r->tab[j] = (pr_entry){h, (int64_t)r->arena_len, n, kind, ++r->next_num[kind]};
+  r->arena_len += (size_t)n;
+  r->tab_len++;
+  *num = r->tab[j].num;
+  *fresh = 1;
+  return 0;
+}
+
+/* Appends the file to out. `whole`: the kernel fills these in one call (stat: one-record seq_file;
+ * cmdline, environ: fs/proc/base.c loops until done), so a short read is the end; maps and children
+ * are multi-record seq_files that stop at a page, read to 0. ENOBUFS: out is too small. */
+static int append_file(int dfd, const char* name, pr_out* out, int whole) {
+  int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
+  if (fd < 0) return errno;
+  int err = 0;
+  for (;;) {
+    int64_t room = out->cap - out->used;
+    if (room <= 0) {
+      err = ENOBUFS;
+      break;
+    }
+    ssize_t n = read(fd, out->buf + out->used, (size_t)room);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      err = errno;
+      break;
+    }
+    if (n == 0) break;
+    out->used += n;
+    if (whole && n < room) break;
+  }
+  close(fd);
+  return err;
+}
+
+static int append_link(int dfd, const char* name, pr_out* out) {
+  int64_t room = out->cap - out->used;
+  if (room <= 0) return ENOBUFS;
+  ssize_t n = readlinkat(dfd, name, out->buf + out->used, (size_t)room);
+  if (n < 0) return errno;
+  if (n == room) return ENOBUFS; /* possibly cut short */
+  out->used += n;
+  return 0;
+}
+
+/* Every thread's children file (fs/proc/array.c get_children_pid lists the children the thread
+ * forked), space-separated; the main thread's alone when the process has one thread. */
+static int append_children(int dfd, int64_t pid, int64_t threads, pr_out* out) {
+  char name[64];
+  if (threads <= 1) {
+    snprintf(name, sizeof name, "task/%lld/children", (long long)pid);
+    return append_file(dfd, name, out, 0);
+  }
+  int tfd = openat(dfd, "task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (tfd < 0) return errno;
+  DIR* dir = fdopendir(tfd);
+  if (!dir) {
+    int e = errno;
+    close(tfd);
+    return e;
+  }
+  int err = 0;
+  struct dirent* de;
+  while (!err && (de = readdir(dir)) != NULL) {
+    if (de->d_name[0] < '0' || de->d_name[0] > '9') continue;
+    snprintf(name, sizeof name, "%.32s/children", de->d_name);
+    err = append_file(dirfd(dir), name, out, 0);
+    if (!err) {
+      if (out->used >= out->cap) err = ENOBUFS;
+      else out->buf[out->used++] = ' ';
+    }
+  }
+  closedir(dir);
+  return err;
+}
+
+static int64_t filter_maps(char* s, int64_t n);
+
+typedef struct {
+  const char* p;
+  size_t n;
+} pr_line;
+
+static int line_cmp(const void* a, const void* b) { /* as Python compares bytes */
+  const pr_line *x = a, *y = b;
+  int c = memcmp(x->p, y->p, x->n < y->n ? x->n : y->n);
+  return c ? c : (x->n > y->n) - (x->n < y->n);
+}
+
+/* Maps rows as sorted "perms dev inode path\n" lines, file-backed ones only (inode != 0, path from
+ * '/'): the address range and offset differ between processes that map the same files (ASLR), so does
+ * the order of the libraries, and the column padding follows the address width; what is left is the
+ * same for them. In place: the output never runs ahead of the input. procs.normalise_maps does the
+ * same in Python (without merging segments) and procs.parse_rows reads both. ENOMEM: -1. */
+static int64_t normalise_maps(char* s, int64_t n) {
+  int64_t len = filter_maps(s, n);
+  size_t lines = 0;
+  for (int64_t i = 0; i < len; i++) lines += s[i] == '\n';
+  if (lines < 2) return len;
+  pr_line* v = malloc(lines * sizeof *v);
+  char* copy = malloc((size_t)len);
+  if (!v || !copy) {
+    free(v);
+    free(copy);
+    return -1;
+  }
+  memcpy(copy, s, (size_t)len);
+  size_t k = 0;
+  for (char *p = copy, *end = copy + len; p < end; k++) {
+    char* eol = memchr(p, '\n', (size_t)(end - p));
+    v[k] = (pr_line){p, (size_t)(eol - p + 1)};
+    p = eol + 1;
+  }
+  qsort(v, lines, sizeof *v, line_cmp);
+  char* w = s;
+  for (k = 0; k < lines; k++) {
+    memcpy(w, v[k].p, v[k].n);
+    w += v[k].n;
+  }
+  free(v);
+  free(copy);
+  return len;
+}
+
+/* The file-backed rows, as normalise_maps wants them, in their order; consecutive rows of one file
+ * (its segments) are one row, executable if any of them is. */
+static int64_t filter_maps(char* s, int64_t n) {
+  char* w = s;
+  char* end = s + n;
+  char* last = NULL; /* the dev of the row written last */
+  size_t last_len = 0; /* from there to its end, without the newline */
+  for (char* line = s; line < end;) {
+    char* eol = memchr(line, '\n', (size_t)(end - line));
+    if (!eol) eol = end;
+    char* next = eol + 1;
+    char* p = memchr(line, ' ', (size_t)(eol - line)); /* after the address range */
+    if (!p || eol - p < 7 || p[5] != ' ') goto skip;
+    char* perms = p + 1;
+    char* q = memchr(p + 6, ' ', (size_t)(eol - p - 6)); /* after the offset */
+    if (!q) goto skip;
+    char* dev = q + 1;
+    char* r = memchr(dev, ' ', (size_t)(eol - dev));
+    if (!r) goto skip;
+    char* ino = r + 1;
+    char* ie = ino;
+    while (ie < eol && *ie >= '0' && *ie <= '9') ie++;
+    if (ie == ino || (ie - ino == 1 && *ino == '0')) goto skip; /* no inode: anonymous */
+    char* path = ie;
+    while (path < eol && *path == ' ') path++;
+    if (path == ie || path >= eol || *path != '/') goto skip;
+    size_t dev_len = (size_t)(r - dev), ino_len = (size_t)(ie - ino), path_len = (size_t)(eol - path);
+    size_t len = dev_len + 1 + ino_len + 1 + path_len;
+    if (last && len == last_len && !memcmp(last, dev, dev_len) && !memcmp(last + dev_len + 1, ino, ino_len) &&
+        !memcmp(last + dev_len + 1 + ino_len + 1, path, path_len)) {
+      if (perms[2] == 'x') last[-3] = 'x'; /* the row's perms, at w - 5 when it was written */
+      goto skip;
+    }
+    memmove(w, perms, 4);
+    w[4] = ' ';
+    last = w + 5;
+    memmove(last, dev, dev_len);
+    last[dev_len] = ' ';
+    memmove(last + dev_len + 1, ino, ino_len);
+    last[dev_len + 1 + ino_len] = ' ';
+    memmove(last + dev_len + 1 + ino_len + 1, path, path_len);
+    last_len = len;
+    w = last + len;
+    *w++ = '\n';
+  skip:
+    line = next;
+  }
+  return w - s;
+}
+
+/* stat's fields after comm (proc(5) numbers them from 1: state is field 3); comm may hold spaces and
+ * ')'. Returns EINVAL for anything else. */
+static int parse_stat(const char* s, int64_t n, int64_t* out, int64_t* comm_off, int64_t* comm_len) {
+  const char* end = s + n;
+  const char* open = memchr(s, '(', (size_t)n);
+  const char* close = NULL;
+  for (const char* q = s; q < end; q++)
+    if (*q == ')') close = q;
+  if (!open || !close || close < open || close + 2 >= end) return EINVAL;
+  out[O_PID] = strtoll(s, NULL, 10);
+  *comm_off = open + 1 - s;
+  *comm_len = close - open - 1;
+  const char* p = close + 2;
+  out[O_STATE] = (unsigned char)*p;
+  int64_t f[52] = {0};
+  int nf = 0;
+  for (p++; p < end && nf < 52; nf++) { /* f[i] is field i + 4 */
+    while (p < end && *p == ' ') p++;
+    if (p >= end || *p == '\n') break;
+    int neg = *p == '-';
+    if (neg) p++;
+    int64_t v = 0;
+    while (p < end && *p >= '0' && *p <= '9') v = v * 10 + (*p++ - '0');
+    f[nf] = neg ? -v : v;
+    while (p < end && *p != ' ') p++;
+  }
+  if (nf < 19) return EINVAL;
+  out[O_PPID] = f[0];
+  out[O_FLAGS] = f[5];
+  out[O_THREADS] = f[16];
+  out[O_START] = f[18];
+  for (int i = 0; i < 4; i++) out[O_SPAN0 + i] = nf >= 48 ? f[44 + i] : 0; /* arg_start .. env_end */
+  return 0;
+}
+
+/* Reads one process into o (from o->used on) and its PR_OUT slots. Only the values new to r keep their
+ * bytes, moved down to where o->used was; known ones get their number. Returns 0 (a process that
+ * cannot be read has its errno in out[O_ERR]), ENOBUFS or ENOMEM. Kernel threads and zombies have no
+ * mm, so no environ or maps. */
+static int read_one(pr_reader* r, int pid, pr_out* o, int64_t* out) {
+  char dir[4200];
+  memset(out, 0, PR_OUT * sizeof *out);
+  out[O_PID] = pid;
+  snprintf(dir, sizeof dir, "%s/%d", r->root, pid);
+  int dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0) {
+    out[O_ERR] = errno;
+    return 0;
+  }
+  int64_t mark = o->used;
+  int64_t at[K_COUNT], len[K_COUNT]; /* where each kind's bytes are in buf, before numbering */
+  int err = append_file(dfd, "stat", o, 1);
+  if (!err) err = parse_stat(o->buf + mark, o->used - mark, out, &at[K_COMM], &len[K_COMM]);
+  at[K_COMM] += mark;
+  if (err) {
+    close(dfd);
+    o->used = mark;
+    if (err == ENOBUFS) return ENOBUFS;
+    out[O_ERR] = err;
+    return 0;
+  }
+  struct stat st;
+  if (fstat(dfd, &st) == 0) out[O_UID] = st.st_uid;
+  else out[O_UID_ERR] = errno;
+  int no_mm = (out[O_FLAGS] & PF_KTHREAD) || out[O_STATE] == 'Z' || out[O_STATE] == 'X';
+  for (int k = K_CMDLINE; k < K_COUNT; k++) {
+    int64_t start = o->used;
+    int e;
+    switch (k) {
+      case K_EXE: e = append_link(dfd, "exe", o); break;
+      case K_ROOT: e = append_link(dfd, "root", o); break;
+      case K_MNT: e = append_link(dfd, "ns/mnt", o); break;
+      case K_CMDLINE: e = append_file(dfd, "cmdline", o, 1); break;
+      case K_ENVIRON: e = no_mm ? ENOENT : append_file(dfd, "environ", o, 1); break;
+      case K_MAPS:
+        e = no_mm ? ENOENT : append_file(dfd, "maps", o, 0);
+        if (!e) {
+          int64_t kept = normalise_maps(o->buf + start, o->used - start);
+          if (kept < 0) {
+            close(dfd);
+            o->used = mark;
+            return ENOMEM;
+          }
+          o->used = start + kept;
+        }
+        break;
+      default: e = append_children(dfd, out[O_PID], out[O_THREADS], o); break;
+    }
+    if (e == ENOBUFS) {
+      close(dfd);
+      o->used = mark;
+      return ENOBUFS;
+    }
+    if (e) o->used = start;
+    out[O_KINDS + 4 * k] = e;
+    at[k] = start;
+    len[k] = o->used - start;
+  }
+  close(dfd);
+  /* number every value; new ones keep their bytes, moved down to mark (never past where they are) */
+  int64_t w = mark;
+  for (int k = 0; k < K_COUNT; k++) {
+    int64_t* slot = out + O_KINDS + 4 * k;
+    if (slot[0]) continue;
+    int32_t num = 0;
+    int fresh = 1;
+    if (k != K_CHILDREN && (err = intern(r, k, o->buf + at[k], len[k], &num, &fresh))) return err;
+    slot[1] = num;
+    slot[2] = w;
+    slot[3] = fresh ? len[k] : -1; /* -1: a value returned before, no bytes */
+    if (fresh) {
+      memmove(o->buf + w, o->buf + at[k], (size_t)len[k]);
+      w += len[k];
+    }
+  }
+  o->used = w;
+  return 0;
+}
+
+/* A set of pids (open addressing; 0 is free). */
+typedef struct {
+  int* slot;
+  size_t cap, len;
+} pid_set;
+
+static int pid_add(pid_set* s, int pid) { /* 1 added, 0 present, -1 ENOMEM */
+  if (2 * (s->len + 1) > s->cap) {
+    size_t cap = s->cap ? s->cap * 2 : 1024;
+    int* slot = calloc(cap, sizeof *slot);
+    if (!slot) return -1;
+    for (size_t i = 0; i < s->cap; i++) {
+      if (!s->slot[i]) continue;
+      size_t j = ((size_t)s->slot[i] * 2654435761u) & (cap - 1);
+      while (slot[j]) j = (j + 1) & (cap - 1);
+      slot[j] = s->slot[i];
+    }
+    free(s->slot);
+    s->slot = slot;
+    s->cap = cap;
+  }
+  size_t j = ((size_t)pid * 2654435761u) & (s->cap - 1);
+  for (; s->slot[j]; j = (j + 1) & (s->cap - 1))
+    if (s->slot[j] == pid) return 0;
+  s->slot[j] = pid;
+  s->len++;
+  return 1;
+}
+
+/* Reads every process under the roots (threads excluded), depth first from the children files, into
+ * `out` (PR_OUT int64s each, in the order read) and `buf` (the bytes of each new value). Returns the
+ * number of processes, or -ENOBUFS (buf or out too small: call again with larger ones), -ENOMEM.
+ * Children stay unread under a process whose children file failed (its errno is in its slot: the
+ * caller then cannot trust the tree). Values are numbered afresh in each call. */
+EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int nroots, char* buf, int64_t cap,
+                                   int64_t* out, int64_t max_procs) {
+  pr_reader r = {0};
+  if (snprintf(r.root, sizeof r.root, "%s", proc_root) >= (int)sizeof r.root) return -ENAMETOOLONG;
+  pr_out o = {buf, cap, 0};
+  pid_set seen = {0};
+  int* stack = NULL;
+  size_t depth = 0, stack_cap = 0;
+  int64_t n = 0, rc = 0;
+  for (int i = nroots - 1; i >= 0 && !rc; i--) { /* popped in the order given */
+    if (depth == stack_cap) {
+      stack_cap = stack_cap ? 2 * stack_cap : 256;
+      int* s = realloc(stack, stack_cap * sizeof *s);
+      if (!s) rc = -ENOMEM;
+      else stack = s;
+    }
+    if (!rc) stack[depth++] = roots[i];
+  }
+  while (depth && !rc) {
+    int pid = stack[--depth];
+    int added = pid_add(&seen, pid);
+    if (added < 0) rc = -ENOMEM;
+    if (added <= 0) continue;
+    if (n == max_procs) {
+      rc = -ENOBUFS;
+      break;
+    }
+    int64_t* slot = out + n * PR_OUT;
+    int err = read_one(&r, pid, &o, slot);
+    if (err) {
+      rc = -err;
+      break;
+    }
+    n++;
+    int64_t* kids = slot + O_KINDS + 4 * K_CHILDREN;
+    if (slot[O_ERR] || kids[0]) continue;
+    for (char *p = o.buf + kids[2], *end = p + kids[3]; p < end && !rc;) {
+      while (p < end && (*p < '0' || *p > '9')) p++;
+      if (p >= end) break;
+      long child = 0;
+      while (p < end && *p >= '0' && *p <= '9') child = child * 10 + (*p++ - '0');
+      if (depth == stack_cap) {
+        stack_cap = stack_cap ? 2 * stack_cap : 256;
+        int* s = realloc(stack, stack_cap * sizeof *s);
+        if (!s) {
+          rc = -ENOMEM;
+          break;
+        }
+        stack = s;
+      }
+      stack[depth++] = (int)child;
+    }
+    o.used -= kids[3]; /* the children are on the stack: their bytes are not needed */
+    kids[3] = 0;
+  }
+  free(stack);
+  free(seen.slot);
+  free(r.tab);
+  free(r.arena);
+  return rc ? rc : n;
+}

@@ -1,0 +1,87 @@
+"""The native /proc reader (libprocread.so, built from native/procread.c at install): everything
+`inspect` reads of every process in a tree, in one call. procs.walk uses it where it would use the
+plain procs.Reader, and falls back to that reader when the library is not built (an uninstalled
+source tree) or NCCLPROBE_NATIVE_PROC=0 is set; tests/test_procread.py checks that both see the same.
+
+The library numbers the distinct values it returns, per kind: a process whose command line,
+environment or maps are byte for byte an earlier process's gets that value's number and no bytes, so
+each distinct value is parsed once (procs.ProcFS.native_tree) and then shared.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import threading
+
+from ncclprobe import _lib
+
+LIB_NAME = "libprocread.so"
+# native/procread.c's output per process: fixed slots, then {errno, number, offset, length} per kind
+O_ERR, O_PID, O_PPID, O_STATE, O_FLAGS, O_START, O_THREADS, O_SPAN, O_UID, O_UID_ERR, O_KINDS = (
+    0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13)
+KINDS = ("comm", "cmdline", "exe", "environ", "maps", "root", "ns/mnt", "children")
+CHILDREN = KINDS.index("children")
+PR_OUT = O_KINDS + 4 * len(KINDS)
+_MAX_BUF = 1 << 31
+
+
+class Native:
+    """The library's tree walk, with buffers kept from call to call (one call at a time)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self._fn = lib.ncclprobe_proc_tree
+        self._lock = threading.Lock()
+        self._buf = ctypes.create_string_buffer(1 << 18)
+        self._out = (ctypes.c_int64 * (PR_OUT * 1024))()
+
+    def tree(self, proc_root: str, roots: list[int]) -> tuple[list[int], dict[tuple[int, int], bytes]]:
+        """The output slots of every process read, PR_OUT each, in the order read, and the bytes of
+        every distinct value by (kind, number): numbers count from 1 in each kind and are only good
+        for this call. Children are not returned (the library walked them): only their errno."""
+        with self._lock:
+            array = (ctypes.c_int * len(roots))(*roots)
+            while True:
+                n = self._fn(os.fsencode(proc_root), array, len(roots), self._buf, len(self._buf),
+                             self._out, len(self._out) // PR_OUT)
+                if n != -errno.ENOBUFS:
+                    break
+                if len(self._buf) >= _MAX_BUF:
+                    n = -errno.EFBIG
+                    break
+                # too many processes or a file larger than the buffer: again with both doubled (rare)
+                self._buf = ctypes.create_string_buffer(len(self._buf) * 2)
+                self._out = (ctypes.c_int64 * (len(self._out) * 2))()
+            if n < 0:
+                raise OSError(-n, os.strerror(-n), proc_root)
+            flat = self._out[:n * PR_OUT]
+            view = memoryview(self._buf)
+            fresh: dict[tuple[int, int], bytes] = {}
+            for i in range(O_KINDS, n * PR_OUT, PR_OUT):
+                # lengths are -1 for a value returned before: look closer only where one is not
+                if not flat[i - O_KINDS] and max(flat[i + 3:i + 4 * CHILDREN:4]) >= 0:
+                    for k in range(CHILDREN):
+                        j = i + 4 * k
+                        if not flat[j] and flat[j + 3] >= 0:
+                            fresh[(k, flat[j + 1])] = view[flat[j + 2]:flat[j + 2] + flat[j + 3]].tobytes()
+            return flat, fresh
+
+
+_native: Native | None | bool = False  # False: not loaded yet
+
+
+def native() -> Native | None:
+    """The reader over the built library, or None (not built, not loadable, or disabled)."""
+    global _native
+    if os.environ.get("NCCLPROBE_NATIVE_PROC", "1") == "0":
+        return None
+    if _native is False:
+        try:
+            lib = ctypes.CDLL(str(_lib.lib_path(LIB_NAME)), mode=ctypes.RTLD_LOCAL)
+            lib.ncclprobe_proc_tree.restype = ctypes.c_int64
+            lib.ncclprobe_proc_tree.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+            _native = Native(lib)
+        except (OSError, AttributeError):
+            _native = None
+    return _native
