@@ -26,11 +26,15 @@
 #define EXPORT __attribute__((visibility("default")))
 #define PF_KTHREAD 0x00200000 /* include/linux/sched.h: no mm, so no environ or maps */
 
-/* kinds of values, in output order; children are not numbered (they differ between processes) */
-enum { K_COMM, K_CMDLINE, K_EXE, K_ENVIRON, K_MAPS, K_ROOT, K_MNT, K_CHILDREN, K_COUNT };
-/* fixed slots of the output, then K_COUNT groups of {errno, number, offset, length} */
+/* kinds of values, in output order; children are not numbered (they differ between processes). A
+ * class is the numbers of a process's other values together: processes of one class differ only in
+ * their stat fields and owner. */
+enum { K_COMM, K_CMDLINE, K_EXE, K_ENVIRON, K_MAPS, K_ROOT, K_MNT, K_CHILDREN, K_COUNT, K_CLASS = K_COUNT };
+/* fixed slots of the output, then K_COUNT groups of {errno, number, offset, length}. O_SPECIAL: the
+ * process is not plain (an error reading it, no mm, an empty environment): its class is not set.
+ * O_FRESH: how many of its values are new (their bytes are in buf). */
 enum { O_ERR, O_PID, O_PPID, O_STATE, O_FLAGS, O_START, O_THREADS, O_SPAN0, O_SPAN1, O_SPAN2, O_SPAN3,
-       O_UID, O_UID_ERR, O_KINDS };
+       O_UID, O_UID_ERR, O_SPECIAL, O_CLASS, O_FRESH, O_KINDS };
 #define PR_OUT (O_KINDS + 4 * K_COUNT)
 
 typedef struct {
@@ -45,7 +49,7 @@ typedef struct {
   size_t tab_cap, tab_len;
   char* arena; /* every distinct value's bytes */
   size_t arena_cap, arena_len;
-  int32_t next_num[K_COUNT];
+  int32_t next_num[K_COUNT + 1];
 } pr_reader;
 
 typedef struct {
@@ -379,11 +383,15 @@ static int read_one(pr_reader* r, int pid, pr_out* o, int64_t* out) {
     len[k] = o->used - start;
   }
   close(dfd);
+  int special = out[O_UID_ERR] || no_mm || len[K_ENVIRON] == 0;
   /* number every value; new ones keep their bytes, moved down to mark (never past where they are) */
   int64_t w = mark;
   for (int k = 0; k < K_COUNT; k++) {
     int64_t* slot = out + O_KINDS + 4 * k;
-    if (slot[0]) continue;
+    if (slot[0]) {
+      special |= k != K_CHILDREN;
+      continue;
+    }
     int32_t num = 0;
     int fresh = 1;
     if (k != K_CHILDREN && (err = intern(r, k, o->buf + at[k], len[k], &num, &fresh))) return err;
@@ -393,9 +401,18 @@ static int read_one(pr_reader* r, int pid, pr_out* o, int64_t* out) {
     if (fresh) {
       memmove(o->buf + w, o->buf + at[k], (size_t)len[k]);
       w += len[k];
+      out[O_FRESH] += k != K_CHILDREN;
     }
   }
   o->used = w;
+  out[O_SPECIAL] = special;
+  if (!special) {
+    int32_t nums[K_CHILDREN], num;
+    int fresh;
+    for (int k = 0; k < K_CHILDREN; k++) nums[k] = (int32_t)out[O_KINDS + 4 * k + 1];
+    if ((err = intern(r, K_CLASS, (const char*)nums, sizeof nums, &num, &fresh))) return err;
+    out[O_CLASS] = num;
+  }
   return 0;
 }
 

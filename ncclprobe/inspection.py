@@ -246,8 +246,9 @@ class _Context:
             self._alike[key] = (p.cmdline, p.env, p.maps, dict(rec), rec["gpus_source"] == "maps")
             return rec
         start = self.tree.start_time(p)
-        rec = {**hit[3], "pid": p.pid, "ppid": p.ppid, "start_time": self.start_time(start), "root": p.root,
-               "notes": list(p.notes), "_span": p.env_span, "_start": start}
+        rec = hit[3].copy()  # cheaper than building a dict: it has every key
+        rec["pid"], rec["ppid"], rec["start_time"], rec["root"] = p.pid, p.ppid, self.start_time(start), p.root
+        rec["notes"], rec["_span"], rec["_start"] = list(p.notes), p.env_span, start
         if hit[4]:  # found in the mappings, which p shares
             rec["gpus"] = list(rec["gpus"])
         else:
@@ -278,6 +279,7 @@ class _Context:
             "nccl_libs": libs, "nccl_callers": callers, "maps_reason": maps_reason,
             "gpus": gpus, "gpus_source": gpus_source, "gpus_reason": gpus_reason,
             "conf_files": None, "root": p.root, "notes": list(p.notes),
+            "in_scope": None, "stale": None, "env_diff": None,  # set by inspect_processes
             "_watched": watched,
             "_exp": {k: env[k] for k in self.expect if env and k in env},
             "_hash": block.raw_hash if block else None, "_span": p.env_span, "_start": start,

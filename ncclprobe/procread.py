@@ -18,8 +18,8 @@ from ncclprobe import _lib
 
 LIB_NAME = "libprocread.so"
 # native/procread.c's output per process: fixed slots, then {errno, number, offset, length} per kind
-O_ERR, O_PID, O_PPID, O_STATE, O_FLAGS, O_START, O_THREADS, O_SPAN, O_UID, O_UID_ERR, O_KINDS = (
-    0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13)
+(O_ERR, O_PID, O_PPID, O_STATE, O_FLAGS, O_START, O_THREADS, O_SPAN, O_UID, O_UID_ERR, O_SPECIAL, O_CLASS, O_FRESH,
+ O_KINDS) = (0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16)
 KINDS = ("comm", "cmdline", "exe", "environ", "maps", "root", "ns/mnt", "children")
 CHILDREN = KINDS.index("children")
 PR_OUT = O_KINDS + 4 * len(KINDS)
@@ -54,16 +54,14 @@ class Native:
                 self._out = (ctypes.c_int64 * (len(self._out) * 2))()
             if n < 0:
                 raise OSError(-n, os.strerror(-n), proc_root)
-            flat = self._out[:n * PR_OUT]
+            flat = memoryview(self._out).cast("B")[:n * PR_OUT * 8].cast("q").tolist()
             view = memoryview(self._buf)
             fresh: dict[tuple[int, int], bytes] = {}
-            for i in range(O_KINDS, n * PR_OUT, PR_OUT):
-                # lengths are -1 for a value returned before: look closer only where one is not
-                if not flat[i - O_KINDS] and max(flat[i + 3:i + 4 * CHILDREN:4]) >= 0:
-                    for k in range(CHILDREN):
-                        j = i + 4 * k
-                        if not flat[j] and flat[j + 3] >= 0:
-                            fresh[(k, flat[j + 1])] = view[flat[j + 2]:flat[j + 2] + flat[j + 3]].tobytes()
+            for i in range(0, n * PR_OUT, PR_OUT):
+                if flat[i + O_FRESH]:
+                    for j in range(i + O_KINDS, i + O_KINDS + 4 * CHILDREN, 4):
+                        if not flat[j] and flat[j + 3] >= 0:  # -1: a value returned before
+                            fresh[((j - i - O_KINDS) // 4, flat[j + 1])] = view[flat[j + 2]:flat[j + 2] + flat[j + 3]].tobytes()
             return flat, fresh
 
 

@@ -265,10 +265,11 @@ class ProcFS:
     def stat(self, pid: int) -> Stat:
         return parse_stat(self.reader.read_bytes(f"{self._root_s}/{pid}/stat"))
 
-    def native_tree(self, roots: list[int]) -> tuple[dict[int, Stat], bool] | None:
-        """The stats of the processes under the roots, read with the native reader, which reads all
-        that load will want of each of them in the same pass (kept for load); and whether every
-        children file could be read. None without the native reader."""
+    def native_tree(self, roots: list[int]) -> tuple[dict[int, int], dict[int, Stat], bool] | None:
+        """The parents of the processes under the roots, read with the native reader, which reads all
+        that load will want of each of them in the same pass (kept for load: the stat of those it
+        could not make whole); and whether every children file could be read. None without the
+        native reader."""
         if self._native is None:
             return None
         P = procread
@@ -277,45 +278,47 @@ class ProcFS:
         values: list[dict[int, object]] = [{} for _ in range(P.CHILDREN)]
         for (k, num), raw in sorted(fresh.items()):
             values[k][num] = parsers[k](raw)
-        errors = slice(P.O_KINDS, P.PR_OUT, 4)  # of every kind, children last
         nums = slice(P.O_KINDS + 1, P.O_KINDS + 4 * P.CHILDREN, 4)  # of every kind but children
         self_mnt = self.self_mnt_ns()
-        # What processes with the same values (exec'ed siblings) have in common, by their numbers
-        alike: dict[tuple[int, ...], dict] = {}
+        # what the processes of a class (exec'ed siblings, most of a tree) have in common, by number
+        classes: dict[int, dict] = {}
+        ppids: dict[int, int] = {}
         stats: dict[int, Stat] = {}
         complete = True
+        o_special, o_class, o_children = P.O_SPECIAL, P.O_CLASS, P.O_KINDS + 4 * P.CHILDREN
         for i in range(0, len(flat), P.PR_OUT):
-            out = flat[i:i + P.PR_OUT]
-            if out[P.O_ERR]:
+            if flat[i + P.O_ERR]:
                 continue  # a root that is gone is reported by load; a child that is gone is not ours
-            pid, state, flags, span = out[P.O_PID], chr(out[P.O_STATE]), out[P.O_FLAGS], tuple(out[P.O_SPAN:P.O_SPAN + 4])
-            key = tuple(out[nums])
-            common = alike.get(key)
-            if common is None:
-                got = [values[k].get(num) for k, num in enumerate(key)]
-                common = alike[key] = {"name": got[0], "cmdline": got[1], "exe": got[2], "env": got[3], "maps": got[4],
-                                       "root": got[5], "same_mnt_ns": got[6] == self_mnt}
-            st = stats[pid] = _new(Stat)
-            _setattr(st, "__dict__", {"pid": pid, "comm": common["name"], "state": state, "ppid": out[P.O_PPID],
-                                      "flags": flags, "start_ticks": out[P.O_START], "env_span": span,
-                                      "threads": out[P.O_THREADS]})
-            errs = out[errors]
-            if errs[P.CHILDREN]:
+            pid, ppid = flat[i + P.O_PID], flat[i + P.O_PPID]
+            ppids[pid] = ppid
+            if flat[i + o_children]:
                 complete = False  # the tree under this one is unknown
-            if (out[P.O_UID_ERR] or any(errs[:P.CHILDREN]) or type(common["env"]) is not EnvBlock
-                    or flags & PF_KTHREAD or state in ("Z", "X")):
-                # anything unusual: load works it out from what was read, as from what it reads
-                self._snaps[pid] = [
-                    OSError(e, os.strerror(e), self.path(pid)) if e else v for e, v in (
-                        (out[P.O_UID_ERR], out[P.O_UID]),
-                        *((errs[k], values[k].get(key[k])) for k in range(1, P.CHILDREN)))]
+            if not flat[i + o_special]:  # the common case, everything read: the process as load would make it
+                common = classes.get(flat[i + o_class])
+                if common is None:
+                    got = [values[k].get(num) for k, num in enumerate(flat[i + nums.start:i + nums.stop:4])]
+                    # every field: a copy of a dict with all its keys is cheaper than building one
+                    common = classes[flat[i + o_class]] = {
+                        **_PROC_DEFAULTS, "pid": 0, "ppid": 0, "name": got[0], "state": "", "uid": 0, "start_ticks": 0,
+                        "flags": 0, "env_span": (), "cmdline": got[1], "exe": got[2], "env": got[3], "maps": got[4],
+                        "root": got[5], "same_mnt_ns": got[6] == self_mnt}
+                proc = self._snaps[pid] = _new(Proc)
+                d = proc.__dict__ = common.copy()
+                d["pid"], d["ppid"], d["state"], d["uid"] = pid, ppid, chr(flat[i + P.O_STATE]), flat[i + P.O_UID]
+                d["start_ticks"], d["flags"] = flat[i + P.O_START], flat[i + P.O_FLAGS]
+                d["env_span"], d["notes"] = tuple(flat[i + P.O_SPAN:i + P.O_SPAN + 4]), []
                 continue
-            # the common case, everything read: the process as load would make it
-            proc = self._snaps[pid] = _new(Proc)
-            proc.__dict__ = {**_PROC_DEFAULTS, **common, "pid": pid, "ppid": out[P.O_PPID], "state": state,
-                             "uid": out[P.O_UID], "start_ticks": out[P.O_START], "flags": flags, "env_span": span,
-                             "notes": []}
-        return stats, complete
+            # anything unusual: load works it out from what was read, as it would from what it reads
+            out = flat[i:i + P.PR_OUT]
+            key = out[nums]
+            st = stats[pid] = _new(Stat)
+            _setattr(st, "__dict__", {"pid": pid, "comm": values[0].get(key[0]), "state": chr(out[P.O_STATE]),
+                                      "ppid": ppid, "flags": out[P.O_FLAGS], "start_ticks": out[P.O_START],
+                                      "env_span": tuple(out[P.O_SPAN:P.O_SPAN + 4]), "threads": out[P.O_THREADS]})
+            errs = out[P.O_KINDS::4]
+            self._snaps[pid] = [OSError(e, os.strerror(e), self.path(pid)) if e else v for e, v in (
+                (out[P.O_UID_ERR], out[P.O_UID]), *((errs[k], values[k].get(key[k])) for k in range(1, P.CHILDREN)))]
+        return ppids, stats, complete
 
     def _native_block(self, raw: bytes) -> EnvBlock | bytes:
         """The native reader's parser for environ: an empty block stays bytes (what it means depends
@@ -576,21 +579,15 @@ def children_of(fs: ProcFS, st: Stat) -> list[int]:
     return out
 
 
-def _by_parent(stats: dict[int, Stat]) -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for st in stats.values():
-        children.setdefault(st.ppid, []).append(st.pid)
-    return children
-
-
-def _tree_by_children(fs: ProcFS, roots: list[int]) -> tuple[dict[int, Stat], dict[int, list[int]]] | None:
-    """Stats and children of the processes under the roots only, read top down; None when a
-    children file cannot be read (kernel without CONFIG_PROC_CHILDREN, a fake /proc, a process that
-    exited or is hidden mid-walk): then only a scan of every process is sure to see the same tree."""
+def _tree_by_children(fs: ProcFS, roots: list[int]) -> tuple[dict[int, int], dict[int, Stat]] | None:
+    """The parents and stats of the processes under the roots only, read top down (the native reader
+    keeps the stats it needs itself); None when a children file cannot be read (kernel without
+    CONFIG_PROC_CHILDREN, a fake /proc, a process that exited or is hidden mid-walk): then only a scan
+    of every process is sure to see the same tree."""
     native = fs.native_tree(roots)
     if native is not None:
-        stats, complete = native
-        return (stats, _by_parent(stats)) if complete else None
+        ppids, stats, complete = native
+        return (ppids, stats) if complete else None
     stats: dict[int, Stat] = {}
     todo = list(roots)
     while todo:
@@ -607,18 +604,18 @@ def _tree_by_children(fs: ProcFS, roots: list[int]) -> tuple[dict[int, Stat], di
         except (OSError, ValueError):
             return None
         todo.extend(kids)
-    return stats, _by_parent(stats)  # by each stat's parent, as the scan does
+    return {pid: st.ppid for pid, st in stats.items()}, stats  # by each stat's parent, as the scan does
 
 
-def _tree_by_scan(fs: ProcFS) -> tuple[dict[int, Stat], dict[int, list[int]]]:
-    """Stats of every process on the system, and children by parent (read from each stat)."""
+def _tree_by_scan(fs: ProcFS) -> tuple[dict[int, int], dict[int, Stat]]:
+    """The parents and stats of every process on the system."""
     stats: dict[int, Stat] = {}
     for pid in fs.pids():
         try:
             stats[pid] = fs.stat(pid)
         except OSError:
             continue  # exited between listdir and read; not ours unless it is in the tree
-    return stats, _by_parent(stats)
+    return {pid: st.ppid for pid, st in stats.items()}, stats
 
 
 def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True, exclude: frozenset[int] = frozenset()) -> ProcTree:
@@ -628,7 +625,10 @@ def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True, exclude: fro
     The tree is read from the children files under the roots; when those are missing, from the
     stat of every process (the cost then grows with the whole system, not with the tree)."""
     skipped: list[dict] = []
-    stats, children = _tree_by_children(fs, roots) or _tree_by_scan(fs)
+    ppids, stats = _tree_by_children(fs, roots) or _tree_by_scan(fs)
+    children: dict[int, list[int]] = {}
+    for pid, ppid in ppids.items():
+        children.setdefault(ppid, []).append(pid)
     order: list[int] = []
     excluded: list[int] = []
     seen: set[int] = set()
@@ -645,7 +645,12 @@ def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True, exclude: fro
             order.append(pid)
             stack.extend(sorted(children.get(pid, ()), reverse=True))
     procs: dict[int, Proc] = {}
+    made = fs._snaps  # the processes native_tree made whole already (most of them, when it ran)
     for pid in order:
+        proc = made.get(pid)
+        if type(proc) is Proc:
+            procs[pid] = made.pop(pid)
+            continue
         try:
             procs[pid] = fs.load(pid, stats.get(pid))
         except OSError as exc:
@@ -653,7 +658,7 @@ def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True, exclude: fro
     ancestors: dict[int, Proc] = {}
     if with_ancestors:
         for root in roots:
-            pid = stats[root].ppid if root in stats else 0
+            pid = ppids.get(root, 0)
             while pid > 0 and pid not in procs and pid not in ancestors:
                 try:
                     ancestors[pid] = fs.load(pid, stats.get(pid), with_env=False, with_maps=False)
