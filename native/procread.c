@@ -31,10 +31,13 @@
  * their stat fields and owner. */
 enum { K_COMM, K_CMDLINE, K_EXE, K_ENVIRON, K_MAPS, K_ROOT, K_MNT, K_CHILDREN, K_COUNT, K_CLASS = K_COUNT };
 /* fixed slots of the output, then K_COUNT groups of {errno, number, offset, length}. O_SPECIAL: the
- * process is not plain (an error reading it, no mm, an empty environment): its class is not set.
- * O_FRESH: how many of its values are new (their bytes are in buf). */
+ * process is not plain (an error reading it, no mm, an empty environment, an ancestor): its class is
+ * not set. O_FRESH: how many of its values are new (their bytes are in buf). O_ROLE: R_TREE, or
+ * R_EXCLUDED (left out with everything under it: nothing read), or R_ANCESTOR (above a root: no
+ * environ, maps or children read). */
 enum { O_ERR, O_PID, O_PPID, O_STATE, O_FLAGS, O_START, O_THREADS, O_SPAN0, O_SPAN1, O_SPAN2, O_SPAN3,
-       O_UID, O_UID_ERR, O_SPECIAL, O_CLASS, O_FRESH, O_KINDS };
+       O_UID, O_UID_ERR, O_SPECIAL, O_CLASS, O_FRESH, O_ROLE, O_KINDS };
+enum { R_TREE, R_EXCLUDED, R_ANCESTOR };
 #define PR_OUT (O_KINDS + 4 * K_COUNT)
 
 typedef struct {
@@ -323,10 +326,11 @@ static int parse_stat(const char* s, int64_t n, int64_t* out, int64_t* comm_off,
  * bytes, moved down to where o->used was; known ones get their number. Returns 0 (a process that
  * cannot be read has its errno in out[O_ERR]), ENOBUFS or ENOMEM. Kernel threads and zombies have no
  * mm, so no environ or maps. */
-static int read_one(pr_reader* r, int pid, pr_out* o, int64_t* out) {
+static int read_one(pr_reader* r, int pid, int role, pr_out* o, int64_t* out) {
   char dir[4200];
   memset(out, 0, PR_OUT * sizeof *out);
   out[O_PID] = pid;
+  out[O_ROLE] = role;
   snprintf(dir, sizeof dir, "%s/%d", r->root, pid);
   int dfd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0) {
@@ -349,6 +353,7 @@ static int read_one(pr_reader* r, int pid, pr_out* o, int64_t* out) {
   if (fstat(dfd, &st) == 0) out[O_UID] = st.st_uid;
   else out[O_UID_ERR] = errno;
   int no_mm = (out[O_FLAGS] & PF_KTHREAD) || out[O_STATE] == 'Z' || out[O_STATE] == 'X';
+  int above = role == R_ANCESTOR; /* only what an ancestor's shell command line needs */
   for (int k = K_CMDLINE; k < K_COUNT; k++) {
     int64_t start = o->used;
     int e;
@@ -357,9 +362,9 @@ static int read_one(pr_reader* r, int pid, pr_out* o, int64_t* out) {
       case K_ROOT: e = append_link(dfd, "root", o); break;
       case K_MNT: e = append_link(dfd, "ns/mnt", o); break;
       case K_CMDLINE: e = append_file(dfd, "cmdline", o, 1); break;
-      case K_ENVIRON: e = no_mm ? ENOENT : append_file(dfd, "environ", o, 1); break;
+      case K_ENVIRON: e = no_mm ? ENOENT : above ? 0 : append_file(dfd, "environ", o, 1); break;
       case K_MAPS:
-        e = no_mm ? ENOENT : append_file(dfd, "maps", o, 0);
+        e = no_mm ? ENOENT : above ? 0 : append_file(dfd, "maps", o, 0);
         if (!e) {
           int64_t kept = normalise_maps(o->buf + start, o->used - start);
           if (kept < 0) {
@@ -370,7 +375,7 @@ static int read_one(pr_reader* r, int pid, pr_out* o, int64_t* out) {
           o->used = start + kept;
         }
         break;
-      default: e = append_children(dfd, out[O_PID], out[O_THREADS], o); break;
+      default: e = above ? 0 : append_children(dfd, out[O_PID], out[O_THREADS], o); break;
     }
     if (e == ENOBUFS) {
       close(dfd);
@@ -383,7 +388,7 @@ static int read_one(pr_reader* r, int pid, pr_out* o, int64_t* out) {
     len[k] = o->used - start;
   }
   close(dfd);
-  int special = out[O_UID_ERR] || no_mm || len[K_ENVIRON] == 0;
+  int special = out[O_UID_ERR] || no_mm || above || len[K_ENVIRON] == 0;
   /* number every value; new ones keep their bytes, moved down to mark (never past where they are) */
   int64_t w = mark;
   for (int k = 0; k < K_COUNT; k++) {
@@ -445,69 +450,106 @@ static int pid_add(pid_set* s, int pid) { /* 1 added, 0 present, -1 ENOMEM */
   return 1;
 }
 
-/* Reads every process under the roots (threads excluded), depth first from the children files, into
- * `out` (PR_OUT int64s each, in the order read) and `buf` (the bytes of each new value). Returns the
- * number of processes, or -ENOBUFS (buf or out too small: call again with larger ones), -ENOMEM.
- * Children stay unread under a process whose children file failed (its errno is in its slot: the
- * caller then cannot trust the tree). Values are numbered afresh in each call. */
-EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int nroots, char* buf, int64_t cap,
-                                   int64_t* out, int64_t max_procs) {
+static int push(int** stack, size_t* depth, size_t* cap, int pid) {
+  if (*depth == *cap) {
+    size_t c = *cap ? 2 * *cap : 256;
+    int* st = realloc(*stack, c * sizeof *st);
+    if (!st) return ENOMEM;
+    *stack = st;
+    *cap = c;
+  }
+  (*stack)[(*depth)++] = pid;
+  return 0;
+}
+
+static int has(const int* v, int n, int pid) {
+  for (int i = 0; i < n; i++)
+    if (v[i] == pid) return 1;
+  return 0;
+}
+
+static int int_cmp(const void* a, const void* b) { return (*(const int*)a > *(const int*)b) - (*(const int*)a < *(const int*)b); }
+
+/* Reads every process under the roots (threads excluded) depth first, in the order procs.walk lists
+ * them: each root in turn, children by ascending pid; a process in `exclude` (not a root) gets an
+ * R_EXCLUDED slot and nothing under it is read. Then the ancestors of each root, up to the first one
+ * already read. `out` gets PR_OUT int64s per process in that order, `buf` the bytes of each new
+ * value. Returns the number of slots, or -ENOBUFS (buf or out too small: call again with larger
+ * ones), -ENOMEM. Under a process whose children file failed nothing is read (its errno is in its
+ * slot: the caller then cannot trust the tree). Values are numbered afresh in each call. */
+EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int nroots, const int* exclude,
+                                   int nexclude, char* buf, int64_t cap, int64_t* out, int64_t max_procs) {
   pr_reader r = {0};
   if (snprintf(r.root, sizeof r.root, "%s", proc_root) >= (int)sizeof r.root) return -ENAMETOOLONG;
   pr_out o = {buf, cap, 0};
   pid_set seen = {0};
-  int* stack = NULL;
-  size_t depth = 0, stack_cap = 0;
-  int64_t n = 0, rc = 0;
-  for (int i = nroots - 1; i >= 0 && !rc; i--) { /* popped in the order given */
-    if (depth == stack_cap) {
-      stack_cap = stack_cap ? 2 * stack_cap : 256;
-      int* s = realloc(stack, stack_cap * sizeof *s);
-      if (!s) rc = -ENOMEM;
-      else stack = s;
-    }
-    if (!rc) stack[depth++] = roots[i];
-  }
+  int *stack = NULL, *kids = NULL;
+  size_t depth = 0, stack_cap = 0, kids_cap = 0;
+  int64_t n = 0;
+  int rc = 0;
+  for (int i = nroots - 1; i >= 0 && !rc; i--) rc = push(&stack, &depth, &stack_cap, roots[i]); /* popped in order */
   while (depth && !rc) {
     int pid = stack[--depth];
     int added = pid_add(&seen, pid);
-    if (added < 0) rc = -ENOMEM;
+    if (added < 0) rc = ENOMEM;
     if (added <= 0) continue;
     if (n == max_procs) {
-      rc = -ENOBUFS;
+      rc = ENOBUFS;
       break;
     }
     int64_t* slot = out + n * PR_OUT;
-    int err = read_one(&r, pid, &o, slot);
-    if (err) {
-      rc = -err;
-      break;
+    if (has(exclude, nexclude, pid) && !has(roots, nroots, pid)) {
+      memset(slot, 0, PR_OUT * sizeof *slot);
+      slot[O_PID] = pid;
+      slot[O_ROLE] = R_EXCLUDED;
+      n++;
+      continue;
     }
+    if ((rc = read_one(&r, pid, R_TREE, &o, slot))) break;
     n++;
-    int64_t* kids = slot + O_KINDS + 4 * K_CHILDREN;
-    if (slot[O_ERR] || kids[0]) continue;
-    for (char *p = o.buf + kids[2], *end = p + kids[3]; p < end && !rc;) {
+    int64_t* ch = slot + O_KINDS + 4 * K_CHILDREN;
+    if (slot[O_ERR] || ch[0]) continue;
+    size_t nkids = 0;
+    for (char *p = o.buf + ch[2], *end = p + ch[3]; p < end && !rc;) {
       while (p < end && (*p < '0' || *p > '9')) p++;
       if (p >= end) break;
       long child = 0;
       while (p < end && *p >= '0' && *p <= '9') child = child * 10 + (*p++ - '0');
-      if (depth == stack_cap) {
-        stack_cap = stack_cap ? 2 * stack_cap : 256;
-        int* s = realloc(stack, stack_cap * sizeof *s);
-        if (!s) {
-          rc = -ENOMEM;
-          break;
-        }
-        stack = s;
-      }
-      stack[depth++] = (int)child;
+      rc = push(&kids, &nkids, &kids_cap, (int)child);
     }
-    o.used -= kids[3]; /* the children are on the stack: their bytes are not needed */
-    kids[3] = 0;
+    qsort(kids, nkids, sizeof *kids, int_cmp);
+    while (nkids && !rc) rc = push(&stack, &depth, &stack_cap, kids[--nkids]); /* the smallest on top */
+    o.used -= ch[3]; /* the children are on the stack: their bytes are not needed */
+    ch[3] = 0;
+  }
+  /* each root's ancestors, up to one read already */
+  int64_t tree_n = n;
+  for (int i = 0; i < nroots && !rc; i++) {
+    int64_t ppid = 0;
+    for (int64_t j = 0; j < tree_n; j++) {
+      int64_t* slot = out + j * PR_OUT;
+      if (slot[O_PID] == roots[i] && slot[O_ROLE] == R_TREE && !slot[O_ERR]) ppid = slot[O_PPID];
+    }
+    while (ppid > 0 && !rc) {
+      int added = pid_add(&seen, (int)ppid);
+      if (added <= 0) {
+        rc = added < 0 ? ENOMEM : 0;
+        break;
+      }
+      if (n == max_procs) {
+        rc = ENOBUFS;
+        break;
+      }
+      int64_t* slot = out + n * PR_OUT;
+      if ((rc = read_one(&r, (int)ppid, R_ANCESTOR, &o, slot))) break;
+      n++;
+      ppid = slot[O_ERR] ? 0 : slot[O_PPID];
+    }
   }
   free(stack);
+  free(kids);
   free(seen.slot);
   free(r.tab);
   free(r.arena);
-  return rc ? rc : n;
+  return rc ? -rc : n;
 }

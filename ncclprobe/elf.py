@@ -126,10 +126,12 @@ def _scan(path: str, display: str, want_version: bool | None) -> ElfInfo:
         return ElfInfo(display, reason=f"unreadable ELF: {exc}")
 
 
-def _contains(haystack: bytes, needle: bytes) -> bool:
-    """`needle in haystack`, through libc's memmem where there is one: twice as fast on the megabytes
-    of a large library's string table, read once per file per inspect."""
-    global _memmem
+def _contains(fh, size: int, needle: bytes) -> bool:
+    """Whether the next `size` bytes of fh hold needle: read into a buffer kept from call to call (a
+    large library's string table, hundreds of KB, read into a new bytes object each time costs a
+    fresh mapping, page faults and zeroing: glibc serves allocations that large with mmap), searched
+    with libc's memmem where there is one (twice as fast as `in`)."""
+    global _scratch, _memmem
     if _memmem is None:
         try:
             import ctypes
@@ -139,11 +141,16 @@ def _contains(haystack: bytes, needle: bytes) -> bool:
         except (OSError, AttributeError, ImportError):
             _memmem = False
     if _memmem is False:
-        return needle in haystack
-    return _memmem(haystack, len(haystack), needle, len(needle)) is not None
+        return needle in fh.read(size)
+    if len(_scratch) < size:
+        import ctypes
+        _scratch = ctypes.create_string_buffer(size)
+    n = fh.readinto(memoryview(_scratch).cast("B")[:size])
+    return bool(n) and _memmem(_scratch, n, needle, len(needle)) is not None
 
 
 _memmem = None
+_scratch = b""
 
 
 def _may_mention_nccl(fh) -> bool:
@@ -169,15 +176,20 @@ def _may_mention_nccl(fh) -> bool:
         return True
     fh.seek(shoff)
     table = fh.read(shentsize * shnum)
-    headers = [struct.unpack_from(fmt, table, i * shentsize) for i in range(min(shnum, len(table) // shentsize))]
+    table = table[:len(table) - len(table) % shentsize]
+    if shentsize == size:  # as always: one C call for every header
+        headers = list(struct.iter_unpack(fmt, table))
+    else:
+        headers = [struct.unpack_from(fmt, table, i) for i in range(0, len(table), shentsize)]
     assert fields == 10  # name, type, flags, addr, offset, size, link, info, align, entsize
     for h in headers:
         if h[1] in (2, 11) and h[6] < len(headers):  # SHT_SYMTAB, SHT_DYNSYM -> sh_link: its strings
             strings = headers[h[6]]
             fh.seek(strings[4])
-            if _contains(fh.read(strings[5]), b"nccl" if h[1] == 11 else b"ncclComm"):
+            if _contains(fh, strings[5], b"nccl" if h[1] == 11 else b"ncclComm"):
                 return True
     return False
+
 
 
 def _nccl_symbols(elf: ELFFile) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], bool]:

@@ -148,16 +148,11 @@ def _roots(fs: procs.ProcFS, pids: list[int], pgrep: str | None) -> tuple[list[i
 
 def _public(recs: list[dict]) -> list[dict]:
     """The records, their private `_` keys removed in place once the rules have read them (the
-    document drawn later reads only public keys); the keys to drop are found once per record
-    layout (every record has the same one)."""
-    drops: dict[tuple, tuple[str, ...]] = {}
+    document drawn later reads only public keys); every record has the same keys (_Context.record)."""
+    drop = [k for k in recs[0] if k.startswith("_")] if recs else []
     for r in recs:
-        layout = tuple(r)
-        drop = drops.get(layout)
-        if drop is None:
-            drop = drops[layout] = tuple(k for k in layout if k.startswith("_"))
         for k in drop:
-            del r[k]
+            r.pop(k, None)
     return list(recs)
 
 
@@ -238,17 +233,24 @@ class _Context:
         """The record of p; processes started alike (the same command line, block and mappings, as
         procs.ProcFS shares them, the same user, name, executable and state) differ only in the
         fields set here, so the rest is copied from the first one's record as it was built."""
-        key = (id(p.cmdline), id(p.env), id(p.maps), p.maps_reason, p.uid, p.name, p.exe, p.state)
+        key = (id(p.cmdline), id(p.env), id(p.maps), p.maps_reason, p.uid, p.name, p.exe, p.state, p.root,
+               p.root_reason, p.same_mnt_ns)
         hit = self._alike.get(key)
         if hit is None:
             rec = self._record(p)
+            rec["_alike"] = key
             # the objects whose ids are in the key stay alive with the entry
             self._alike[key] = (p.cmdline, p.env, p.maps, dict(rec), rec["gpus_source"] == "maps")
             return rec
         start = self.tree.start_time(p)
         rec = hit[3].copy()  # cheaper than building a dict: it has every key
-        rec["pid"], rec["ppid"], rec["start_time"], rec["root"] = p.pid, p.ppid, self.start_time(start), p.root
-        rec["notes"], rec["_span"], rec["_start"] = list(p.notes), p.env_span, start
+        rec["pid"] = p.pid
+        rec["ppid"] = p.ppid
+        rec["start_time"] = self._times.get(start) or self.start_time(start)
+        rec["root"] = p.root
+        rec["notes"] = list(p.notes)
+        rec["_span"] = p.env_span
+        rec["_start"] = start
         if hit[4]:  # found in the mappings, which p shares
             rec["gpus"] = list(rec["gpus"])
         else:
@@ -282,7 +284,7 @@ class _Context:
             "in_scope": None, "stale": None, "env_diff": None,  # set by inspect_processes
             "_watched": watched,
             "_exp": {k: env[k] for k in self.expect if env and k in env},
-            "_hash": block.raw_hash if block else None, "_span": p.env_span, "_start": start,
+            "_hash": block.raw_hash if block else None, "_span": p.env_span, "_start": start, "_alike": None,
         }
         if p.cmdline_reason:
             rec["notes"].append(f"cmdline: {p.cmdline_reason}")
@@ -420,6 +422,10 @@ class _Context:
         return self.fs.path(p.pid, "fd", m.group(1)) if m else None
 
     def conf(self, p: procs.Proc, rec: dict) -> list[dict]:
+        """The nccl.conf files that apply to p, once per kind of process (record's _alike)."""
+        hit = self._conf.get(rec["_alike"])
+        if hit is not None:
+            return hit[1]
         env = p.env.env if p.env and p.env.source == "exec" else None
         libs = rec["nccl_libs"]
         version = next((lib["version"] for lib in libs if lib["version"]), None) if libs else None
@@ -431,12 +437,13 @@ class _Context:
             key = (self._root_key(p), id(env), p.uid, version)
             hit = self._conf.get(key)
             if hit is not None:
+                self._conf[rec["_alike"]] = hit
                 return hit[1]
         cwd = self.fs.cwd_of(p) if named and not named.startswith("/") else None  # only a relative name needs it
         files = conffiles.applicable(env, p.uid, version, lambda path: self.read_text(p, path), cwd)
         out = [f.to_json() for f in files if f.exists or f.reason]
         if key is not None:
-            self._conf[key] = (env, out)
+            self._conf[key] = self._conf[rec["_alike"]] = (env, out)
         return out
 
     # -- shells -------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from ncclprobe import _lib
 LIB_NAME = "libprocread.so"
 # native/procread.c's output per process: fixed slots, then {errno, number, offset, length} per kind
 (O_ERR, O_PID, O_PPID, O_STATE, O_FLAGS, O_START, O_THREADS, O_SPAN, O_UID, O_UID_ERR, O_SPECIAL, O_CLASS, O_FRESH,
- O_KINDS) = (0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16)
+ O_ROLE, O_KINDS) = (0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16, 17)
+R_TREE, R_EXCLUDED, R_ANCESTOR = 0, 1, 2  # O_ROLE
 KINDS = ("comm", "cmdline", "exe", "environ", "maps", "root", "ns/mnt", "children")
 CHILDREN = KINDS.index("children")
 PR_OUT = O_KINDS + 4 * len(KINDS)
@@ -35,15 +36,18 @@ class Native:
         self._buf = ctypes.create_string_buffer(1 << 18)
         self._out = (ctypes.c_int64 * (PR_OUT * 1024))()
 
-    def tree(self, proc_root: str, roots: list[int]) -> tuple[list[int], dict[tuple[int, int], bytes]]:
-        """The output slots of every process read, PR_OUT each, in the order read, and the bytes of
-        every distinct value by (kind, number): numbers count from 1 in each kind and are only good
-        for this call. Children are not returned (the library walked them): only their errno."""
+    def tree(self, proc_root: str, roots: list[int],
+             exclude: frozenset[int] = frozenset()) -> tuple[list[int], dict[tuple[int, int], bytes]]:
+        """The output slots of every process read, PR_OUT each, in procs.walk's order (then the
+        ancestors of the roots), and the bytes of every distinct value by (kind, number): numbers
+        count from 1 in each kind and are only good for this call. Children are not returned (the
+        library walked them): only their errno."""
         with self._lock:
             array = (ctypes.c_int * len(roots))(*roots)
+            left_out = (ctypes.c_int * max(1, len(exclude)))(*exclude)
             while True:
-                n = self._fn(os.fsencode(proc_root), array, len(roots), self._buf, len(self._buf),
-                             self._out, len(self._out) // PR_OUT)
+                n = self._fn(os.fsencode(proc_root), array, len(roots), left_out, len(exclude), self._buf,
+                             len(self._buf), self._out, len(self._out) // PR_OUT)
                 if n != -errno.ENOBUFS:
                     break
                 if len(self._buf) >= _MAX_BUF:
@@ -78,7 +82,8 @@ def native() -> Native | None:
             lib = ctypes.CDLL(str(_lib.lib_path(LIB_NAME)), mode=ctypes.RTLD_LOCAL)
             lib.ncclprobe_proc_tree.restype = ctypes.c_int64
             lib.ncclprobe_proc_tree.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
-                                                ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64]
+                                                ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
+                                                ctypes.c_int64]
             _native = Native(lib)
         except (OSError, AttributeError):
             _native = None

@@ -265,15 +265,15 @@ class ProcFS:
     def stat(self, pid: int) -> Stat:
         return parse_stat(self.reader.read_bytes(f"{self._root_s}/{pid}/stat"))
 
-    def native_tree(self, roots: list[int]) -> tuple[dict[int, int], dict[int, Stat], bool] | None:
-        """The parents of the processes under the roots, read with the native reader, which reads all
-        that load will want of each of them in the same pass (kept for load: the stat of those it
-        could not make whole); and whether every children file could be read. None without the
-        native reader."""
+    def native_tree(self, roots: list[int], exclude: frozenset[int] = frozenset()) -> NativeTree | None:
+        """The tree under the roots as walk lists it, read with the native reader, which reads all
+        that load will want of each process in the same pass, and its roots' ancestors (kept for
+        load: the processes it could make whole, else what it read and their stat). None without
+        the native reader."""
         if self._native is None:
             return None
         P = procread
-        flat, fresh = self._native.tree(self._root_s, roots)
+        flat, fresh = self._native.tree(self._root_s, roots, exclude)
         parsers = (decode, self._argv, os.fsdecode, self._native_block, self._rows_maps, os.fsdecode, os.fsdecode)
         values: list[dict[int, object]] = [{} for _ in range(P.CHILDREN)]
         for (k, num), raw in sorted(fresh.items()):
@@ -282,17 +282,23 @@ class ProcFS:
         self_mnt = self.self_mnt_ns()
         # what the processes of a class (exec'ed siblings, most of a tree) have in common, by number
         classes: dict[int, dict] = {}
-        ppids: dict[int, int] = {}
-        stats: dict[int, Stat] = {}
-        complete = True
-        o_special, o_class, o_children = P.O_SPECIAL, P.O_CLASS, P.O_KINDS + 4 * P.CHILDREN
+        tree = NativeTree({}, {}, [], [], True)
+        ppids, stats, order = tree.ppids, tree.stats, tree.order
+        o_special, o_class, o_children, o_role = P.O_SPECIAL, P.O_CLASS, P.O_KINDS + 4 * P.CHILDREN, P.O_ROLE
         for i in range(0, len(flat), P.PR_OUT):
+            pid, role = flat[i + P.O_PID], flat[i + o_role]
+            if role == P.R_EXCLUDED:
+                tree.excluded.append(pid)
+                continue
             if flat[i + P.O_ERR]:
-                continue  # a root that is gone is reported by load; a child that is gone is not ours
-            pid, ppid = flat[i + P.O_PID], flat[i + P.O_PPID]
-            ppids[pid] = ppid
-            if flat[i + o_children]:
-                complete = False  # the tree under this one is unknown
+                if role == P.R_TREE and pid in roots:
+                    order.append(pid)  # load says why it is skipped; a child that is gone is not ours
+                continue
+            ppid = ppids[pid] = flat[i + P.O_PPID]
+            if role == P.R_TREE:
+                order.append(pid)
+                if flat[i + o_children]:
+                    tree.complete = False  # what is under this one is unknown
             if not flat[i + o_special]:  # the common case, everything read: the process as load would make it
                 common = classes.get(flat[i + o_class])
                 if common is None:
@@ -304,9 +310,15 @@ class ProcFS:
                         "root": got[5], "same_mnt_ns": got[6] == self_mnt}
                 proc = self._snaps[pid] = _new(Proc)
                 d = proc.__dict__ = common.copy()
-                d["pid"], d["ppid"], d["state"], d["uid"] = pid, ppid, chr(flat[i + P.O_STATE]), flat[i + P.O_UID]
-                d["start_ticks"], d["flags"] = flat[i + P.O_START], flat[i + P.O_FLAGS]
-                d["env_span"], d["notes"] = tuple(flat[i + P.O_SPAN:i + P.O_SPAN + 4]), []
+                d["pid"] = pid
+                d["ppid"] = ppid
+                d["state"] = chr(flat[i + P.O_STATE])
+                d["uid"] = flat[i + P.O_UID]
+                d["start_ticks"] = flat[i + P.O_START]
+                d["flags"] = flat[i + P.O_FLAGS]
+                j = i + P.O_SPAN
+                d["env_span"] = (flat[j], flat[j + 1], flat[j + 2], flat[j + 3])
+                d["notes"] = []
                 continue
             # anything unusual: load works it out from what was read, as it would from what it reads
             out = flat[i:i + P.PR_OUT]
@@ -318,7 +330,7 @@ class ProcFS:
             errs = out[P.O_KINDS::4]
             self._snaps[pid] = [OSError(e, os.strerror(e), self.path(pid)) if e else v for e, v in (
                 (out[P.O_UID_ERR], out[P.O_UID]), *((errs[k], values[k].get(key[k])) for k in range(1, P.CHILDREN)))]
-        return ppids, stats, complete
+        return tree
 
     def _native_block(self, raw: bytes) -> EnvBlock | bytes:
         """The native reader's parser for environ: an empty block stays bytes (what it means depends
@@ -548,9 +560,15 @@ class ProcTree:
     boot_time: float | None
     clk_tck: int
     excluded: list[int] = field(default_factory=list)  # left out on request, with everything under them
+    _by_parent: dict[int, list[int]] | None = field(default=None, init=False, repr=False, compare=False)
 
     def children(self, pid: int) -> list[int]:
-        return [p.pid for p in self.procs.values() if p.ppid == pid]
+        if self._by_parent is None:  # built on first use: procs does not change once walk returns it
+            by_parent: dict[int, list[int]] = {}
+            for p in self.procs.values():
+                by_parent.setdefault(p.ppid, []).append(p.pid)
+            self._by_parent = by_parent
+        return list(self._by_parent.get(pid, ()))
 
     def start_time(self, proc: Proc) -> float | None:
         return None if self.boot_time is None else self.boot_time + proc.start_ticks / self.clk_tck
@@ -559,9 +577,13 @@ class ProcTree:
 def tgid_of(fs: ProcFS, pid: int) -> int:
     """A thread id given as a PID resolves to its process (threads are not listed in /proc)."""
     try:
-        tgid = fs.status(pid).get("Tgid")
-        return int(tgid) if tgid else pid
-    except (OSError, ValueError):
+        raw = fs.reader.read_bytes(fs.path(pid, "status"))
+    except OSError:
+        return pid
+    _, found, rest = raw.partition(b"\nTgid:")  # the one line wanted of ~55
+    try:
+        return int(rest.split(b"\n", 1)[0]) if found else pid
+    except ValueError:
         return pid
 
 
@@ -584,10 +606,6 @@ def _tree_by_children(fs: ProcFS, roots: list[int]) -> tuple[dict[int, int], dic
     keeps the stats it needs itself); None when a children file cannot be read (kernel without
     CONFIG_PROC_CHILDREN, a fake /proc, a process that exited or is hidden mid-walk): then only a scan
     of every process is sure to see the same tree."""
-    native = fs.native_tree(roots)
-    if native is not None:
-        ppids, stats, complete = native
-        return (ppids, stats) if complete else None
     stats: dict[int, Stat] = {}
     todo = list(roots)
     while todo:
@@ -618,14 +636,20 @@ def _tree_by_scan(fs: ProcFS) -> tuple[dict[int, int], dict[int, Stat]]:
     return {pid: st.ppid for pid, st in stats.items()}, stats
 
 
-def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True, exclude: frozenset[int] = frozenset()) -> ProcTree:
-    """The processes under each root (threads excluded), each loaded once, in tree order; a process
-    in `exclude` (unless it is a root) is left out with everything under it.
+@dataclass
+class NativeTree:
+    """What ProcFS.native_tree read: the parent of every process read, the stats load needs, the
+    processes in walk's order, those left out, and whether every children file could be read."""
+    ppids: dict[int, int]
+    stats: dict[int, Stat]
+    order: list[int]
+    excluded: list[int]
+    complete: bool
 
-    The tree is read from the children files under the roots; when those are missing, from the
-    stat of every process (the cost then grows with the whole system, not with the tree)."""
-    skipped: list[dict] = []
-    ppids, stats = _tree_by_children(fs, roots) or _tree_by_scan(fs)
+
+def _depth_first(roots: list[int], ppids: dict[int, int], exclude: frozenset[int]) -> tuple[list[int], list[int]]:
+    """The processes under each root in turn, children by ascending pid, and those left out (in
+    `exclude` and not a root: nothing under them is listed)."""
     children: dict[int, list[int]] = {}
     for pid, ppid in ppids.items():
         children.setdefault(ppid, []).append(pid)
@@ -644,6 +668,22 @@ def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True, exclude: fro
                 continue
             order.append(pid)
             stack.extend(sorted(children.get(pid, ()), reverse=True))
+    return order, excluded
+
+
+def walk(fs: ProcFS, roots: list[int], with_ancestors: bool = True, exclude: frozenset[int] = frozenset()) -> ProcTree:
+    """The processes under each root (threads excluded), each loaded once, in tree order; a process
+    in `exclude` (unless it is a root) is left out with everything under it.
+
+    The tree is read from the children files under the roots; when those are missing, from the
+    stat of every process (the cost then grows with the whole system, not with the tree)."""
+    skipped: list[dict] = []
+    native = fs.native_tree(roots, exclude)
+    if native is not None and native.complete:
+        ppids, stats, order, excluded = native.ppids, native.stats, native.order, native.excluded
+    else:  # what the native reader read is kept for load all the same
+        ppids, stats = (_tree_by_children(fs, roots) if native is None else None) or _tree_by_scan(fs)
+        order, excluded = _depth_first(roots, ppids, exclude)
     procs: dict[int, Proc] = {}
     made = fs._snaps  # the processes native_tree made whole already (most of them, when it ran)
     for pid in order:

@@ -172,3 +172,30 @@ def test_disabled_by_environment(monkeypatch):
     assert procread.native() is None and procs.ProcFS()._native is None
     monkeypatch.delenv("NCCLPROBE_NATIVE_PROC")
     assert procs.ProcFS()._native is not None
+
+
+def test_fake_tree_order_exclusion_and_ancestors(tmp_path):
+    """With children files (the native walk's own path, no scan): walk's order, a left-out subtree,
+    a root inside another root's tree, and the ancestors above the roots."""
+    fake = FakeProc(tmp_path)
+    tree = {1: [5], 5: [10], 10: [13, 11, 12], 11: [20, 21], 12: [30], 13: [], 20: [], 21: [], 30: [40], 40: []}
+    parent = {k: p for p, kids in tree.items() for k in kids}
+    for pid, kids in tree.items():
+        fake.add(pid, parent.get(pid, 0), comm=f"p{pid}", start=pid, env={"NCCL_PROTO": "LL"})
+        d = fake.root / str(pid) / "task" / str(pid)
+        d.mkdir(parents=True)
+        (d / "children").write_text("".join(f"{k} " for k in kids))
+    for roots, exclude in (([10], frozenset({11})), ([10, 30], frozenset({12})), ([30, 10], frozenset())):
+        native_fs, python_fs = procs.ProcFS(fake.root), procs.ProcFS(fake.root, PythonReader())
+        native = procs.walk(native_fs, roots, exclude=exclude)
+        python = procs.walk(python_fs, roots, exclude=exclude)
+        for t, fs in ((native, native_fs), (python, python_fs)):
+            for p in [*t.procs.values(), *t.ancestors.values()]:
+                fs.resolve_root(p)
+        assert_same(native, python)
+        assert native.excluded == python.excluded and list(native.ancestors) == list(python.ancestors)
+        for a in native.ancestors:
+            assert native.ancestors[a].__dict__ == python.ancestors[a].__dict__
+    assert list(native.procs) == [30, 40, 10, 11, 20, 21, 12, 13] and list(native.ancestors) == [5, 1]
+    native = procs.walk(procs.ProcFS(fake.root), [10], exclude=frozenset({11}))
+    assert list(native.procs) == [10, 12, 30, 40, 13] and native.excluded == [11]

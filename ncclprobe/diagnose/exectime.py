@@ -42,19 +42,18 @@ def stale_kind(rec: Mapping, parent: Mapping | None) -> str | None:
     fork copies the parent's memory, so a child that never exec'ed shows the parent's block: same
     block, same executable and command line, and (when the kernel shows it) the same env_start/end
     addresses, which a fresh exec would have randomised (ASLR)."""
-    if rec.get("env_source") == "empty" and rec.get("env_reason") == "clobbered":
+    source, reason = rec.get("env_source"), rec.get("env_reason")
+    if reason == "partly overwritten" or (reason == "clobbered" and source == "empty"):
         return "clobbered"
-    if rec.get("env_reason") == "partly overwritten":
-        return "clobbered"
-    if parent is None or rec.get("env_source") != "exec" or parent.get("env_source") != "exec":
+    if parent is None or source != "exec" or parent.get("env_source") != "exec":
         return None
-    same_block = rec.get("_hash") is not None and rec.get("_hash") == parent.get("_hash")
-    if not same_block:
+    block = rec.get("_hash")
+    if block is None or block != parent.get("_hash"):  # not the same block
         return None
     span, pspan = rec.get("_span") or (0, 0, 0, 0), parent.get("_span") or (0, 0, 0, 0)
-    layout = None if not any(span) or not any(pspan) else tuple(span) == tuple(pspan)
-    if layout is False:  # a block laid out elsewhere: exec'ed again (most children of a launcher)
-        return None
+    if tuple(span) != tuple(pspan) and any(span) and any(pspan):  # a block laid out elsewhere: exec'ed again
+        return None  # (most children of a launcher)
+    layout = None if not any(span) or not any(pspan) else True
     if (rec.get("_start") or 0) < (parent.get("_start") or 0):
         return None
     same_program = rec.get("exe") == parent.get("exe") and rec.get("cmdline") == parent.get("cmdline")
