@@ -202,7 +202,7 @@ class _Context:
         self._selected: dict[tuple[int, bool], tuple[dict, dict]] = {}
         self._libs: dict[int | tuple, tuple[list, tuple]] = {}
         self._conf: dict[tuple, tuple[object, list[dict]]] = {}
-        self._times: dict[float, str] = {}
+        self._times: dict[int, str] = {}
         self._diffs: dict[tuple[int, int], tuple[dict | None, dict | None, dict | None]] = {}
 
     def diff(self, rec: dict, parent: dict) -> dict | None:
@@ -221,11 +221,13 @@ class _Context:
         return hit[1]
 
     def start_time(self, start: float | None) -> str | None:
+        """The start as shown, to the second: once per second (localtime floors, as int() does here)."""
         if not start:
             return None
-        text = self._times.get(start)
+        second = int(start)
+        text = self._times.get(second)
         if text is None:
-            text = self._times[start] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(start))
+            text = self._times[second] = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
         return text
 
     # -- per process --------------------------------------------------------------------------
@@ -246,7 +248,7 @@ class _Context:
         rec = hit[3].copy()  # cheaper than building a dict: it has every key
         rec["pid"] = p.pid
         rec["ppid"] = p.ppid
-        rec["start_time"] = self._times.get(start) or self.start_time(start)
+        rec["start_time"] = self.start_time(start)
         rec["root"] = p.root
         rec["notes"] = list(p.notes)
         rec["_span"] = p.env_span
