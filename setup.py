@@ -1,4 +1,5 @@
-"""Builds probes/ (C probe library, simulated NCCL, boot probe) into ncclprobe/_lib at install time."""
+"""Builds probes/ (C probe library, simulated NCCL, boot probe) and native/ (the /proc reader) into
+ncclprobe/_lib at install time."""
 import importlib.util
 from pathlib import Path
 

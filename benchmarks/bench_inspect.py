@@ -2,6 +2,9 @@
 /proc/<pid>/{stat,environ,maps} files in Python. Process start is excluded: the tree is started
 once, then both are timed on it, alternating, and the medians compared (goal: ratio <= 1.5).
 
+Measures the installed ncclprobe (`pip install .`), else the source tree; it says which /proc reader
+ran: the native one (native/procread.c, built at install) or the Python fallback.
+
     python benchmarks/bench_inspect.py [--procs 256] [--repeat 7]
 """
 from __future__ import annotations
@@ -14,9 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+try:
+    import ncclprobe  # noqa: F401 - the installed package, with its built native parts
+except ImportError:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ncclprobe import elf  # noqa: E402
+from ncclprobe import elf, procread  # noqa: E402
 from ncclprobe.inspection import inspect_processes  # noqa: E402
 
 CHILD = "import sys, time; sys.stdout.write('x'); sys.stdout.flush(); time.sleep(600)"
@@ -38,6 +44,11 @@ for r in kids:
 print("ready", flush=True)
 time.sleep(600)
 """
+
+
+def ncclprobe_file() -> str:
+    import ncclprobe
+    return ncclprobe.__file__
 
 
 def baseline(pids: list[int]) -> None:
@@ -87,7 +98,10 @@ def main() -> int:
             insp_t.append(time.perf_counter() - t)
             assert len(res.data["processes"]) == args.procs
         b, i = statistics.median(base_t), statistics.median(insp_t)
+        native = procread.native() is not None
         print(f"processes            {args.procs}")
+        print(f"/proc reader         {'native (libprocread.so)' if native else 'Python (libprocread.so not built or disabled)'}"
+              f"  [{Path(ncclprobe_file()).parent}]")
         print(f"baseline (read stat, environ, maps)  median {b * 1e3:8.1f} ms  "
               f"(range {min(base_t) * 1e3:.1f}-{max(base_t) * 1e3:.1f})")
         print(f"inspect_processes                    median {i * 1e3:8.1f} ms  "
