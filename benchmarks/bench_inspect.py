@@ -3,7 +3,9 @@
 once, then both are timed on it, alternating, and the medians compared (goal: ratio <= 1.5).
 
 Measures the installed ncclprobe (`pip install .`), else the source tree; it says which /proc reader
-ran: the native one (native/procread.c, built at install) or the Python fallback.
+ran: the native one (native/procread.c, built at install; on Linux >= 6.11 it asks the kernel for
+the mappings it needs instead of reading maps, NCCLPROBE_NATIVE_PROC=maps reads them anyway) or the
+Python fallback (NCCLPROBE_NATIVE_PROC=0).
 
     python benchmarks/bench_inspect.py [--procs 256] [--repeat 7]
 """
@@ -44,6 +46,15 @@ for r in kids:
 print("ready", flush=True)
 time.sleep(600)
 """
+
+
+def reader_used(pid: int) -> str:
+    native = procread.native()
+    if native is None:
+        return "Python (libprocread.so not built, or NCCLPROBE_NATIVE_PROC=0)"
+    flat, _ = native.tree("/proc", [pid])
+    how = flat[procread.O_MAPS_HOW]
+    return "native, mappings " + ("from PROCMAP_QUERY (Linux >= 6.11)" if how == procread.M_QUERY else "read from maps")
 
 
 def ncclprobe_file() -> str:
@@ -98,10 +109,8 @@ def main() -> int:
             insp_t.append(time.perf_counter() - t)
             assert len(res.data["processes"]) == args.procs
         b, i = statistics.median(base_t), statistics.median(insp_t)
-        native = procread.native() is not None
         print(f"processes            {args.procs}")
-        print(f"/proc reader         {'native (libprocread.so)' if native else 'Python (libprocread.so not built or disabled)'}"
-              f"  [{Path(ncclprobe_file()).parent}]")
+        print(f"/proc reader         {reader_used(parent.pid)}  [{Path(ncclprobe_file()).parent}]")
         print(f"baseline (read stat, environ, maps)  median {b * 1e3:8.1f} ms  "
               f"(range {min(base_t) * 1e3:.1f}-{max(base_t) * 1e3:.1f})")
         print(f"inspect_processes                    median {i * 1e3:8.1f} ms  "

@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,9 +36,10 @@ enum { K_COMM, K_CMDLINE, K_EXE, K_ENVIRON, K_MAPS, K_ROOT, K_MNT, K_CHILDREN, K
  * process is not plain (an error reading it, no mm, an empty environment, an ancestor): its class is
  * not set. O_FRESH: how many of its values are new (their bytes are in buf). O_ROLE: R_TREE, or
  * R_EXCLUDED (left out with everything under it: nothing read), or R_ANCESTOR (above a root: no
- * environ, maps or children read). */
+ * environ, maps or children read). O_MAPS_HOW: M_QUERY (PROCMAP_QUERY) or M_READ (maps read). */
 enum { O_ERR, O_PID, O_PPID, O_STATE, O_FLAGS, O_START, O_THREADS, O_SPAN0, O_SPAN1, O_SPAN2, O_SPAN3,
-       O_UID, O_UID_ERR, O_SPECIAL, O_CLASS, O_FRESH, O_ROLE, O_KINDS };
+       O_UID, O_UID_ERR, O_SPECIAL, O_CLASS, O_FRESH, O_ROLE, O_MAPS_HOW, O_KINDS };
+enum { M_NONE, M_QUERY, M_READ }; /* O_MAPS_HOW: how its maps rows were read */
 enum { R_TREE, R_EXCLUDED, R_ANCESTOR };
 #define PR_OUT (O_KINDS + 4 * K_COUNT)
 
@@ -53,6 +56,7 @@ typedef struct {
   char* arena; /* every distinct value's bytes */
   size_t arena_cap, arena_len;
   int32_t next_num[K_COUNT + 1];
+  int no_query; /* PROCMAP_QUERY refused once: read maps for the rest of the walk */
 } pr_reader;
 
 typedef struct {
@@ -190,6 +194,7 @@ static int append_children(int dfd, int64_t pid, int64_t threads, pr_out* out) {
 }
 
 static int64_t filter_maps(char* s, int64_t n);
+static int64_t sort_rows(char* s, int64_t len);
 
 typedef struct {
   const char* p;
@@ -202,13 +207,17 @@ static int line_cmp(const void* a, const void* b) { /* as Python compares bytes 
   return c ? c : (x->n > y->n) - (x->n < y->n);
 }
 
-/* Maps rows as sorted "perms dev inode path\n" lines, file-backed ones only (inode != 0, path from
- * '/'): the address range and offset differ between processes that map the same files (ASLR), so does
- * the order of the libraries, and the column padding follows the address width; what is left is the
- * same for them. In place: the output never runs ahead of the input. procs.normalise_maps does the
- * same in Python (without merging segments) and procs.parse_rows reads both. ENOMEM: -1. */
-static int64_t normalise_maps(char* s, int64_t n) {
-  int64_t len = filter_maps(s, n);
+/* Maps rows as sorted "perms dev inode path\n" lines: the file mappings inspect looks at (executable
+ * ones: libraries; shared ones: GPU device nodes), the address range and offset left out. Those
+ * differ between processes that map the same files (ASLR), so does the order of the libraries, and
+ * the column padding follows the address width; what is left is the same for them. In place: the
+ * output never runs ahead of the input. procs.normalise_maps does the same in Python (without
+ * merging segments) and procs.parse_rows reads both. ENOMEM: -1. */
+static int64_t normalise_maps(char* s, int64_t n) { return sort_rows(s, filter_maps(s, n)); }
+
+/* The rows in s (len bytes, each ending in a newline) in byte order, each once; the new length.
+ * ENOMEM: -1. */
+static int64_t sort_rows(char* s, int64_t len) {
   size_t lines = 0;
   for (int64_t i = 0; i < len; i++) lines += s[i] == '\n';
   if (lines < 2) return len;
@@ -229,16 +238,17 @@ static int64_t normalise_maps(char* s, int64_t n) {
   qsort(v, lines, sizeof *v, line_cmp);
   char* w = s;
   for (k = 0; k < lines; k++) {
+    if (k && !line_cmp(&v[k], &v[k - 1])) continue; /* the same row again (another segment) */
     memcpy(w, v[k].p, v[k].n);
     w += v[k].n;
   }
   free(v);
   free(copy);
-  return len;
+  return w - s;
 }
 
-/* The file-backed rows, as normalise_maps wants them, in their order; consecutive rows of one file
- * (its segments) are one row, executable if any of them is. */
+/* The executable or shared file-backed rows, as normalise_maps wants them, in their order;
+ * consecutive rows of one file (its segments) are one row, executable if any of them is. */
 static int64_t filter_maps(char* s, int64_t n) {
   char* w = s;
   char* end = s + n;
@@ -251,6 +261,7 @@ static int64_t filter_maps(char* s, int64_t n) {
     char* p = memchr(line, ' ', (size_t)(eol - line)); /* after the address range */
     if (!p || eol - p < 7 || p[5] != ' ') goto skip;
     char* perms = p + 1;
+    if (perms[2] != 'x' && perms[3] != 's') goto skip; /* neither a library's code nor a device */
     char* q = memchr(p + 6, ' ', (size_t)(eol - p - 6)); /* after the offset */
     if (!q) goto skip;
     char* dev = q + 1;
@@ -285,6 +296,70 @@ static int64_t filter_maps(char* s, int64_t n) {
     line = next;
   }
   return w - s;
+}
+
+/* PROCMAP_QUERY (Linux 6.11, include/uapi/linux/fs.h): one mapping per ioctl on an open maps file,
+ * filtered by the kernel. Asking only for the executable and the shared file mappings skips the
+ * formatting of every other line, most of the cost of reading maps. */
+struct pr_procmap_query {
+  uint64_t size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size, vma_offset, inode;
+  uint32_t dev_major, dev_minor, vma_name_size, build_id_size;
+  uint64_t vma_name_addr, build_id_addr;
+};
+#define PR_PROCMAP_QUERY 0xC0686611 /* _IOWR('f', 17, struct procmap_query) */
+enum { Q_READABLE = 1, Q_WRITABLE = 2, Q_EXECUTABLE = 4, Q_SHARED = 8, Q_COVERING_OR_NEXT = 0x10, Q_FILE_BACKED = 0x20 };
+
+static int append_row(pr_out* o, const char* text, size_t n) {
+  if (o->cap - o->used < (int64_t)n) return ENOBUFS;
+  memcpy(o->buf + o->used, text, n);
+  o->used += (int64_t)n;
+  return 0;
+}
+
+/* The rows normalise_maps makes of maps, from PROCMAP_QUERY. ENOTTY: the kernel has no such ioctl
+ * (the caller reads maps instead). */
+static int append_maps_query(int dfd, pr_out* o) {
+  int fd = openat(dfd, "maps", O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return errno;
+  static const uint64_t kinds[] = {Q_EXECUTABLE, Q_SHARED};
+  char name[PATH_MAX + 64];
+  char row[64];
+  int err = 0;
+  int64_t start = o->used;
+  for (int pass = 0; pass < 2 && !err; pass++) {
+    uint64_t addr = 0;
+    for (;;) {
+      struct pr_procmap_query q;
+      memset(&q, 0, sizeof q);
+      q.size = sizeof q;
+      q.query_flags = Q_COVERING_OR_NEXT | Q_FILE_BACKED | kinds[pass];
+      q.query_addr = addr;
+      q.vma_name_addr = (uint64_t)(uintptr_t)name;
+      q.vma_name_size = sizeof name;
+      if (ioctl(fd, PR_PROCMAP_QUERY, &q) < 0) {
+        if (errno != ENOENT) err = errno; /* ENOENT: no mapping at or after addr */
+        break;
+      }
+      addr = q.vma_end;
+      if (!q.inode) continue; /* as maps rows without an inode are left out */
+      int n = snprintf(row, sizeof row, "%c%c%c%c %02x:%02x %llu ", q.vma_flags & Q_READABLE ? 'r' : '-',
+                       q.vma_flags & Q_WRITABLE ? 'w' : '-', q.vma_flags & Q_EXECUTABLE ? 'x' : '-',
+                       q.vma_flags & Q_SHARED ? 's' : 'p', q.dev_major, q.dev_minor, (unsigned long long)q.inode);
+      if (!(err = append_row(o, row, (size_t)n))) {
+        for (const char* c = name; *c && !err; c++) /* maps escapes a newline in a path (seq_path) */
+          err = *c == '\n' ? append_row(o, "\\012", 4) : append_row(o, c, 1);
+      }
+      if (!err) err = append_row(o, "\n", 1);
+      if (err) break;
+    }
+  }
+  close(fd);
+  if (!err) {
+    int64_t len = sort_rows(o->buf + start, o->used - start);
+    if (len < 0) err = ENOMEM;
+    else o->used = start + len;
+  }
+  return err;
 }
 
 /* stat's fields after comm (proc(5) numbers them from 1: state is field 3); comm may hold spaces and
@@ -364,15 +439,24 @@ static int read_one(pr_reader* r, int pid, int role, pr_out* o, int64_t* out) {
       case K_CMDLINE: e = append_file(dfd, "cmdline", o, 1); break;
       case K_ENVIRON: e = no_mm ? ENOENT : above ? 0 : append_file(dfd, "environ", o, 1); break;
       case K_MAPS:
-        e = no_mm ? ENOENT : above ? 0 : append_file(dfd, "maps", o, 0);
-        if (!e) {
-          int64_t kept = normalise_maps(o->buf + start, o->used - start);
+        if (no_mm || above) {
+          e = no_mm ? ENOENT : 0;
+          break;
+        }
+        e = r->no_query ? ENOTTY : append_maps_query(dfd, o);
+        out[O_MAPS_HOW] = M_QUERY;
+        if (e == ENOTTY || e == EINVAL) { /* before Linux 6.11, or not procfs (a test's fake /proc) */
+          r->no_query = 1;
+          out[O_MAPS_HOW] = M_READ;
+          o->used = start;
+          e = append_file(dfd, "maps", o, 0);
+          int64_t kept = e ? 0 : normalise_maps(o->buf + start, o->used - start);
           if (kept < 0) {
             close(dfd);
             o->used = mark;
             return ENOMEM;
           }
-          o->used = start + kept;
+          if (!e) o->used = start + kept;
         }
         break;
       default: e = above ? 0 : append_children(dfd, out[O_PID], out[O_THREADS], o); break;
@@ -476,10 +560,13 @@ static int int_cmp(const void* a, const void* b) { return (*(const int*)a > *(co
  * already read. `out` gets PR_OUT int64s per process in that order, `buf` the bytes of each new
  * value. Returns the number of slots, or -ENOBUFS (buf or out too small: call again with larger
  * ones), -ENOMEM. Under a process whose children file failed nothing is read (its errno is in its
- * slot: the caller then cannot trust the tree). Values are numbered afresh in each call. */
+ * slot: the caller then cannot trust the tree). Values are numbered afresh in each call. read_maps:
+ * read every maps file, even where the kernel has PROCMAP_QUERY. */
 EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int nroots, const int* exclude,
-                                   int nexclude, char* buf, int64_t cap, int64_t* out, int64_t max_procs) {
+                                   int nexclude, char* buf, int64_t cap, int64_t* out, int64_t max_procs,
+                                   int read_maps) {
   pr_reader r = {0};
+  r.no_query = read_maps; /* asked to read maps even where PROCMAP_QUERY would do */
   if (snprintf(r.root, sizeof r.root, "%s", proc_root) >= (int)sizeof r.root) return -ENAMETOOLONG;
   pr_out o = {buf, cap, 0};
   pid_set seen = {0};

@@ -151,8 +151,12 @@ def _public(recs: list[dict]) -> list[dict]:
     document drawn later reads only public keys); every record has the same keys (_Context.record)."""
     drop = [k for k in recs[0] if k.startswith("_")] if recs else []
     for r in recs:
-        for k in drop:
-            r.pop(k, None)
+        try:
+            for k in drop:
+                del r[k]
+        except KeyError:  # not built by _Context.record: whatever private keys it has
+            for k in [k for k in r if k.startswith("_")]:
+                del r[k]
     return list(recs)
 
 

@@ -2,6 +2,8 @@
 `inspect` reads of every process in a tree, in one call. procs.walk uses it where it would use the
 plain procs.Reader, and falls back to that reader when the library is not built (an uninstalled
 source tree) or NCCLPROBE_NATIVE_PROC=0 is set; tests/test_procread.py checks that both see the same.
+On Linux >= 6.11 it asks the kernel for just the mappings inspect uses (PROCMAP_QUERY) instead of
+reading maps files (NCCLPROBE_NATIVE_PROC=maps reads them anyway).
 
 The library numbers the distinct values it returns, per kind: a process whose command line,
 environment or maps are byte for byte an earlier process's gets that value's number and no bytes, so
@@ -19,8 +21,9 @@ from ncclprobe import _lib
 LIB_NAME = "libprocread.so"
 # native/procread.c's output per process: fixed slots, then {errno, number, offset, length} per kind
 (O_ERR, O_PID, O_PPID, O_STATE, O_FLAGS, O_START, O_THREADS, O_SPAN, O_UID, O_UID_ERR, O_SPECIAL, O_CLASS, O_FRESH,
- O_ROLE, O_KINDS) = (0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16, 17)
+ O_ROLE, O_MAPS_HOW, O_KINDS) = (0, 1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 14, 15, 16, 17, 18)
 R_TREE, R_EXCLUDED, R_ANCESTOR = 0, 1, 2  # O_ROLE
+M_NONE, M_QUERY, M_READ = 0, 1, 2  # O_MAPS_HOW: PROCMAP_QUERY (Linux >= 6.11) or a read of maps
 KINDS = ("comm", "cmdline", "exe", "environ", "maps", "root", "ns/mnt", "children")
 CHILDREN = KINDS.index("children")
 PR_OUT = O_KINDS + 4 * len(KINDS)
@@ -30,8 +33,9 @@ _MAX_BUF = 1 << 31
 class Native:
     """The library's tree walk, with buffers kept from call to call (one call at a time)."""
 
-    def __init__(self, lib: ctypes.CDLL):
+    def __init__(self, lib: ctypes.CDLL, read_maps: bool = False):
         self._fn = lib.ncclprobe_proc_tree
+        self.read_maps = int(read_maps)  # read maps files even where PROCMAP_QUERY would do
         self._lock = threading.Lock()
         self._buf = ctypes.create_string_buffer(1 << 18)
         self._out = (ctypes.c_int64 * (PR_OUT * 1024))()
@@ -47,7 +51,7 @@ class Native:
             left_out = (ctypes.c_int * max(1, len(exclude)))(*exclude)
             while True:
                 n = self._fn(os.fsencode(proc_root), array, len(roots), left_out, len(exclude), self._buf,
-                             len(self._buf), self._out, len(self._out) // PR_OUT)
+                             len(self._buf), self._out, len(self._out) // PR_OUT, self.read_maps)
                 if n != -errno.ENOBUFS:
                     break
                 if len(self._buf) >= _MAX_BUF:
@@ -73,9 +77,12 @@ _native: Native | None | bool = False  # False: not loaded yet
 
 
 def native() -> Native | None:
-    """The reader over the built library, or None (not built, not loadable, or disabled)."""
+    """The reader over the built library, or None (not built, not loadable, or disabled).
+    NCCLPROBE_NATIVE_PROC: 0 disables it; `maps` makes it read maps files even on kernels with
+    PROCMAP_QUERY (to compare the two)."""
     global _native
-    if os.environ.get("NCCLPROBE_NATIVE_PROC", "1") == "0":
+    mode = os.environ.get("NCCLPROBE_NATIVE_PROC", "1")
+    if mode == "0":
         return None
     if _native is False:
         try:
@@ -83,8 +90,10 @@ def native() -> Native | None:
             lib.ncclprobe_proc_tree.restype = ctypes.c_int64
             lib.ncclprobe_proc_tree.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
                                                 ctypes.c_int, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
-                                                ctypes.c_int64]
+                                                ctypes.c_int64, ctypes.c_int]
             _native = Native(lib)
         except (OSError, AttributeError):
             _native = None
+    if _native is not None:
+        _native.read_maps = int(mode == "maps")
     return _native

@@ -117,15 +117,18 @@ _NORMAL_ROW = re.compile(rb"^(\S{4}) (\S+) (\d+) (/[^\n]*)$", re.M)
 
 
 def normalise_maps(raw: bytes) -> bytes:
-    """The file-backed rows of a maps file as sorted `perms dev inode path` lines: the address range
-    and offset differ between processes that map the same files (ASLR), so does the order of the
-    libraries, and the padding before the path follows the address width, so what is left is a cache
-    key (native/procread.c does the same)."""
-    return b"".join(sorted([b"%s %s %s %s\n" % row for row in _MAPS_ROW.findall(raw) if row[2] != b"0"]))
+    """The rows of a maps file that inspect looks at (file mappings that are executable: libraries, or
+    shared: GPU device nodes) as sorted `perms dev inode path` lines. The address range and offset
+    differ between processes that map the same files (ASLR), so does the order of the libraries, and
+    the padding before the path follows the address width: what is left is a cache key
+    (native/procread.c does the same, or asks the kernel for just those rows)."""
+    return b"".join(sorted({b"%s %s %s %s\n" % row for row in _MAPS_ROW.findall(raw)
+                            if row[2] != b"0" and (row[0][2:3] == b"x" or row[0][3:4] == b"s")}))
 
 
 def parse_maps(raw: bytes) -> list[Mapping]:
-    """File-backed mappings, one per (path, inode), executable if any of its mappings is."""
+    """The executable and shared file mappings, one per (path, inode), executable if any of its
+    mappings is."""
     return parse_rows(normalise_maps(raw))
 
 

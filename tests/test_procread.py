@@ -33,10 +33,11 @@ def assert_same(native: procs.ProcTree, python: procs.ProcTree) -> None:
     assert list(native.procs) == list(python.procs)
     for pid, p in native.procs.items():
         q = python.procs[pid]
-        for name in ("pid", "ppid", "name", "state", "uid", "start_ticks", "flags", "env_span", "cmdline",
+        for name in ("pid", "ppid", "name", "uid", "start_ticks", "flags", "env_span", "cmdline",
                      "cmdline_reason", "exe", "env", "maps", "maps_reason", "root", "root_reason", "same_mnt_ns",
                      "notes"):
             assert getattr(p, name) == getattr(q, name), (pid, name)
+        assert p.state == q.state or {p.state, q.state} <= {"R", "S"}, pid  # read at two moments
     assert native.skipped == python.skipped and native.ancestors.keys() == python.ancestors.keys()
 
 
@@ -61,6 +62,12 @@ os.environb[b"NCCL_ODD"] = b"caf\xe9"
 subprocess.Popen(sleep)
 big = {**os.environ, **{f"BIG_{i}": "x" * 100_000 for i in range(12)}}
 subprocess.Popen(sleep, env=big)
+# a library mapped and then deleted: maps and PROCMAP_QUERY both name it "... (deleted)"
+import _ctypes, shutil, tempfile
+copy = os.path.join(tempfile.mkdtemp(), "libdeleted-copy.so")
+shutil.copy(_ctypes.__file__, copy)
+subprocess.Popen([sys.executable, "-S", "-c", "import ctypes, os, sys, time; ctypes.CDLL(sys.argv[1]); "
+                  "os.unlink(sys.argv[1]); print(flush=True); time.sleep(60)", copy], stdout=subprocess.PIPE).stdout.readline()
 zombie = subprocess.Popen([sys.executable, "-S", "-c", "pass"])
 time.sleep(1.0)
 print("ready", zombie.pid, flush=True)
@@ -87,7 +94,9 @@ def test_live_tree_same_as_python(live_tree):
     root, zombie = live_tree
     native, python = both([root])
     assert_same(native, python)
-    assert len(native.procs) == 1 + 1 + 3 + 4 + 1  # launcher, thread's child, 3 alike, 4 others, zombie
+    assert len(native.procs) == 1 + 1 + 3 + 5 + 1  # launcher, thread's child, 3 alike, 5 others, zombie
+    deleted = [m for p in native.procs.values() for m in p.maps or () if m.deleted]
+    assert [m.path.rsplit("/", 1)[1] for m in deleted] == ["libdeleted-copy.so"] and deleted[0].executable
     assert native.procs[zombie].state == "Z" and native.procs[zombie].env.reason == "zombie"
     envs = {pid: p.env for pid, p in native.procs.items()}
     assert sum(1 for e in envs.values() if e.env and e.env.get("BIG_0")) == 1
@@ -99,6 +108,32 @@ def test_live_tree_same_as_python(live_tree):
     assert len(alike) == 4  # the thread's child and the 3 alike
     assert len({id(p.env) for p in alike}) == 1 and len({id(p.cmdline) for p in alike}) == 1
     assert len({id(p.maps) for p in alike}) == 1
+
+
+def test_live_maps_rows_from_the_kernel_query_or_the_file(live_tree):
+    """On Linux >= 6.11 the reader asks for the rows it needs (PROCMAP_QUERY); before, it reads maps.
+    Either way the mappings are those of the maps file, as the Python reader parses them."""
+    root, _ = live_tree
+    flat, _ = procread.native().tree("/proc", [root])
+    how = {flat[i + procread.O_MAPS_HOW] for i in range(0, len(flat), procread.PR_OUT)
+           if flat[i + procread.O_ROLE] == procread.R_TREE and not flat[i + procread.O_ERR]} - {procread.M_NONE}
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2] if x.isdigit())
+    assert how == ({procread.M_QUERY} if release >= (6, 11) else {procread.M_READ})
+    fs = procs.ProcFS()
+    for p in procs.walk(fs, [root]).procs.values():
+        if p.maps:
+            assert p.maps == procs.parse_maps(open(f"/proc/{p.pid}/maps", "rb").read()), p.pid
+
+
+def test_live_maps_read_when_asked(live_tree, monkeypatch):
+    """NCCLPROBE_NATIVE_PROC=maps: the same processes, from the maps files."""
+    root, _ = live_tree
+    monkeypatch.setenv("NCCLPROBE_NATIVE_PROC", "maps")
+    flat, _ = procread.native().tree("/proc", [root])
+    assert {flat[i + procread.O_MAPS_HOW] for i in range(0, len(flat), procread.PR_OUT)} - {procread.M_NONE} == \
+        {procread.M_READ}
+    native, python = both([root])
+    assert_same(native, python)
 
 
 def test_live_ancestors_and_self_excluded(live_tree):

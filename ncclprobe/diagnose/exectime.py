@@ -2,7 +2,7 @@
 
 A record is the dict `inspection` builds per process (the JSON `processes` entry) plus private keys
 starting with `_` (`_watched`: the watched part of the exec-time block; `_exp`: its values of the expected names; `_hash`, `_span`: identity of
-the block; `_start`: start time). Every finding carries its evidence and a hint saying what to change
+the block; `_start`: start time; `_alike`: the kind of process, see kinds_of). Every finding carries its evidence and a hint saying what to change
 and where.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 from ncclprobe.findings import Finding
 
+Kinds = list[tuple[Mapping, list[int]]]  # kinds_of: a group's first record, the pids of all
 LIVE_VIEW = ("`ncclprobe run -- CMD` (or `ncclprobe inject install`) records the live environment "
              "from inside each process")
 PTRACE_HINT = ("run ncclprobe as the processes' user, as root, or with CAP_SYS_PTRACE; in a container "
@@ -62,11 +63,11 @@ def stale_kind(rec: Mapping, parent: Mapping | None) -> str | None:
     return None
 
 
-def unreadable(recs: list[Mapping]) -> list[Finding]:
+def unreadable(kinds: Kinds) -> list[Finding]:
     groups: dict[str, list[int]] = defaultdict(list)
-    for r in recs:
+    for r, pids in kinds:
         if r.get("env_source") == "unreadable":
-            groups[r.get("env_reason") or "unknown"].append(r["pid"])
+            groups[r.get("env_reason") or "unknown"].extend(pids)
     out = []
     for reason, pids in groups.items():
         what = {"permission": "another user's processes need ptrace access to read /proc/<pid>/environ",
@@ -79,12 +80,11 @@ def unreadable(recs: list[Mapping]) -> list[Finding]:
     return out
 
 
-def stale(recs: list[Mapping]) -> list[Finding]:
+def stale(kinds: Kinds, by_pid: Mapping[int, Mapping]) -> list[Finding]:
     groups: dict[tuple, list[int]] = defaultdict(list)
-    for r in recs:
+    for r, pids in kinds:
         if r.get("stale"):
-            groups[(r["stale"], r["ppid"] if r["stale"] in ("fork", "forkserver") else None)].append(r["pid"])
-    by_pid = {r["pid"]: r for r in recs}
+            groups[(r["stale"], r["ppid"] if r["stale"] in ("fork", "forkserver") else None)].extend(pids)
     out = []
     for (kind, ppid), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
         parent = by_pid.get(ppid) if ppid else None
@@ -119,15 +119,14 @@ def stale(recs: list[Mapping]) -> list[Finding]:
     return out
 
 
-def parent_diffs(recs: list[Mapping], expect: Mapping[str, str]) -> list[Finding]:
+def parent_diffs(kinds: Kinds, by_pid: Mapping[int, Mapping], expect: Mapping[str, str]) -> list[Finding]:
     """Watched variables dropped or changed between a process and its parent (warnings), one finding
     per parent, kind and set of children, naming every variable; names with an expectation are left
     to `expectations`, which reports them as errors."""
-    by_pid = {r["pid"]: r for r in recs}
-    per_child: dict[tuple[str, int, int], dict[str, tuple]] = {}
     # the differences of a pair of watched sets, once per pair (siblings share theirs)
     pairs: dict[tuple[int, int], tuple[Mapping, Mapping, list[tuple[str, dict[str, tuple]]]]] = {}
-    for r in recs:
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for r, pids in kinds:
         parent = by_pid.get(r["ppid"])
         if not r.get("in_scope") or parent is None or not readable(r) or parent.get("env_source") != "exec":
             continue
@@ -136,10 +135,7 @@ def parent_diffs(recs: list[Mapping], expect: Mapping[str, str]) -> list[Finding
         if hit is None:
             hit = pairs[(id(mine), id(theirs))] = (mine, theirs, _watched_diff(mine, theirs, expect))
         for code, diff in hit[2]:
-            per_child[(code, r["ppid"], r["pid"])] = diff
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for (code, ppid, pid), diff in per_child.items():
-        groups[(code, ppid, tuple(sorted(diff.items())))].append(pid)
+            groups[(code, r["ppid"], tuple(sorted(diff.items())))].extend(pids)
     out = []
     for (code, ppid, diff), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
         parent = by_pid[ppid]
@@ -180,18 +176,17 @@ def _watched_diff(mine: Mapping[str, str], theirs: Mapping[str, str],
     return [(code, d) for code, d in (("ENV_MISSING", missing), ("ENV_CHANGED", changed)) if d]
 
 
-def expectations(recs: list[Mapping], expect: Mapping[str, str]) -> list[Finding]:
-    by_pid = {r["pid"]: r for r in recs}
+def expectations(kinds: Kinds, by_pid: Mapping[int, Mapping], expect: Mapping[str, str]) -> list[Finding]:
     groups: dict[tuple, list[int]] = defaultdict(list)
-    for r in recs:
+    for r, pids in kinds:
         if not r.get("in_scope") or not readable(r):
             continue
         for var, want in expect.items():
             have = r["_exp"].get(var)
             if have is None:
-                groups[("ENV_MISSING", var, want, None)].append(r["pid"])
+                groups[("ENV_MISSING", var, want, None)].extend(pids)
             elif have != want:
-                groups[("ENV_CHANGED", var, want, have)].append(r["pid"])
+                groups[("ENV_CHANGED", var, want, have)].extend(pids)
     out = []
     for (code, var, want, have), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
         pids_t = tuple(sorted(pids))
@@ -268,15 +263,15 @@ def libraries(recs: list[Mapping]) -> list[Finding]:
     return out
 
 
-def conf_values(recs: list[Mapping]) -> list[Finding]:
+def conf_values(kinds: Kinds) -> list[Finding]:
     groups: dict[tuple, list[int]] = defaultdict(list)
-    for r in recs:
+    for r, pids in kinds:
         if not r.get("in_scope"):
             continue
         for conf in r.get("conf_files") or []:
             for e in conf.get("entries") or []:
                 if e["effect"] == "applies":
-                    groups[(conf["path"], e["var"], e["value"], e["line"])].append(r["pid"])
+                    groups[(conf["path"], e["var"], e["value"], e["line"])].extend(pids)
     return [Finding("CONF_FILE_VALUE", "info",
                     f"{path} sets {var}={value} inside NCCL (not visible in /proc/<pid>/environ)",
                     tuple(sorted(pids)), var, {"file": path, "line": line, "value": value},
@@ -305,6 +300,29 @@ def shell_prefix(pitfalls: list[Mapping]) -> list[Finding]:
     return out
 
 
+def kinds_of(recs: list[Mapping]) -> tuple[Kinds, dict[int, Mapping]]:
+    """The records every rule here treats alike, grouped, and every record by pid. Alike: the same
+    kind of process (`_alike`, set by inspection: the same command line, environment block, mappings,
+    user, ...) under the same parent, equally stale and in scope, with the same conf files. A group is
+    its first record and the pids of all; the rules look at each group once (a tree of hundreds of
+    workers is a few groups)."""
+    groups: dict[tuple, tuple[Mapping, list[int]]] = {}
+    by_pid: dict[int, Mapping] = {}
+    for r in recs:
+        pid = r["pid"]
+        by_pid[pid] = r
+        alike = r.get("_alike")
+        key = (id(alike) if alike is not None else -pid, r["ppid"], r.get("stale"), r.get("in_scope"),
+               id(r.get("conf_files")))
+        group = groups.get(key)
+        if group is None:
+            groups[key] = (r, [pid])
+        else:
+            group[1].append(pid)
+    return list(groups.values()), by_pid
+
+
 def all_rules(recs: list[Mapping], expect: Mapping[str, str], pitfalls: list[Mapping]) -> list[Finding]:
-    return [*unreadable(recs), *stale(recs), *expectations(recs, expect), *parent_diffs(recs, expect),
-            *libraries(recs), *conf_values(recs), *shell_prefix(pitfalls)]
+    kinds, by_pid = kinds_of(recs)
+    return [*unreadable(kinds), *stale(kinds, by_pid), *expectations(kinds, by_pid, expect),
+            *parent_diffs(kinds, by_pid, expect), *libraries(recs), *conf_values(kinds), *shell_prefix(pitfalls)]
