@@ -3,13 +3,11 @@ stands in for: the same processes with the same fields, on live trees and on a f
 the cases it handles itself (children of every thread, zombies, buffers that must grow, maps rows
 normalised for sharing)."""
 import os
-import signal
-import subprocess
-import sys
 
 import pytest
 
 from ncclprobe import procread, procs
+import livetree
 from fakeproc import FakeProc
 
 
@@ -77,17 +75,9 @@ time.sleep(60)
 
 @pytest.fixture
 def live_tree():
-    if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
-        pytest.skip("kernel without CONFIG_PROC_CHILDREN")
-    p = subprocess.Popen([sys.executable, "-S", "-c", TREE], stdout=subprocess.PIPE, text=True,
-                         start_new_session=True, env={**os.environ, "NCCL_PROTO": "LL"})
-    try:
-        word, zombie = p.stdout.readline().split()
-        assert word == "ready"
-        yield p.pid, int(zombie)
-    finally:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+    with livetree.running(TREE, env={**os.environ, "NCCL_PROTO": "LL"}) as (pid, words):
+        assert words[0] == "ready"
+        yield pid, int(words[1])
 
 
 def test_live_tree_same_as_python(live_tree):

@@ -1,15 +1,12 @@
 """The tree read from /proc/<pid>/task/<tid>/children against the scan of every stat it replaces: the
 same processes in the same order, on a live tree and on a fake /proc, and the scan whenever a children
 file is missing."""
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from ncclprobe import procs
+import livetree
 from fakeproc import FakeProc
 
 
@@ -73,16 +70,9 @@ time.sleep(60)
 
 @pytest.fixture
 def live_tree():
-    if not os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/children"):
-        pytest.skip("kernel without CONFIG_PROC_CHILDREN")
-    p = subprocess.Popen([sys.executable, "-S", "-c", TREE], stdout=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        yield p.pid
-    finally:
-        os.killpg(p.pid, signal.SIGKILL)
-        p.wait()
+    with livetree.running(TREE) as (pid, words):
+        assert words == ["ready"]
+        yield pid
 
 
 def test_live_children_walk_gives_the_scanned_tree(live_tree):
