@@ -102,7 +102,7 @@ static int intern(pr_reader* r, int kind, const char* p, int64_t n, int32_t* num
   size_t j = h & (r->tab_cap - 1);
   for (; r->tab[j].num; j = (j + 1) & (r->tab_cap - 1)) {
     pr_entry* e = &r->tab[j];
-    if (e->hash == h && e->kind == kind && e->len == n && !memcmp(r->arena + e->off, p, (size_t)n)) {
+    if (e->hash == h && e->kind == kind && e->len == n && (!n || !memcmp(r->arena + e->off, p, (size_t)n))) {
       *num = e->num;
       *fresh = 0;
       return 0;
@@ -116,7 +116,7 @@ static int intern(pr_reader* r, int kind, const char* p, int64_t n, int32_t* num
     r->arena = a;
     r->arena_cap = cap;
   }
-  memcpy(r->arena + r->arena_len, p, (size_t)n);
+  if (n) memcpy(r->arena + r->arena_len, p, (size_t)n);
   r->tab[j] = (pr_entry){h, (int64_t)r->arena_len, n, kind, ++r->next_num[kind]};
   r->arena_len += (size_t)n;
   r->tab_len++;
@@ -183,8 +183,12 @@ static int append_children(int dfd, int64_t pid, int64_t threads, pr_out* out) {
   while (!err && (de = readdir(dir)) != NULL) {
     if (de->d_name[0] < '0' || de->d_name[0] > '9') continue;
     snprintf(name, sizeof name, "%.32s/children", de->d_name);
+    int64_t before = out->used;
     err = append_file(dirfd(dir), name, out, 0);
-    if (!err) {
+    if (err == ENOENT || err == ESRCH) { /* the thread exited since the listing: no children */
+      out->used = before;
+      err = 0;
+    } else if (!err) {
       if (out->used >= out->cap) err = ENOBUFS;
       else out->buf[out->used++] = ' ';
     }
@@ -257,7 +261,7 @@ static int64_t filter_maps(char* s, int64_t n) {
   for (char* line = s; line < end;) {
     char* eol = memchr(line, '\n', (size_t)(end - line));
     if (!eol) eol = end;
-    char* next = eol + 1;
+    char* next = eol < end ? eol + 1 : end;
     char* p = memchr(line, ' ', (size_t)(eol - line)); /* after the address range */
     if (!p || eol - p < 7 || p[5] != ' ') goto skip;
     char* perms = p + 1;
@@ -319,7 +323,7 @@ static int append_row(pr_out* o, const char* text, size_t n) {
 /* The rows normalise_maps makes of maps, from PROCMAP_QUERY. ENOTTY: the kernel has no such ioctl
  * (the caller reads maps instead). */
 static int append_maps_query(int dfd, pr_out* o) {
-  int fd = openat(dfd, "maps", O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  int fd = openat(dfd, "maps", O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) return errno;
   static const uint64_t kinds[] = {Q_EXECUTABLE, Q_SHARED};
   char name[PATH_MAX + 64];
@@ -341,13 +345,14 @@ static int append_maps_query(int dfd, pr_out* o) {
         break;
       }
       addr = q.vma_end;
-      if (!q.inode) continue; /* as maps rows without an inode are left out */
+      if (!q.inode || name[0] != '/') continue; /* as the maps rows normalise_maps leaves out */
       int n = snprintf(row, sizeof row, "%c%c%c%c %02x:%02x %llu ", q.vma_flags & Q_READABLE ? 'r' : '-',
                        q.vma_flags & Q_WRITABLE ? 'w' : '-', q.vma_flags & Q_EXECUTABLE ? 'x' : '-',
                        q.vma_flags & Q_SHARED ? 's' : 'p', q.dev_major, q.dev_minor, (unsigned long long)q.inode);
       if (!(err = append_row(o, row, (size_t)n))) {
-        for (const char* c = name; *c && !err; c++) /* maps escapes a newline in a path (seq_path) */
-          err = *c == '\n' ? append_row(o, "\\012", 4) : append_row(o, c, 1);
+        size_t bound = q.vma_name_size ? q.vma_name_size - 1 : 0; /* the name and its NUL */
+        for (size_t c = 0; c < bound && name[c] && !err; c++) /* maps escapes a newline (seq_path) */
+          err = name[c] == '\n' ? append_row(o, "\\012", 4) : append_row(o, name + c, 1);
       }
       if (!err) err = append_row(o, "\n", 1);
       if (err) break;
@@ -371,11 +376,8 @@ static int parse_stat(const char* s, int64_t n, int64_t* out, int64_t* comm_off,
   for (const char* q = s; q < end; q++)
     if (*q == ')') close = q;
   if (!open || !close || close < open || close + 2 >= end) return EINVAL;
-  out[O_PID] = strtoll(s, NULL, 10);
-  *comm_off = open + 1 - s;
-  *comm_len = close - open - 1;
   const char* p = close + 2;
-  out[O_STATE] = (unsigned char)*p;
+  int state = (unsigned char)*p;
   int64_t f[52] = {0};
   int nf = 0;
   for (p++; p < end && nf < 52; nf++) { /* f[i] is field i + 4 */
@@ -383,12 +385,15 @@ static int parse_stat(const char* s, int64_t n, int64_t* out, int64_t* comm_off,
     if (p >= end || *p == '\n') break;
     int neg = *p == '-';
     if (neg) p++;
-    int64_t v = 0;
-    while (p < end && *p >= '0' && *p <= '9') v = v * 10 + (*p++ - '0');
-    f[nf] = neg ? -v : v;
+    uint64_t v = 0; /* unsigned: rsslim (field 25) is 2^64 - 1 when unlimited */
+    while (p < end && *p >= '0' && *p <= '9') v = v * 10 + (uint64_t)(*p++ - '0');
+    f[nf] = neg ? -(int64_t)v : (int64_t)v;
     while (p < end && *p != ' ') p++;
   }
-  if (nf < 19) return EINVAL;
+  if (nf < 19) return EINVAL; /* the slot keeps the pid of the directory read */
+  *comm_off = open + 1 - s;
+  *comm_len = close - open - 1;
+  out[O_STATE] = state;
   out[O_PPID] = f[0];
   out[O_FLAGS] = f[5];
   out[O_THREADS] = f[16];
@@ -416,7 +421,6 @@ static int read_one(pr_reader* r, int pid, int role, pr_out* o, int64_t* out) {
   int64_t at[K_COUNT], len[K_COUNT]; /* where each kind's bytes are in buf, before numbering */
   int err = append_file(dfd, "stat", o, 1);
   if (!err) err = parse_stat(o->buf + mark, o->used - mark, out, &at[K_COMM], &len[K_COMM]);
-  at[K_COMM] += mark;
   if (err) {
     close(dfd);
     o->used = mark;
@@ -424,6 +428,7 @@ static int read_one(pr_reader* r, int pid, int role, pr_out* o, int64_t* out) {
     out[O_ERR] = err;
     return 0;
   }
+  at[K_COMM] += mark;
   struct stat st;
   if (fstat(dfd, &st) == 0) out[O_UID] = st.st_uid;
   else out[O_UID_ERR] = errno;
@@ -445,8 +450,10 @@ static int read_one(pr_reader* r, int pid, int role, pr_out* o, int64_t* out) {
         }
         e = r->no_query ? ENOTTY : append_maps_query(dfd, o);
         out[O_MAPS_HOW] = M_QUERY;
-        if (e == ENOTTY || e == EINVAL) { /* before Linux 6.11, or not procfs (a test's fake /proc) */
-          r->no_query = 1;
+        if (e == ENOTTY || e == EINVAL || e == ENAMETOOLONG) {
+          /* before Linux 6.11, or not procfs (a test's fake /proc): read maps from now on; a path
+           * longer than PATH_MAX (d_path fails): read this process's maps */
+          r->no_query |= e != ENAMETOOLONG;
           out[O_MAPS_HOW] = M_READ;
           o->used = start;
           e = append_file(dfd, "maps", o, 0);
@@ -558,8 +565,8 @@ static int int_cmp(const void* a, const void* b) { return (*(const int*)a > *(co
  * them: each root in turn, children by ascending pid; a process in `exclude` (not a root) gets an
  * R_EXCLUDED slot and nothing under it is read. Then the ancestors of each root, up to the first one
  * already read. `out` gets PR_OUT int64s per process in that order, `buf` the bytes of each new
- * value. Returns the number of slots, or -ENOBUFS (buf or out too small: call again with larger
- * ones), -ENOMEM. Under a process whose children file failed nothing is read (its errno is in its
+ * value. Returns the number of slots, or -ENOBUFS (buf too small) or -ERANGE (out too small): call
+ * again with a larger one; -ENOMEM. Under a process whose children file failed nothing is read (its errno is in its
  * slot: the caller then cannot trust the tree). Values are numbered afresh in each call. read_maps:
  * read every maps file, even where the kernel has PROCMAP_QUERY. */
 EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int nroots, const int* exclude,
@@ -580,8 +587,8 @@ EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int 
     int added = pid_add(&seen, pid);
     if (added < 0) rc = ENOMEM;
     if (added <= 0) continue;
-    if (n == max_procs) {
-      rc = ENOBUFS;
+    if (n >= max_procs) {
+      rc = ERANGE; /* out is too small */
       break;
     }
     int64_t* slot = out + n * PR_OUT;
@@ -600,11 +607,14 @@ EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int 
     for (char *p = o.buf + ch[2], *end = p + ch[3]; p < end && !rc;) {
       while (p < end && (*p < '0' || *p > '9')) p++;
       if (p >= end) break;
-      long child = 0;
-      while (p < end && *p >= '0' && *p <= '9') child = child * 10 + (*p++ - '0');
-      rc = push(&kids, &nkids, &kids_cap, (int)child);
+      uint64_t child = 0;
+      while (p < end && *p >= '0' && *p <= '9') {
+        child = child * 10 + (uint64_t)(*p++ - '0');
+        if (child > INT_MAX) child = 0; /* not a pid: skipped */
+      }
+      if (child) rc = push(&kids, &nkids, &kids_cap, (int)child);
     }
-    qsort(kids, nkids, sizeof *kids, int_cmp);
+    if (nkids > 1) qsort(kids, nkids, sizeof *kids, int_cmp);
     while (nkids && !rc) rc = push(&stack, &depth, &stack_cap, kids[--nkids]); /* the smallest on top */
     o.used -= ch[3]; /* the children are on the stack: their bytes are not needed */
     ch[3] = 0;
@@ -617,14 +627,14 @@ EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int 
       int64_t* slot = out + j * PR_OUT;
       if (slot[O_PID] == roots[i] && slot[O_ROLE] == R_TREE && !slot[O_ERR]) ppid = slot[O_PPID];
     }
-    while (ppid > 0 && !rc) {
+    while (ppid > 0 && ppid <= INT_MAX && !rc) {
       int added = pid_add(&seen, (int)ppid);
       if (added <= 0) {
         rc = added < 0 ? ENOMEM : 0;
         break;
       }
-      if (n == max_procs) {
-        rc = ENOBUFS;
+      if (n >= max_procs) {
+        rc = ERANGE;
         break;
       }
       int64_t* slot = out + n * PR_OUT;

@@ -52,14 +52,16 @@ class Native:
             while True:
                 n = self._fn(os.fsencode(proc_root), array, len(roots), left_out, len(exclude), self._buf,
                              len(self._buf), self._out, len(self._out) // PR_OUT, self.read_maps)
-                if n != -errno.ENOBUFS:
+                if n not in (-errno.ENOBUFS, -errno.ERANGE):
                     break
-                if len(self._buf) >= _MAX_BUF:
+                if max(len(self._buf), len(self._out) * 8) >= _MAX_BUF:
                     n = -errno.EFBIG
                     break
-                # too many processes or a file larger than the buffer: again with both doubled (rare)
-                self._buf = ctypes.create_string_buffer(len(self._buf) * 2)
-                self._out = (ctypes.c_int64 * (len(self._out) * 2))()
+                # a file larger than the buffer, or more processes than slots: again, that one doubled
+                if n == -errno.ENOBUFS:
+                    self._buf = ctypes.create_string_buffer(len(self._buf) * 2)
+                else:
+                    self._out = (ctypes.c_int64 * (len(self._out) * 2))()
             if n < 0:
                 raise OSError(-n, os.strerror(-n), proc_root)
             flat = memoryview(self._out).cast("B")[:n * PR_OUT * 8].cast("q").tolist()

@@ -18,7 +18,7 @@ from ncclprobe import procread
 DEFAULT_PROC = Path("/proc")
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads have no mm, so no environ
 _NVIDIA_DEV = re.compile(r"^/dev/nvidia(\d+)$")
-_O_READ = os.O_RDONLY | os.O_CLOEXEC
+_O_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO in a fake /proc never blocks
 # Files whose read returns everything asked for up to the end: stat and status (single_open seq_file,
 # one record), cmdline and environ (fs/proc/base.c get_mm_cmdline / environ_read loop until done).
 # Multi-record seq_files (maps, children) stop at a page and need reading to 0.
@@ -89,16 +89,22 @@ _setattr = object.__setattr__
 
 
 def parse_stat(raw: bytes) -> Stat:
+    """The fields procs uses; a line that is not a stat line (a fake /proc's) raises OSError(EINVAL),
+    as an unreadable one would."""
     head, _, tail = raw.rpartition(b")")  # comm may contain spaces and ')'
     pid_s, _, comm_b = head.partition(b" (")
     comm = comm_b.decode("utf-8", "backslashreplace")  # ' (' and ')' never occur inside a UTF-8 sequence
     f = tail.split()
     # f[0] is field 3 (state); proc(5) numbers fields from 1.
-    span = (int(f[45]), int(f[46]), int(f[47]), int(f[48])) if len(f) >= 49 else (0, 0, 0, 0)  # fields 48-51
+    try:
+        span = (int(f[45]), int(f[46]), int(f[47]), int(f[48])) if len(f) >= 49 else (0, 0, 0, 0)  # fields 48-51
+        fields = {"pid": int(pid_s), "comm": comm, "state": f[0].decode("utf-8", "backslashreplace"),
+                  "ppid": int(f[1]), "flags": int(f[6]), "start_ticks": int(f[19]), "env_span": span,
+                  "threads": int(f[17])}
+    except (IndexError, ValueError):
+        raise OSError(errno.EINVAL, "not a stat line") from None
     st = _new(Stat)  # the frozen dataclass's __init__ sets each field through object.__setattr__
-    _setattr(st, "__dict__", {"pid": int(pid_s), "comm": comm, "state": f[0].decode("utf-8", "backslashreplace"),
-                              "ppid": int(f[1]), "flags": int(f[6]), "start_ticks": int(f[19]),
-                              "env_span": span, "threads": int(f[17])})
+    _setattr(st, "__dict__", fields)
     return st
 
 
@@ -276,7 +282,10 @@ class ProcFS:
         if self._native is None:
             return None
         P = procread
-        flat, fresh = self._native.tree(self._root_s, roots, exclude)
+        try:
+            flat, fresh = self._native.tree(self._root_s, roots, exclude)
+        except (OSError, MemoryError):
+            return None  # out of memory, or a /proc file of more than a GiB: the Python reader reads it
         parsers = (decode, self._argv, os.fsdecode, self._native_block, self._rows_maps, os.fsdecode, os.fsdecode)
         values: list[dict[int, object]] = [{} for _ in range(P.CHILDREN)]
         for (k, num), raw in sorted(fresh.items()):
@@ -331,8 +340,10 @@ class ProcFS:
                                       "ppid": ppid, "flags": out[P.O_FLAGS], "start_ticks": out[P.O_START],
                                       "env_span": tuple(out[P.O_SPAN:P.O_SPAN + 4]), "threads": out[P.O_THREADS]})
             errs = out[P.O_KINDS::4]
-            self._snaps[pid] = [OSError(e, os.strerror(e), self.path(pid)) if e else v for e, v in (
+            snap = self._snaps[pid] = [OSError(e, os.strerror(e), self.path(pid)) if e else v for e, v in (
                 (out[P.O_UID_ERR], out[P.O_UID]), *((errs[k], values[k].get(key[k])) for k in range(1, P.CHILDREN)))]
+            if role == P.R_ANCESTOR:  # its environ and maps were not read: load reads them if it wants them
+                snap[3] = snap[4] = None
         return tree
 
     def _native_block(self, raw: bytes) -> EnvBlock | bytes:
@@ -526,7 +537,7 @@ class ProcFS:
             maps = []  # no mm, nothing mapped (and recent kernels refuse the read with ESRCH)
         elif with_maps:
             try:
-                maps = self.maps(pid, base + "/maps") if snap is None else _value(snap[4])
+                maps = self.maps(pid, base + "/maps") if snap is None or snap[4] is None else _value(snap[4])
             except OSError as exc:
                 maps_reason = reason_of(exc)
         # Proc(pid=..., ...) in one dict, without the generated __init__'s cost (one per process)

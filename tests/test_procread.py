@@ -224,3 +224,38 @@ def test_fake_tree_order_exclusion_and_ancestors(tmp_path):
     assert list(native.procs) == [30, 40, 10, 11, 20, 21, 12, 13] and list(native.ancestors) == [5, 1]
     native = procs.walk(procs.ProcFS(fake.root), [10], exclude=frozenset({11}))
     assert list(native.procs) == [10, 12, 30, 40, 13] and native.excluded == [11]
+
+
+def test_incomplete_tree_does_not_use_what_was_read_of_an_ancestor(tmp_path):
+    """Roots 10 and 13 with 10 -> 11 -> 12 -> 13 and 11's children file missing: the native walk
+    reads 12 as 13's ancestor (no environ, no maps), then the tree is read again from a scan, which
+    lists 12 as a process of the tree: its environment and mappings must be read, not taken as empty."""
+    fake = FakeProc(tmp_path)
+    for pid, ppid, kids in ((10, 1, [11]), (11, 10, [12]), (12, 11, [13]), (13, 12, [])):
+        fake.add(pid, ppid, comm=f"p{pid}", env={"NCCL_PROTO": "LL"}, maps=["/usr/lib/libnccl.so.2"])
+        if pid != 11:
+            d = fake.root / str(pid) / "task" / str(pid)
+            d.mkdir(parents=True)
+            (d / "children").write_text("".join(f"{k} " for k in kids))
+    native, python = both([10, 13], fake.root)
+    assert_same(native, python)
+    assert native.procs[12].env.env == {"NCCL_PROTO": "LL"} and [m.path for m in native.procs[12].maps] == \
+        ["/usr/lib/libnccl.so.2"]
+
+
+def test_odd_fake_proc_files(tmp_path):
+    """A children file naming pid 0 or a number beyond any pid, a FIFO for maps (never opened
+    blocking), a stat line too short to parse: each process is read or skipped, nothing hangs."""
+    fake = FakeProc(tmp_path)
+    fake.add(5, 1)
+    fake.add(6, 5)
+    fake.add(7, 5)
+    d = fake.root / "5" / "task" / "5"
+    d.mkdir(parents=True)
+    (d / "children").write_text("0 4294967296 99999999999999999999 6 7 ")
+    (fake.root / "6" / "maps").unlink()
+    os.mkfifo(fake.root / "6" / "maps")
+    (fake.root / "7" / "stat").write_text("77 (x) S 1 2\n")
+    tree = procs.walk(procs.ProcFS(fake.root), [5])
+    assert list(tree.procs) == [5, 6]
+    assert tree.procs[6].maps == []  # a FIFO reads as empty, without blocking
