@@ -1,4 +1,4 @@
-from ncclprobe.cli import main
+from ncclprobe.toplevel import main
 
 if __name__ == "__main__":
     main()

@@ -1,12 +1,13 @@
 """Command line (the only click importer). Subcommands import their modules only when they run, so
-`ncclprobe --help` loads neither torch nor NVML."""
+their help loads neither torch nor NVML; `ncclprobe --help` itself is answered by toplevel (the
+console entry point) without importing click at all."""
 from __future__ import annotations
 
 import sys
 
 import click
 
-from ncclprobe.findings import EXIT_UNEXAMINABLE
+from ncclprobe import toplevel
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -28,6 +29,7 @@ def _emit(result, as_json: bool, strict: bool = False, code: int | None = None):
 def _unexaminable(exc, command: str, as_json: bool):
     from ncclprobe import render
     from ncclprobe.doc import Result
+    from ncclprobe.findings import EXIT_UNEXAMINABLE  # findings (dataclasses) stays off the --help path
     if as_json:
         res = Result(command, data={"error": {"message": str(exc), "reason": exc.reason, **exc.data}})
         render.render_json(res)
@@ -59,16 +61,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 strict_option = click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(context_settings=CONTEXT, help=f"{toplevel.ABOUT}\n\n\b\n{toplevel.EXIT_CODES}")
 @click.version_option(version=None, package_name="ncclprobe", message="ncclprobe %(version)s")
 def main():
-    """Which NCCL tuning each communicator of a running multi-process GPU server actually got,
-    where each value came from, what NCCL then ran, and which setting is worth having here.
-
-    \b
-    Exit codes: 0 nothing at error level; 1 error-level findings (--strict: warnings too);
-    2 usage error; 3 the target could not be examined.
-    """
+    pass  # the group: its help is toplevel's, which answers `ncclprobe --help` without click
 
 
 @main.command(context_settings=CONTEXT)
