@@ -237,8 +237,9 @@ class _Context:
     # -- per process --------------------------------------------------------------------------
     def record(self, p: procs.Proc) -> dict:
         """The record of p; processes started alike (the same command line, block and mappings, as
-        procs.ProcFS shares them, the same user, name, executable and state) differ only in the
-        fields set here, so the rest is copied from the first one's record as it was built."""
+        procs.ProcFS shares them, the same user, name, executable, state and root) differ only in the
+        fields set here, so the rest is copied from the first one's record as it was built; its
+        `_alike` names that kind of process (conf and exectime.kinds_of do each kind once)."""
         key = (id(p.cmdline), id(p.env), id(p.maps), p.maps_reason, p.uid, p.name, p.exe, p.state, p.root,
                p.root_reason, p.same_mnt_ns)
         hit = self._alike.get(key)
