@@ -119,13 +119,16 @@ _VLLM_ENV = "vllm source, vllm/env_override.py (earlier releases: vllm/__init__.
 _VERL = "verl source, verl/trainer/constants_ppo.py PPO_RAY_RUNTIME_ENV (releases vary)"
 _RAY = "ray source, ray/train/torch/config.py::_set_nccl_network_interface, ray/train/constants.py"
 
+# NCCL_PROTO and NCCL_ALGO are read in the same place, on every communicator init
+_TUNE_MODEL = (Reading(0, COMM, "getenv in ncclTopoTuneModel at every comm init (src/graph/tuning.cc)"),
+               Reading(21900, COMM, "ncclGetEnv in ncclTopoTuneModel at every comm init (src/graph/tuning.cc)"))
+
 _VARS: tuple[VarInfo, ...] = (
     VarInfo("NCCL_PROTO", "tuning", "protocol of every collective (LL, LL128, Simple)",
             "unset: NCCL's cost model picks per size; LL128 only where NCCL deems it safe (not on PCIe)",
             "LL, LL128, Simple; comma list; ^ excludes (\"^LL128\"); per function from 2.24 "
             "(\"allreduce:LL;broadcast:Simple\")",
-            (Reading(0, COMM, "getenv in ncclTopoTuneModel at every comm init (src/graph/tuning.cc)"),
-             Reading(21900, COMM, "ncclGetEnv in ncclTopoTuneModel at every comm init (src/graph/tuning.cc)")),
+            _TUNE_MODEL,
             "nccl@v2.18.1-1..v2.30.7-1:src/graph/tuning.cc", param=False,
             overrides=(Override("vLLM", "lists pinned variables in NCCL_NO_CACHE so they are re-read per comm",
                                 "vllm/utils/nccl.py::pin_nccl_env", _VLLM_PIN),),
@@ -135,8 +138,7 @@ _VARS: tuple[VarInfo, ...] = (
             "unset: NCCL's cost model picks per size and topology",
             "Ring, Tree, CollNetDirect, CollNetChain, NVLS, NVLSTree, PAT (2.23+); comma list; ^ excludes; "
             "per function from 2.24 (\"allreduce:tree\")",
-            (Reading(0, COMM, "getenv in ncclTopoTuneModel at every comm init (src/graph/tuning.cc)"),
-             Reading(21900, COMM, "ncclGetEnv in ncclTopoTuneModel at every comm init (src/graph/tuning.cc)")),
+            _TUNE_MODEL,
             "nccl@v2.18.1-1..v2.30.7-1:src/graph/tuning.cc",
             overrides=(Override("SGLang", "deterministic inference sets NCCL_ALGO=allreduce:tree",
                                 "arg_groups/attention_hook.py", _SGLANG_DET),)),

@@ -1,6 +1,7 @@
 """Reading processes from /proc: the tree under a PID and, per process, stat/status/cmdline/environ/
 maps/fds/root. The proc root and the file reader are parameters, so tests run on a fake /proc and
-inject permission errors (CI runs as root, where chmod proves nothing).
+inject permission errors (CI runs as root, where chmod proves nothing). With the plain reader, a tree
+is read by the native reader (procread) in one call, and the Python reads below are the fallback.
 
 Missing data is a value: an unreadable environ is `env=None, env_reason="permission"`, a process that
 exits mid-walk is dropped from the tree and listed in `ProcTree.skipped` with its reason.
