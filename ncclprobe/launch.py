@@ -107,8 +107,8 @@ def _write_meta(log_dir: Path, meta: dict[str, Any]) -> None:
 class Group:
     """The command in its own process group, with signals forwarded to the whole group."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], stdout=None):
-        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=stdout)
+    def __init__(self, cmd: list[str], env: dict[str, str], stdout=None, cwd=None):
+        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=stdout, cwd=cwd)
         self.pgid = self.proc.pid
         self._old = {}
         for sig in FORWARDED:

@@ -10,13 +10,13 @@ import json
 import os
 import signal
 import socket
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ncclprobe import selfexec
 from ncclprobe._lib import lib_path
 from ncclprobe.bench.matrix import Config
 
@@ -151,8 +151,8 @@ class Driver:
             env, self.dropped = worker_env(self.base_env, self.common, cfg, extra)
             log = open(cdir / f"rank{r}.log", "wb")
             try:
-                procs.append(subprocess.Popen([sys.executable, "-m", "ncclprobe.bench.worker",
-                                               str(cdir / "spec.json")], env=env, stdout=log,
+                procs.append(subprocess.Popen(selfexec.module_argv("ncclprobe.bench.worker", cdir / "spec.json"),
+                                              env=selfexec.module_env(env), cwd=cdir, stdout=log,
                                               stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                               start_new_session=True))
             finally:

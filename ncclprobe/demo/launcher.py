@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from ncclprobe import selfexec
 from ncclprobe.demo import worker
 
 # What a launcher that copies an allow-list of prefixes hands its workers (vLLM's Ray path did this
@@ -39,7 +40,7 @@ def main(argv=None) -> int:
                       args=(r, args.tp, uids, str(sync), args.backend, "tp")) for r in range(args.tp)]
     for p in tp:
         p.start()
-    base = [sys.executable, "-m", "ncclprobe.demo.worker", "--sync", str(sync), "--backend", args.backend]
+    base = selfexec.module_argv("ncclprobe.demo.worker", "--sync", sync, "--backend", args.backend)
     replica = subprocess.Popen([*base, "--role", "replica", "--uid", uids["replica"]], env=curated_env())
     # The shell-prefix pitfall: NCCL_P2P_LEVEL reaches `cd` only, not the python after `&&`.
     line = (f"NCCL_P2P_LEVEL=SYS cd {shlex.quote(str(sync))} && {shlex.join([*base, '--role', 'sidecar'])}; "

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from ncclprobe import launch, report
+from ncclprobe import launch, report, selfexec
 from ncclprobe.doc import Result, Table, Text, Title, Unexaminable
 from ncclprobe.findings import sort_findings
 
@@ -68,15 +67,16 @@ def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool) -> R
     env = dict(os.environ)
     env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV,TUNING", NCCL_DEBUG_FILE=str(d / "nccl-debug.%h.%p"))
     wiring = launch.wire(env, d, profile)
-    cmd = [sys.executable, "-m", "ncclprobe.demo.launcher", "--sync", str(sync), "--backend", backend, "--tp", str(tp)]
-    group = launch.Group(cmd, wiring.env)
+    cmd = selfexec.module_argv("ncclprobe.demo.launcher", "--sync", sync, "--backend", backend, "--tp", tp)
+    group = launch.Group(cmd, selfexec.module_env(wiring.env), cwd=d)
     rc = None
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not (sync / "server-ready").exists():
             if group.proc.poll() is not None or time.monotonic() > deadline:
-                raise Unexaminable("the demo server did not come up", "demo failed",
-                                   {"hint": f"run with --keep and look at {d}"})
+                raise Unexaminable("the demo server did not come up", "demo_failed",
+                                   {"hint": f"its logs are in {d}" if keep else
+                                    "run `ncclprobe demo --keep`: the log directory it names holds the server's logs"})
             time.sleep(0.02)
         live = inspection.inspect_processes([group.proc.pid], pgrep=None, expect=dict(TUNING), scope="nccl",
                                             all_vars=False, redact=True, log_dirs=[], nccl_logs=[],
