@@ -144,6 +144,23 @@ class Model:
         return any(c.simulated for c in self.comms)
 
 
+def comm_id(value: Any) -> str | None:
+    """The one spelling of a communicator's 64-bit id (commHash, the hash of its unique id) across every
+    witness, the NCCL log and the JSON output: "0x" and 16 lowercase hex digits. Takes an int or a hex
+    string of any case and width, with or without "0x"; anything else (or out of range) is None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        text = text[2:] if text.startswith("0x") else text
+        if not text or len(text) > 16 or any(ch not in "0123456789abcdef" for ch in text):
+            return None
+        value = int(text, 16)
+    if not isinstance(value, int) or not 0 <= value < 1 << 64:
+        return None
+    return f"0x{value:016x}"
+
+
 def _env(obj: Any) -> dict[str, str] | None:
     """A watched-variable map from an event; anything outside the watched set is dropped, whatever
     wrote the file (the probes never log it, a foreign or hand-made file might)."""
