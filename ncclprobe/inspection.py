@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import socket
 import stat
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from pathlib import Path
 from ncclprobe import conffiles, elf, events, procs, shells
 from ncclprobe.diagnose import exectime
 from ncclprobe.doc import Result, Text, Title, Tree, Unexaminable
+from ncclprobe.findings import with_host
 from ncclprobe.watched import REDACTED, is_watched, looks_secret, select
 
 _ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
@@ -74,7 +76,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
             r["conf_files"] = ctx.conf(tree.procs[r["pid"]], r)
     _refuse_if_blind(recs, roots)
     pitfalls = ctx.shell_pitfalls()
-    findings = exectime.all_rules(recs, expect, pitfalls)
+    findings = with_host(exectime.all_rules(recs, expect, pitfalls), socket.gethostname())
     data = {"roots": tree.roots, "expect": expect, "scope": scope,
             "processes": _public(recs),
             "skipped": not_found + tree.skipped, "excluded": tree.excluded,

@@ -9,7 +9,7 @@ from typing import Any
 from ncclprobe import events, model as model_mod
 from ncclprobe.diagnose import inprocess
 from ncclprobe.doc import Result, Table, Text, Title, Unexaminable
-from ncclprobe.findings import Finding
+from ncclprobe.findings import Finding, aggregate
 from ncclprobe.model import CommView, Model
 
 SHOWN_VARS_MAX = 8
@@ -44,7 +44,7 @@ def load(dirs, nccl_logs=()) -> Model:
 
 def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None) -> Result:
     m = load(dirs, nccl_logs)
-    findings = dedupe(inprocess.all_rules(m, expect or {}))
+    findings = aggregate(dedupe(inprocess.all_rules(m, expect or {})))
     return Result("report", findings=findings, data=model_json(m), doc=model_doc(m, [*dirs, *nccl_logs]))
 
 
@@ -64,25 +64,28 @@ def augment_inspection(result: Result, log_dirs, nccl_logs=()) -> Result:
 
 
 def merge_witnesses(in_process: list[Finding], exec_time: list[Finding]) -> list[Finding]:
-    """Findings of both views, in-process first (more evidence), one per (code, pids, var); a
-    parent/child environment difference the exec-time view already named for a child is not
-    repeated from the boot probe's view of the same child."""
-    covered = {(f.code, pid) for f in exec_time if "parent" in f.evidence for pid in f.pids}
-    kept = [f for f in in_process
-            if not ("parent" in f.evidence and f.code in ("ENV_MISSING", "ENV_CHANGED")
-                    and f.severity == "warning" and all((f.code, pid) in covered for pid in f.pids))]
-    return dedupe([*kept, *exec_time])
+    """Findings of both views, one per cause: in-process first (more evidence); an exec-time finding
+    whose every process and variable an in-process finding of the same code already covers is the
+    same cause seen by a second witness, and is left out."""
+    return aggregate(dedupe([*in_process, *exec_time]))
+
+
+def _covers(f: Finding) -> set[tuple]:
+    where = [(i.get("host"), i.get("pid")) for i in f.instances] or [(None, p) for p in f.pids]
+    return {(f.code, host, pid, var) for host, pid in where for var in (f.all_vars or (None,))}
 
 
 def dedupe(findings: list[Finding]) -> list[Finding]:
-    """One finding per (code, processes, variable): where two witnesses say the same thing, the first
-    one given (callers put the in-process witnesses first: they carry more evidence) stays."""
-    seen, out = set(), []
+    """Where two witnesses say the same thing (same code, processes and variables), the first one given
+    stays (callers put the in-process witnesses first: they carry more evidence)."""
+    seen: set[tuple] = set()
+    out = []
     for f in findings:
-        key = (f.code, tuple(sorted(f.pids)), f.var)
-        if key not in seen:
-            seen.add(key)
-            out.append(f)
+        cover = _covers(f)
+        if cover and cover <= seen:
+            continue
+        seen |= cover
+        out.append(f)
     return out
 
 

@@ -47,20 +47,24 @@ def test_demo_evidence_points_at_the_culprits(demo_json):
     assert all(f"engine.py:{proto_line}" in f["evidence"]["where"] for f in over)
     assert {f["evidence"]["old"] for f in over} == {"LL"} and {f["evidence"]["new"] for f in over} == {"Simple"}
     div = by_code(out, "COMM_TUNING_DIVERGENT")
-    assert len(div) == 2  # one per tensor-parallel worker
+    tp = sorted(c["pid"] for c in out["communicators"] if c["api"] == "ncclCommInitRankConfig" and c["nranks"] == 2)
+    assert len(div) == 1 and div[0]["pids"] == tp and div[0]["ranks"] == [0, 1]  # one cause, on both workers
+    assert div[0]["culprit"] == f"engine.py:{proto_line}"
     for f in div:
         assert f["evidence"]["first_value"] == "LL" and f["evidence"]["then_value"] == "Simple"
         assert "Ring/LL" in f["evidence"]["realized_first"] and "Ring/Simple" in f["evidence"]["realized_then"]
     late = by_code(out, "ENV_LATE")
     assert late and all(f["var"] == "NCCL_BUFFSIZE" and f"engine.py:{buff_line}" in f["evidence"]["where"] for f in late)
     unhook = by_code(out, "NCCL_UNHOOKABLE")
-    assert len(unhook) == 2
+    assert len(unhook) == 1 and len(unhook[0]["communicators"]) == 1 and unhook[0]["ranks"] == [0, 1]
     shell = by_code(out, "SHELL_PREFIX_SCOPE")
     assert shell and shell[0]["var"] == "NCCL_P2P_LEVEL"
     missing = by_code(out, "ENV_MISSING")
     replica = [p for p in out["processes"] if "--role" in p["cmdline"] and "replica" in p["cmdline"]]
     assert len(replica) == 1 and all(replica[0]["pid"] in f["pids"] for f in missing)
-    assert {f["var"] for f in missing if f["severity"] == "error"} >= {"NCCL_PROTO", "NCCL_ALGO", "NCCL_MAX_NCHANNELS"}
+    assert len(missing) == 1 and missing[0]["severity"] == "error"  # one edge: the curated environment
+    assert set(missing[0]["vars"]) == {"NCCL_PROTO", "NCCL_ALGO", "NCCL_MAX_NCHANNELS"}
+    assert len(out["findings"]) == len(story.PLANTED) + len(story.CONSEQUENCES)  # one finding per cause
 
 
 def test_demo_communicators_and_their_realized_protocols(demo_json):

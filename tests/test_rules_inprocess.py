@@ -136,13 +136,55 @@ def test_env_late_after_nccl_read_it_and_near_miss_before():
     assert inprocess.env_late(proto) == []
 
 
-def test_env_expected_missing_and_changed_with_parent_hint():
+def test_env_expected_missing_and_changed_with_the_parent_edge_as_one_cause():
     m = build([start(1, 0, LL), start(10, 1, {}), comm(10, 1.0, {}, call=1), comm(11, 1.0, SIMPLE, call=1)])
     fs = inprocess.env_expected(m, {"NCCL_PROTO": "LL"})
-    assert codes(fs) == ["ENV_CHANGED", "ENV_MISSING"]
-    missing = next(f for f in fs if f.code == "ENV_MISSING")
-    assert "drops it" in missing.hint and missing.severity == "error"
+    # pid 10 lost the value where its parent started it: that edge is env_vs_parent's finding, not a second one
+    assert codes(fs) == ["ENV_CHANGED"] and fs[0].pids == (11,)
+    edge = inprocess.env_vs_parent(m, {"NCCL_PROTO": "LL"})
+    assert codes(edge) == ["ENV_MISSING"] and edge[0].severity == "error" and edge[0].pids == (10,)
+    assert "drops NCCL_PROTO" in edge[0].message and "forward NCCL_PROTO" in edge[0].hint
     assert inprocess.env_expected(build([comm(10, 1.0, LL)]), {"NCCL_PROTO": "LL"}) == []
+
+
+def test_a_parent_write_before_the_child_started_is_what_the_child_should_have_had():
+    # the parent set NCCL_PROTO in-process (t=1) and then started the child with a curated env (t=2)
+    m = build([start(1, 0, {}), write(1, 1.0, "NCCL_PROTO", None, "LL"), start(10, 1, {}, t=2.0)])
+    fs = inprocess.env_vs_parent(m)
+    assert codes(fs) == ["ENV_MISSING"] and fs[0].evidence["vars"]["NCCL_PROTO"] == {"parent": "LL", "child": None}
+    # a child started before the write is not a curated environment
+    assert inprocess.env_vs_parent(build([start(1, 0, {}), start(10, 1, {}, t=0.5),
+                                          write(1, 1.0, "NCCL_PROTO", None, "LL")])) == []
+
+
+def test_one_cause_on_many_ranks_and_hosts_is_one_finding_naming_every_host():
+    from ncclprobe.findings import aggregate
+    events = []
+    for i in range(64):
+        host = f"node{i:02d}"
+        for r in range(8):
+            pid = 100 + r
+            events += [{**start(pid, 1, LL), "host": host},
+                       {**comm(pid, 1.0, LL, call=1, rank=r, nranks=8, uid="decode"), "host": host},
+                       {**write(pid, 2.0, "NCCL_PROTO", "LL", "Simple"), "host": host},
+                       {**comm(pid, 3.0, SIMPLE, call=2, rank=r, nranks=8, ptr="0x2", uid="verify"), "host": host}]
+    fs = aggregate(inprocess.all_rules(build(events), {"NCCL_PROTO": "LL"}))
+    assert sorted(f.code for f in fs) == ["COMM_TUNING_DIVERGENT", "ENV_CHANGED", "ENV_OVERRIDDEN"]
+    for f in fs:
+        assert len(f.hosts) == 64 and len(f.instances) == 512, (f.code, len(f.hosts), len(f.instances))
+        out = f.to_json()
+        assert out["hosts"][0] == "node00"
+        assert out["ranks"] == (list(range(8)) if f.code != "ENV_OVERRIDDEN" else [])  # a write is a process's
+
+
+def test_an_unset_and_restore_within_a_moment_nets_out():
+    m = build([start(10, 1, LL), write(10, 1.0, "NCCL_PROTO", "LL", None, where="accelerate/utils.py:5 clear"),
+               write(10, 1.0003, "NCCL_PROTO", None, "LL", where="accelerate/utils.py:9 clear")])
+    assert inprocess.env_overridden(m) == []
+    read_between = build([start(10, 1, LL), write(10, 1.0, "NCCL_PROTO", "LL", None),
+                          ev("nccl_getenv", 10, 1.0001, "envplugin", var="NCCL_PROTO", value=None, lib="/l"),
+                          write(10, 1.0003, "NCCL_PROTO", None, "LL")])
+    assert codes(inprocess.env_overridden(read_between)) == ["ENV_OVERRIDDEN"]
 
 
 def test_env_vs_parent_one_warning_per_process():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
+from ncclprobe import wiring
 from ncclprobe.findings import Finding
 
 Kinds = list[tuple[Mapping, list[int]]]  # kinds_of: a group's first record, the pids of all
@@ -21,12 +22,6 @@ PTRACE_HINT = ("run ncclprobe as the processes' user, as root, or with CAP_SYS_P
 
 def _cmd(rec: Mapping) -> str:
     return rec.get("command") or rec.get("name") or "?"
-
-
-def _is_probe_wiring(value: str | None) -> bool:
-    # imported on use: the in-process rules pull in their model, which `inspect` does not otherwise need
-    from ncclprobe.diagnose.inprocess import is_probe_wiring
-    return value is not None and is_probe_wiring(value)
 
 
 def readable(rec: Mapping) -> bool:
@@ -163,12 +158,13 @@ def _watched_diff(mine: Mapping[str, str], theirs: Mapping[str, str],
     watched variables; empty kinds are left out."""
     missing: dict[str, tuple] = {}
     changed: dict[str, tuple] = {}
+    mine, theirs = wiring.job_env(mine) or {}, wiring.job_env(theirs) or {}  # ncclprobe's wiring is not the job's
     for var, old in theirs.items():
-        if var in expect or var.startswith("NCCLPROBE_"):  # ncclprobe's own wiring is not the job's
+        if var in expect:
             continue
         new = mine.get(var)
-        if new == old or _is_probe_wiring(old) or _is_probe_wiring(new):
-            continue  # nor is its library as a plugin or preload (NCCL_PROFILER_PLUGIN, LD_PRELOAD)
+        if new == old:
+            continue
         if var not in mine:
             missing[var] = (old, None)
         else:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ncclprobe import tuning
-from ncclprobe.findings import Finding
+from ncclprobe import tuning, wiring
+from ncclprobe.findings import Finding, at
 from ncclprobe.model import CommView, Model, ProcessView
 
 # Variables that legitimately differ between processes or communicators, or only steer diagnostics.
@@ -38,11 +38,45 @@ def _label(c: CommView) -> str:
     return f"comm {c.ident} (pid {c.pid}, {api}, rank {c.rank}/{c.nranks})"
 
 
+def _at(c: CommView) -> dict:
+    return at(c.host, c.pid, c.rank, c.group or c.ident)
+
+
+def _short_where(where: str) -> str:
+    """`/long/path/engine.py:11 enable_speculative` -> `engine.py:11`: the culprit in a verdict line."""
+    loc = where.split(" ")[0]
+    return loc.rsplit("/", 1)[-1]
+
+
+def _cmd(p: ProcessView | None) -> str:
+    argv = list((p.argv if p else None) or [(p.exe if p else None) or "?"])
+    argv[0] = argv[0].rsplit("/", 1)[-1]
+    text = " ".join(argv)
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
 def _write_between(p: ProcessView | None, var: str, t0: float, t1: float):
     if p is None:
         return None
     hits = [w for w in p.writes if w.var == var and t0 <= w.t <= t1 and not w.blocked]
     return hits[-1] if hits else None
+
+
+def env_at(p: ProcessView, t: float | None) -> dict[str, str] | None:
+    """The process's watched environment at time t: its start environment plus the writes up to t."""
+    if p.start_env is None:
+        return None
+    env = dict(p.start_env)
+    for w in p.writes:
+        if t is not None and w.t > t:
+            break
+        if w.blocked:
+            continue
+        if w.new is None:
+            env.pop(w.var, None)
+        else:
+            env[w.var] = w.new
+    return env
 
 
 def comm_tuning_divergent(m: Model) -> list[Finding]:
@@ -74,9 +108,10 @@ def comm_tuning_divergent(m: Model) -> list[Finding]:
                     culprit = f" (set by {w.where})"
                 out.append(Finding(
                     "COMM_TUNING_DIVERGENT", "error",
-                    f"pid {pid}: {_label(c)} was created with {var}={v!r}{culprit}, while "
-                    f"{_label(first_c)} got {var}={first_v!r}",
-                    pids=(pid,), var=var, evidence=ev,
+                    f"a later communicator was created with {var}={v!r}{culprit}, while an earlier one of "
+                    f"the same process got {var}={first_v!r}: their collectives run different tunings",
+                    pids=(pid,), var=var, evidence=ev, instances=(_at(c),),
+                    culprit=_short_where(w.where) if w else "", cause=(var, first_v, v, w.where if w else None),
                     hint=(f"remove or guard the write at {w.where}, or pin it: ncclprobe run --pin {var}"
                           if w else f"set {var} once before the first communicator and leave it alone")))
     return out
@@ -108,13 +143,14 @@ def comm_ranks_divergent(m: Model) -> list[Finding]:
                 diverging[var] = dict(by_val)
         if not diverging:
             continue
-        parts = ["{}: {}".format(var, "; ".join(f"{val} on {', '.join(who)}" for val, who in vals.items()))
+        parts = ["{}: {}".format(var, "; ".join(f"{val} on {len(who)} rank(s)" for val, who in vals.items()))
                  for var, vals in diverging.items()]
         out.append(Finding(
             "COMM_RANKS_DIVERGENT", "error",
             f"ranks of communicator {group} were created with different tuning — " + " | ".join(parts),
-            pids=tuple(sorted({c.pid for c in comms})), var=next(iter(diverging)),
-            evidence={"communicator": group, "values": diverging},
+            pids=tuple(sorted({c.pid for c in comms})), var=next(iter(diverging)) if len(diverging) == 1 else None,
+            vars=tuple(diverging) if len(diverging) > 1 else (), instances=tuple(_at(c) for c in comms),
+            evidence={"communicator": group, "values": diverging}, cause=group,
             hint="give every rank the same NCCL_* environment: check the launcher that started the odd rank(s)"))
     return out
 
@@ -135,11 +171,11 @@ def algo_proto_mismatch(m: Model) -> list[Finding]:
                 if allowed is not None and pick(s) not in allowed and pick(s) not in ("", "None", "?"):
                     bad.append(s)
             if bad:
+                ran = sorted({f"{s.func} {s.algo}/{s.proto}" for s in bad})
                 out.append(Finding(
                     "ALGO_PROTO_MISMATCH", "error",
-                    f"{_label(c)}: {var}={wanted} asked, but its collectives ran "
-                    + ", ".join(f"{s.func} {s.algo}/{s.proto} ({s.count}x, {s.bytes_min}-{s.bytes_max} B)" for s in bad),
-                    pids=(c.pid,), var=var,
+                    f"{var}={wanted} was asked, but collectives ran " + ", ".join(ran),
+                    pids=(c.pid,), var=var, instances=(_at(c),), cause=(var, wanted, tuple(ran)),
                     evidence={"communicator": c.ident, "asked": wanted, "env_at_creation": (c.env or {}).get(var),
                               "realized": [s.__dict__ for s in bad]},
                     hint=f"make sure {var} is in the environment before this communicator is created "
@@ -151,17 +187,19 @@ def multiple_libs(m: Model) -> list[Finding]:
     out = []
     for p in m.processes.values():
         if len(p.libs) > 1:
+            libs = sorted(p.libs)
             out.append(Finding(
                 "NCCL_MULTIPLE_LIBS", "warning",
-                f"pid {p.pid} runs {len(p.libs)} copies of NCCL: {', '.join(sorted(p.libs))}",
-                pids=(p.pid,), evidence={"libs": sorted(p.libs)},
+                f"{len(libs)} copies of NCCL run in one process: {', '.join(libs)}",
+                pids=(p.pid,), evidence={"libs": libs}, instances=(at(p.host, p.pid),), cause=tuple(libs),
                 hint="each copy has its own parameter cache and its own log; point SGLANG_NCCL_SO_PATH / "
                      "VLLM_NCCL_SO_PATH at the library torch loads"))
     versions = {c.version for c in m.comms if c.version}
     if len(versions) > 1:
+        comms = [c for c in m.comms if c.version]
         out.append(Finding("NCCL_MULTIPLE_LIBS", "warning",
                            f"communicators run different NCCL versions: {', '.join(str(v) for v in sorted(versions))}",
-                           pids=tuple(sorted({c.pid for c in m.comms if c.version})),
+                           pids=tuple(sorted({c.pid for c in comms})), instances=tuple(_at(c) for c in comms),
                            evidence={"versions": sorted(versions)},
                            hint="install one NCCL version across the job"))
     return out
@@ -176,9 +214,10 @@ def unhookable(m: Model) -> list[Finding]:
         if "profiler" in c.seen_by and "preload" not in c.seen_by and c.comm_hash:
             out.append(Finding(
                 "NCCL_UNHOOKABLE", "warning",
-                f"{_label(c)} was created through a path the preload hook cannot see (a ctypes-loaded "
-                f"NCCL, as SGLang/vLLM PyNccl do); only NCCL's profiler plugin saw it",
+                "a communicator was created through a path the preload hook cannot see (a ctypes-loaded "
+                "NCCL, as SGLang/vLLM PyNccl do); only NCCL's profiler plugin saw it",
                 pids=(c.pid,), evidence={"comm_hash": c.comm_hash, "lib": c.lib, "env_source": c.env_source},
+                instances=(_at(c),), culprit="ctypes-loaded NCCL", cause=c.lib,
                 hint="its creation API and arguments are unknown; its environment comes from the profiler init"))
     return out
 
@@ -186,20 +225,44 @@ def unhookable(m: Model) -> list[Finding]:
 def env_overridden(m: Model) -> list[Finding]:
     out = []
     for p in m.processes.values():
-        for w in p.writes:
+        for w in _net_writes(p):
             if w.old is None or w.old == w.new:
                 continue
             what = "tried to change" if w.blocked else "changed"
             out.append(Finding(
                 "ENV_OVERRIDDEN", "warning",
-                f"pid {p.pid}: {w.where} {what} {w.var} from {w.old!r} to "
+                f"{w.where} {what} {w.var} from {w.old!r} to "
                 f"{'unset' if w.new is None else repr(w.new)}" + (" (blocked by --pin)" if w.blocked else ""),
-                pids=(p.pid,), var=w.var,
+                pids=(p.pid,), var=w.var, instances=(at(p.host, p.pid),), culprit=_short_where(w.where),
+                cause=(w.var, w.old, w.new, w.where, w.blocked),
                 evidence={"where": w.where, "old": w.old, "new": w.new, "op": w.op, "blocked": w.blocked, "t": w.t},
                 hint=(f"the pin kept {w.var}={w.old}" if w.blocked else
                       f"remove the assignment at {w.where} or make it conditional "
                       f"(os.environ.setdefault), or pin it: ncclprobe run --pin {w.var}")))
     return out
+
+
+RESTORE_WINDOW_S = 1.0  # an unset-and-restore (accelerate's clear_environment) nets out within this
+
+
+def _net_writes(p: ProcessView) -> list:
+    """The process's writes less each change undone soon after with no NCCL read or communicator
+    between (a save/clear/restore of os.environ): those changed nothing NCCL saw."""
+    writes = sorted(p.writes, key=lambda w: w.t)
+    reads = sorted(r.t for r in p.reads.values())
+    undone: set[int] = set()
+    for i, w in enumerate(writes):
+        if w.blocked or i in undone:
+            continue
+        for j in range(i + 1, len(writes)):
+            later = writes[j]
+            if later.t - w.t > RESTORE_WINDOW_S:
+                break
+            if later.var == w.var and not later.blocked:
+                if later.new == w.old and not any(w.t <= t <= later.t for t in reads):
+                    undone.update((i, j))
+                break
+    return [w for i, w in enumerate(writes) if i not in undone]
 
 
 def env_late(m: Model) -> list[Finding]:
@@ -222,10 +285,11 @@ def env_late(m: Model) -> list[Finding]:
             later = [c for c in comms if c.t > w.t]
             out.append(Finding(
                 "ENV_LATE", "error",
-                f"pid {p.pid}: {w.where} set {w.var}={w.new!r} after NCCL had already read it "
+                f"{w.where} set {w.var}={w.new!r} after NCCL had already read it "
                 f"({'unset' if seen is None else repr(seen)}); NCCL caches it per process, so "
-                f"{len(later) or 'no'} later communicator(s) still use the first value",
-                pids=(p.pid,), var=w.var,
+                "later communicators still use the first value",
+                pids=(p.pid,), var=w.var, instances=tuple(_at(c) for c in later) or (at(p.host, p.pid),),
+                culprit=f"set late at {_short_where(w.where)}", cause=(w.var, w.where, seen, w.new),
                 evidence={"where": w.where, "written_at": w.t, "read_at": t_read, "basis": basis,
                           "value_read": seen, "value_written": w.new,
                           "later_comms": [c.ident for c in later]},
@@ -235,68 +299,82 @@ def env_late(m: Model) -> list[Finding]:
 
 
 def env_expected(m: Model, expect: dict[str, str]) -> list[Finding]:
-    """ENV_MISSING / ENV_CHANGED against the operator's expectation, per communicator (in-process)."""
+    """ENV_MISSING / ENV_CHANGED against the operator's expectation, per communicator (in-process);
+    a value its process was started without because its parent dropped it is env_vs_parent's."""
     out = []
     if not expect:
         return out
+    dropped = {(p.host, p.pid): set(edge) for p, _, edge in _spawn_edges(m)}
     for c in m.comms:
         if c.env is None:
             continue
         for var, want in expect.items():
             have = c.env.get(var)
-            if have == want:
+            if have == want or var in dropped.get((c.host, c.pid), ()):
                 continue
             code = "ENV_MISSING" if have is None else "ENV_CHANGED"
+            p = m.processes.get((c.host, c.pid))
+            w = _write_between(p, var, float("-inf"), c.t)
             out.append(Finding(
                 code, "error",
-                f"{_label(c)} was created with {var} " + ("unset" if have is None else f"= {have!r}")
-                + f" (expected {want!r})",
-                pids=(c.pid,), var=var,
+                "communicators were created with " + (f"{var} unset" if have is None else f"{var}={have!r}")
+                + f" (expected {want!r})" + (f": {w.where} set it in the process" if w else ""),
+                pids=(c.pid,), var=var, instances=(_at(c),), culprit=_short_where(w.where) if w else "",
+                cause=(var, want, have, w.where if w else None),
                 evidence={"communicator": c.ident, "expected": want, "at_creation": have, "source": c.env_source},
-                hint=_missing_hint(m, c, var, want)))
+                hint=(f"{w.where} set {var}={'unset' if w.new is None else w.new} in the process before the "
+                      f"communicator was created: remove or guard that write, or pin it: ncclprobe run --pin {var}"
+                      if w else f"export {var}={want} where this process is started, before NCCL initializes")))
     return out
 
 
-def _missing_hint(m: Model, c: CommView, var: str, want: str) -> str:
-    p = m.processes.get((c.host, c.pid))
-    w = _write_between(p, var, float("-inf"), c.t)
-    if w is not None:
-        return (f"{w.where} set {var}={'unset' if w.new is None else w.new} in this process before the "
-                f"communicator was created: remove or guard that write, or pin it: ncclprobe run --pin {var}")
-    parent = m.processes.get((c.host, p.ppid)) if p and p.ppid else None
-    if parent and parent.start_env is not None and parent.start_env.get(var) == want and \
-            p.start_env is not None and var not in p.start_env:
-        return (f"pid {c.pid}'s parent {parent.pid} had {var}={want}; the child was started with an "
-                f"environment that drops it (subprocess env= or a launcher's allow-list): pass it through")
-    return f"export {var}={want} where this process is started, before NCCL initializes"
-
-
-def env_vs_parent(m: Model) -> list[Finding]:
-    """Watched variables a process's parent had at its start that the process did not (warning):
-    a launcher handed it a curated environment. One finding per process, listing the variables."""
-    out = []
+def _spawn_edges(m: Model):
+    """(child, parent, {var: (parent's value, child's value)}) for each process started (not forked)
+    with NCCL variables its parent had at that moment dropped or changed; ncclprobe's wiring is not
+    the job's."""
     for p in m.processes.values():
         parent = m.processes.get((p.host, p.ppid)) if p.ppid else None
         if p.start_env is None or parent is None or parent.start_env is None or p.forked_from:
             continue
-        job = [v for v in parent.start_env if v.startswith("NCCL_") and not is_probe_wiring(parent.start_env[v])]
-        missing = sorted(v for v in job if v not in p.start_env)
-        changed = sorted(v for v in job if v in p.start_env and p.start_env[v] != parent.start_env[v])
-        for code, names in (("ENV_MISSING", missing), ("ENV_CHANGED", changed)):
+        theirs = wiring.job_env(env_at(parent, p.t_start)) or {}
+        mine = wiring.job_env(p.start_env) or {}
+        edge = {v: (theirs[v], mine.get(v)) for v in sorted(theirs)
+                if v.startswith("NCCL_") and mine.get(v) != theirs[v]}
+        if edge:
+            yield p, parent, edge
+
+
+def env_vs_parent(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
+    """NCCL variables a process's parent had when it started it, which the process did not get: a
+    launcher handed it a curated environment. One finding per launching command and set of
+    variables, listing every child; an error where the operator expected one of the values."""
+    expect = expect or {}
+    out = []
+    for p, parent, edge in _spawn_edges(m):
+        for code, names in (("ENV_MISSING", [v for v, (_, new) in edge.items() if new is None]),
+                            ("ENV_CHANGED", [v for v, (_, new) in edge.items() if new is not None])):
             if not names:
                 continue
+            launcher = _cmd(parent)
+            verb = "drops" if code == "ENV_MISSING" else "changes"
+            expected = [v for v in names if v in expect]
             out.append(Finding(
-                code, "warning",
-                f"pid {p.pid} started without {len(names)} NCCL variable(s) its parent {parent.pid} had: "
-                f"{', '.join(names)}" if code == "ENV_MISSING" else
-                f"pid {p.pid} started with different values than its parent {parent.pid} for: {', '.join(names)}",
-                pids=(p.pid,), var=names[0] if len(names) == 1 else None,
-                evidence={"parent": parent.pid, "vars": {v: {"parent": parent.start_env.get(v),
-                                                            "child": p.start_env.get(v)} for v in names},
+                code, "error" if expected else "warning",
+                f"`{launcher}` started processes with an environment that {verb} {', '.join(names)}"
+                + (f" (expected {', '.join(f'{v}={expect[v]}' for v in expected)})" if expected else ""),
+                pids=(p.pid,), var=names[0] if len(names) == 1 else None, vars=tuple(names) if len(names) > 1 else (),
+                instances=tuple(_at(c) for c in m.comms_of(p.host, p.pid)) or (at(p.host, p.pid),),
+                culprit=f"curated env from `{_short(launcher)}`", cause=(code, launcher, tuple(names)),
+                evidence={"parent": parent.pid, "parent_command": launcher,
+                          "vars": {v: {"parent": edge[v][0], "child": edge[v][1]} for v in names},
                           "child_argv": (p.argv or [])[:6]},
-                hint="the code that starts this process passes its own environment (subprocess env=, a "
-                     "launcher allow-list): forward the NCCL_* variables explicitly"))
+                hint="the code that starts these processes passes its own environment (subprocess env=, a "
+                     f"launcher allow-list): forward {', '.join(names)} explicitly"))
     return out
+
+
+def _short(cmd: str, limit: int = 24) -> str:
+    return cmd if len(cmd) <= limit else cmd[: limit - 1] + "…"
 
 
 def exec_env_stale(m: Model) -> list[Finding]:
@@ -309,10 +387,11 @@ def exec_env_stale(m: Model) -> list[Finding]:
             continue
         out.append(Finding(
             "EXEC_ENV_STALE", "warning",
-            f"pid {p.pid}: /proc/{p.pid}/environ is not its live environment "
-            f"({', '.join(diff)} differ{' — a fork child' if p.forked_from else ''})",
+            f"/proc/<pid>/environ is not the live environment ({', '.join(diff)} differ"
+            f"{' — fork children' if p.forked_from else ''})",
             pids=(p.pid,), evidence={"vars": diff, "forked_from": p.forked_from},
-            hint="trust the in-process view (boot probe, plugins) for this process, not /proc"))
+            instances=(at(p.host, p.pid),), cause=(tuple(diff), bool(p.forked_from)),
+            hint="trust the in-process view (boot probe, plugins) for these processes, not /proc"))
     return out
 
 
@@ -330,9 +409,10 @@ def conf_file_values(m: Model) -> list[Finding]:
                 continue
             out.append(Finding(
                 "CONF_FILE_VALUE", "info",
-                f"pid {p.pid}: NCCL read {var}={r.value!r}, which the process environment did not have: "
+                f"NCCL read {var}={r.value!r}, which the process environment did not have: "
                 f"it came from an nccl.conf file (NCCL_CONF_FILE, ~/.nccl.conf or /etc/nccl.conf)",
                 pids=(p.pid,), var=var, evidence={"value": r.value, "lib": lib, "at_start": p.start_env.get(var)},
+                instances=(at(p.host, p.pid),), culprit="nccl.conf", cause=(var, r.value),
                 hint="a real environment variable overrides the conf file; set it there if this value is unwanted"))
     return out
 
@@ -340,4 +420,5 @@ def conf_file_values(m: Model) -> list[Finding]:
 def all_rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
     return [*comm_tuning_divergent(m), *comm_ranks_divergent(m), *algo_proto_mismatch(m),
             *multiple_libs(m), *unhookable(m), *env_overridden(m), *env_late(m),
-            *env_expected(m, expect or {}), *env_vs_parent(m), *exec_env_stale(m), *conf_file_values(m)]
+            *env_expected(m, expect or {}), *env_vs_parent(m, expect or {}), *exec_env_stale(m),
+            *conf_file_values(m)]
