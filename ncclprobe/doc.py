@@ -29,6 +29,7 @@ class Table:
     rows: list[list[str]]
     title: str = ""
     caption: str = ""
+    compact: bool = False  # one line per row, no borders; the last column is cut to fit the width
 
 
 @dataclass
@@ -38,7 +39,26 @@ class Tree:
     style: str = ""
 
 
-Node = Union[Title, Text, Table, Tree]
+@dataclass
+class Grid:
+    """Label / text rows without borders; the text wraps under itself (the verdict block)."""
+    rows: list[list[str]]
+
+
+@dataclass
+class Records:
+    """One block per item — a heading line, then label / value lines — readable at any width where a
+    table of many columns is not (communicators)."""
+    items: list[tuple[str, list[tuple[str, str]]]]
+    title: str = ""
+
+
+@dataclass
+class FindingsHere:
+    """Where the findings are drawn (at the end of the document without one)."""
+
+
+Node = Union[Title, Text, Table, Tree, Grid, Records, FindingsHere]
 
 
 @dataclass

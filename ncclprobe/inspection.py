@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ncclprobe import conffiles, elf, events, procs, shells
+from ncclprobe import conffiles, elf, events, procs, shells, verdict, wiring
 from ncclprobe.diagnose import exectime
-from ncclprobe.doc import Result, Text, Title, Tree, Unexaminable
+from ncclprobe.doc import FindingsHere, Result, Text, Title, Tree, Unexaminable
 from ncclprobe.findings import with_host
 from ncclprobe.watched import REDACTED, is_watched, looks_secret, select
 
@@ -53,7 +53,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
                       log_dirs: list[str] | None = None, nccl_logs: list[str] | None = None, *,
                       proc_root: Path = procs.DEFAULT_PROC, reader: procs.Reader | None = None,
                       gpu_lookup: Callable[[], tuple[dict[int, list[int]], str]] | None = None,
-                      merge_probe_dirs: bool = True) -> Result:
+                      merge_probe_dirs: bool = True, show_wiring: bool = False) -> Result:
     expect = dict(expect or {})
     events.check_sources(log_dirs or [], nccl_logs or [])
     fs = procs.ProcFS(proc_root, reader)
@@ -82,13 +82,17 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
             "skipped": not_found + tree.skipped, "excluded": tree.excluded,
             "gpu_source": "nvml" if not gpu_reason else "fds", "gpu_reason": gpu_reason or None}
     result = _InspectResult("inspect", findings, data,
-                            lambda: _document(recs, tree, notes, gpu_reason, not_found))
+                            lambda: _document(recs, tree, notes, gpu_reason, not_found, show_wiring))
     dirs = list(log_dirs or []) or (sorted({d for p in tree.procs.values() if p.env and p.env.env
                                             for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
                                     if merge_probe_dirs else [])
     if dirs or nccl_logs:
         from ncclprobe.report import augment_inspection  # the model costs ~27 ms: only when merging
         result = augment_inspection(result, dirs, list(nccl_logs or []))
+    else:
+        v = verdict.for_processes(data["processes"], findings, expect)
+        data["verdict"] = v.to_json()
+        result.head = verdict.doc(v)
     return result
 
 
@@ -99,12 +103,14 @@ class _InspectResult(Result):
     def __init__(self, command: str, findings: list, data: dict, build: Callable[[], list]):
         super().__init__(command, findings, data)
         self._build: Callable[[], list] | None = build
+        self.head: list = []   # the verdict: drawn before the findings
+        self.tail: list = []   # the in-process view: after the tree
 
     @property
     def doc(self) -> list:
         if self._build is not None:
             build, self._build = self._build, None
-            self._doc = build()
+            self._doc = [*self.head, FindingsHere(), *build(), *self.tail]
         return self._doc
 
     @doc.setter
@@ -527,7 +533,7 @@ def lib_label(lib: dict) -> str:
 
 
 def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reason: str,
-              not_found: list[dict] = ()) -> list:
+              not_found: list[dict] = (), show_wiring: bool = False) -> list:
     by_pid = {r["pid"]: r for r in recs}
     kids: dict[int, list[int]] = {}
     for r in recs:
@@ -541,7 +547,7 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
         r = by_pid[pid]
         label = f"{pid} {r['command']}  [{r['user'] or '?'}, {r['state']}, started {r['start_time'] or '?'}]"
         t = Tree(label, style="" if r["in_scope"] else "dim")
-        t.children.append(_env_node(r, by_pid.get(r["ppid"])))
+        t.children.append(_env_node(r, by_pid.get(r["ppid"]), show_wiring))
         for lib in r["nccl_libs"]:
             t.children.append(Tree(f"{lib_label(lib)} — {lib['reached_by']}",
                                    style="warn" if lib["kind"] == "static" else ""))
@@ -576,21 +582,24 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
     return doc
 
 
-def _env_node(r: dict, parent: dict | None) -> Tree:
+def _env_node(r: dict, parent: dict | None, show_wiring: bool = False) -> Tree:
     src, why = r["env_source"], r["env_reason"]
     if src == "unreadable":
         return Tree(f"env: unreadable ({why})", style="warn")
     if src == "empty":
         return Tree(f"env: empty ({why})", style="warn")
-    env = r["env"] or {}
+    env, wired = (r["env"] or {}, {}) if show_wiring else wiring.split(r["env"] or {})
+    if parent is not None and parent.get("env") is not None and not show_wiring:
+        parent = {**parent, "env": wiring.job_env(parent["env"])}
     stale = {"fork": "fork child: shows its parent's exec-time block",
              "forkserver": "forkserver child: shows the server's block from its start",
              "clobbered": "block partly overwritten"}.get(r["stale"] or "")
-    head = f"env: exec, {len(env)} shown" + (f" — {stale}" if stale else "")
+    head = f"env: exec, {len(env)} shown" + (f" (+{len(wired)} of ncclprobe's wiring: --show-wiring)" if wired else "") \
+        + (f" — {stale}" if stale else "")
     if why == "empty at exec":
         head = "env: exec, empty at exec (started with no environment at all)" + (f" — {stale}" if stale else "")
     t = Tree(head, style="warn" if stale else "")
-    diff = r["env_diff"]
+    diff = r["env_diff"] if show_wiring or parent is None else _diff({"env": env}, parent)
     if diff is None or parent is None:
         t.children.extend(Tree(f"{k}={v}") for k, v in sorted(env.items()))
         return t

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import TextIO
 
@@ -12,10 +13,10 @@ from rich.markup import escape
 from rich.table import Table as RichTable
 from rich.tree import Tree as RichTree
 
-from ncclprobe.doc import Result, Table, Text, Title, Tree
+from ncclprobe.doc import FindingsHere, Grid, Records, Result, Table, Text, Title, Tree
 from ncclprobe.findings import sort_findings
 
-PIPE_WIDTH = 140
+PIPE_WIDTH = 100  # piped output: COLUMNS if set, else this (README, "Output")
 DIAGNOSING = {"inspect", "report", "run", "topo", "bench", "demo"}  # commands whose silence means "all clear"
 _STYLES = {"": "", "note": "cyan", "warn": "yellow", "dim": "dim", "good": "green", "bad": "red"}
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
@@ -41,38 +42,125 @@ def render_text(result: Result, stream: TextIO | None = None, width: int | None 
                 color: bool | None = None) -> None:
     con = console(stream, width, color)
     plain = not con.is_terminal
-    for node in result.doc:
-        if isinstance(node, Title):
-            con.print(f"[bold]{escape(node.text)}[/bold]" if not plain else node.text)
-        elif isinstance(node, Text):
-            con.print(escape(node.text), style=_STYLES.get(node.style, ""))
-        elif isinstance(node, Table):
-            con.print(_table(node, plain))
-        elif isinstance(node, Tree):
-            con.print(_tree(node))
+    drawn = False
+    for i, node in enumerate(result.doc):
+        if isinstance(node, FindingsHere):
+            _findings(con, result, plain)
+            drawn = True
+        else:
+            if isinstance(node, Title) and i:
+                con.print()  # a blank line between sections, not before the first
+            _node(con, node, plain)
+    if not drawn:
+        _findings(con, result, plain)
+
+
+def _node(con: Console, node, plain: bool) -> None:
+    if isinstance(node, Title):
+        con.print(f"[bold]{escape(node.text)}[/bold]" if not plain else node.text)
+    elif isinstance(node, Text):
+        con.print(escape(node.text), style=_STYLES.get(node.style, ""))
+    elif isinstance(node, Table) and node.compact:
+        for i, line in enumerate(compact_lines(node, con.width)):
+            header = i == (1 if node.title else 0)
+            con.print(escape(line), no_wrap=True, crop=True, overflow="ignore", style="bold" if header and not plain else "")
+    elif isinstance(node, Table):
+        con.print(_table(node, plain))
+    elif isinstance(node, Tree):
+        con.print(_tree(node))
+    elif isinstance(node, Grid):
+        con.print(_grid(node.rows))
+    elif isinstance(node, Records):
+        if node.title:
+            con.print(f"[bold]{escape(node.title)}[/bold]" if not plain else node.title)
+        for heading, fields in node.items:
+            con.print(escape(heading), style="bold" if not plain else "")
+            con.print(_grid(fields, indent=2))
+
+
+def _grid(rows, indent: int = 0) -> RichTable:
+    g = RichTable.grid(padding=(0, 2), pad_edge=False)
+    g.add_column(no_wrap=True, style="bold" if indent == 0 else "")
+    g.add_column(overflow="fold")
+    for label, text in rows:
+        g.add_row(" " * indent + escape(str(label)), escape(str(text)))
+    return g
+
+
+def _findings(con: Console, result: Result, plain: bool) -> None:
     if result.findings:
         con.print()
-        con.print("Findings" if plain else "[bold]Findings[/bold]")
+        n = len(result.findings)
+        con.print(f"Findings ({n} cause{'s' if n != 1 else ''})" if plain else f"[bold]Findings[/bold] ({n} cause{'s' if n != 1 else ''})")
         for f in sort_findings(result.findings):
             tag = f"[{f.severity.upper()}]"
-            con.print(f"{escape(tag)} {f.code}: {escape(f.message)}",
+            con.print(f"{escape(tag)} {f.code}: {escape(shorten_paths(f.message))}",
                       style=_SEVERITY_STYLE[f.severity] if not plain else "")
-            if f.pids:
-                con.print(f"    pids: {', '.join(str(p) for p in f.pids)}")
+            scope = scope_line(f)
+            if scope:
+                con.print(f"    scope: {escape(scope)}")
             for k, v in f.evidence.items():
-                if k == "t" or k.endswith("_at") and isinstance(v, float):
-                    continue  # unix times: in --json, not worth a line here
-                con.print(f"    {escape(str(k))}: {escape(_short(v))}")
+                if k in ("t", "merged") or k.endswith("_at") and isinstance(v, float):
+                    continue  # unix times and per-instance evidence: in --json, not worth a line here
+                if isinstance(v, str) and len(v) > 12 and v in f.message:
+                    continue  # already in the message
+                con.print(f"    {escape(str(k))}: {escape(shorten_paths(_short(v)))}")
             if f.hint:
-                con.print(f"    hint: {escape(f.hint)}", style="green" if not plain else "")
-    elif result.command in DIAGNOSING and any(isinstance(n, (Table, Tree)) for n in result.doc):
+                con.print(f"    hint: {escape(shorten_paths(f.hint))}", style="green" if not plain else "")
+    elif result.command in DIAGNOSING and any(isinstance(n, (Table, Tree, Records, Grid)) for n in result.doc):
         con.print()
         con.print("No findings.")
+
+
+_INSTALLED = re.compile(r"/[^\s'\"`]*/(?:site|dist)-packages/")
+
+
+def shorten_paths(text: str) -> str:
+    """Paths inside an installed package, from the package down (--json keeps them whole)."""
+    return _INSTALLED.sub("…/", text)
+
+
+def scope_line(f) -> str:
+    """Everything a finding covers, in one line: pids, ranks, communicators, hosts."""
+    from ncclprobe.verdict import ranges
+    insts = f.instances
+    pids = sorted({i["pid"] for i in insts if isinstance(i.get("pid"), int)}) or list(f.pids)
+    parts = []
+    if pids:
+        parts.append(("pid " if len(pids) == 1 else "pids ") + (ranges(pids) if len(pids) > 8 else ", ".join(map(str, pids))))
+    ranks = sorted({i["rank"] for i in insts if isinstance(i.get("rank"), int)})
+    if ranks and not (ranks == [0] and all(i.get("rank") in (0, None) for i in insts) and len(pids) == 1):
+        parts.append(("rank " if len(ranks) == 1 else "ranks ") + ranges(ranks))
+    comms = sorted({str(i["comm"]) for i in insts if i.get("comm")})
+    if comms:
+        parts.append(("comm " if len(comms) == 1 else f"{len(comms)} comms: ") + ", ".join(comms[:3])
+                     + ("…" if len(comms) > 3 else ""))
+    hosts = f.hosts
+    if len(hosts) > 1:
+        parts.append(f"{len(hosts)} hosts: {', '.join(hosts[:3])}" + ("…" if len(hosts) > 3 else ""))
+    elif hosts:
+        parts.append(f"host {hosts[0]}")
+    return " · ".join(parts)
 
 
 def _short(value, limit: int = 300) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def compact_lines(node: Table, width: int) -> list[str]:
+    """A table one line per row, columns two spaces apart; the last column is cut to the width."""
+    rows = [node.columns, *node.rows]
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(node.columns) - 1)]
+    room = max(width - sum(widths) - 2 * len(widths), 12)
+    out = [f"{node.title}"] if node.title else []
+    for r in rows:
+        last = str(r[-1])
+        last = last if len(last) <= room else last[: room - 1] + "…"
+        out.append("  ".join([*(str(c).ljust(w) for c, w in zip(r, widths)), last]).rstrip())
+    if node.caption:
+        out.append(node.caption)
+    return out
 
 
 def _table(node: Table, plain: bool) -> RichTable:

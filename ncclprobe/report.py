@@ -6,13 +6,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ncclprobe import events, model as model_mod
+from ncclprobe import events, model as model_mod, verdict
 from ncclprobe.diagnose import inprocess
-from ncclprobe.doc import Result, Table, Text, Title, Unexaminable
+from ncclprobe.doc import FindingsHere, Records, Result, Table, Text, Title, Unexaminable
 from ncclprobe.findings import Finding, aggregate
 from ncclprobe.model import CommView, Model
 
 SHOWN_VARS_MAX = 8
+# witness -> its name in the processes table (one line per process at 80 columns)
+WITNESS_SHORT = {"boot": "boot", "preload": "pre", "profiler": "prof", "envplugin": "env", "nccl-log": "log"}
 
 
 def load(dirs, nccl_logs=()) -> Model:
@@ -42,24 +44,34 @@ def load(dirs, nccl_logs=()) -> Model:
     return m
 
 
-def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None) -> Result:
+def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, exec_time=()) -> Result:
+    """The report of log directories (and NCCL logs); exec_time: findings of a /proc view of the same
+    job (the demo's live inspect), merged as a second witness of the same causes."""
     m = load(dirs, nccl_logs)
-    findings = aggregate(dedupe(inprocess.all_rules(m, expect or {})))
-    return Result("report", findings=findings, data=model_json(m), doc=model_doc(m, [*dirs, *nccl_logs]))
+    findings = merge_witnesses(inprocess.all_rules(m, expect or {}), list(exec_time))
+    v = verdict.for_model(m, findings, expect or {})
+    data = {**model_json(m), "verdict": v.to_json()}
+    doc = [*header_doc(m, [*dirs, *nccl_logs]), *verdict.doc(v), FindingsHere(), *model_doc(m)]
+    return Result("report", findings=findings, data=data, doc=doc)
 
 
-def augment_inspection(result: Result, log_dirs, nccl_logs=()) -> Result:
-    """Merge the in-process witnesses of log_dirs into an `inspect` result (same pids)."""
+def augment_inspection(result, log_dirs, nccl_logs=()):
+    """Merge the in-process witnesses of log_dirs into an `inspect` result (same pids): one set of
+    findings, the verdict over the model's communicators, the model's tables after the tree."""
     try:
         m = load(log_dirs, nccl_logs)
     except Unexaminable as exc:
-        result.doc.append(Text(f"In-process view: {exc}", "warn"))
+        result.tail.append(Text(f"In-process view: {exc}", "warn"))
         result.data["in_process"] = {"error": str(exc)}
         return result
-    result.findings = merge_witnesses(inprocess.all_rules(m, result.data.get("expect") or {}), result.findings)
+    expect = result.data.get("expect") or {}
+    result.findings = merge_witnesses(inprocess.all_rules(m, expect), result.findings)
+    v = verdict.for_model(m, result.findings, expect, processes=result.data.get("processes"))
+    result.data["verdict"] = v.to_json()
+    result.head = verdict.doc(v)
     result.data["communicators"] = model_json(m)["communicators"]
     result.data["in_process"] = {"dirs": [str(d) for d in log_dirs], "processes": len(m.processes)}
-    result.doc.extend(model_doc(m, log_dirs, title="In-process view (probes)"))
+    result.tail.extend([Title("In-process view (probes)"), *header_doc(m, log_dirs, title=False), *model_doc(m)])
     return result
 
 
@@ -100,7 +112,7 @@ def _command(p) -> str:
     argv = list(p.argv or [p.exe or "?"])
     if argv:
         argv[0] = Path(argv[0]).name
-    return one_line(" ".join(argv), 70)
+    return one_line(" ".join(argv), 200)
 
 
 def _short_lib(path: str | None) -> str:
@@ -145,29 +157,23 @@ def _size(n: int) -> str:
 
 
 def _nccl_read(m: Model, c: CommView) -> str:
-    """What NCCL itself read for this communicator: for a variable NCCL re-reads per communicator,
-    the first read after this communicator started (else the last one before it); for a cached one,
-    the process's first read."""
+    """What NCCL itself read for this communicator (verdict.nccl_read), tuning variables only; where it
+    read none, say so rather than imply defaults."""
     p = m.processes.get((c.host, c.pid))
     if p is None or not p.reads:
-        return "-"
-    starts = sorted(x.t for x in m.comms_of(c.host, c.pid) if x.t > c.t)
-    end = starts[0] if starts else float("inf")
-    shown = []
+        return "not witnessed (no env plugin, no NCCL log)"
+    shown, unset = [], 0
     for var in sorted({r.var for r in p.reads.values() if inprocess.is_tuning(r.var)}):
-        reads = sorted((r for r in p.reads.values() if r.var == var and (c.lib is None or r.lib in (c.lib, "nccl-log"))),
-                       key=lambda r: r.t)
-        if not reads:
+        pick = verdict.nccl_read(m, c, var)
+        if pick is None:
             continue
-        if inprocess.process_cached(var, c.version):
-            pick = reads[0]
+        if pick.value is None:
+            unset += 1
         else:
-            inside = [r for r in reads if c.t <= r.t < end]
-            before = [r for r in reads if r.t < c.t]
-            pick = inside[0] if inside else (before[-1] if before else reads[0])
-        if pick.value is not None:
             shown.append(f"{var[5:]}={pick.value}")
-    return " ".join(shown[:SHOWN_VARS_MAX]) or "(defaults)"
+    if not shown:
+        return "all unset (NCCL's defaults)" if unset else "no tuning variable read"
+    return " ".join(shown[:SHOWN_VARS_MAX]) + (f" +{len(shown) - SHOWN_VARS_MAX}" if len(shown) > SHOWN_VARS_MAX else "")
 
 
 def _api(c: CommView, m: Model) -> str:
@@ -179,37 +185,48 @@ def _api(c: CommView, m: Model) -> str:
     return c.api
 
 
-def model_doc(m: Model, dirs, title: str = "") -> list:
-    procs = sorted(m.processes.values(), key=lambda p: (p.host, p.t_start or 0, p.pid))
-    doc: list = [Title(title or f"ncclprobe report: {len(procs)} process(es), {len(m.comms)} communicator(s) "
-                       f"from {', '.join(map(str, dirs))}")]
+def header_doc(m: Model, dirs, title: bool = True) -> list:
+    doc: list = []
+    if title:
+        doc.append(Title(f"ncclprobe report: {len(m.processes)} process(es), {len(m.comms)} communicator(s) "
+                         f"from {', '.join(map(str, dirs))}"))
     if m.simulated:
         doc.append(Text("SIMULATED NCCL: these communicators ran on ncclprobe's simulated NCCL (no GPU); "
                         "algorithms and protocols are the simulator's choices, not a real machine's.", "warn"))
     for run in m.runs:
         for note in run.get("notes", []):
             doc.append(Text(f"run: {note}", "note"))
-    rows = []
+    return doc
+
+
+def model_doc(m: Model) -> list:
+    """The details under the verdict and the findings: processes, then communicators."""
+    procs = sorted(m.processes.values(), key=lambda p: (p.host, p.t_start or 0, p.pid))
+    hosts = {p.host for p in procs}
+    rows: dict[tuple, list] = {}
     for p in procs:
-        ranks = sorted({str(c.rank) for c in m.comms_of(p.host, p.pid) if c.rank is not None})
-        rows.append([p.host, str(p.pid), str(p.ppid or "?"), _command(p),
-                     ",".join(sorted(p.sources)), ",".join(ranks) or "-",
-                     " ".join(_short_lib(lib) for lib in sorted(p.libs)) or "-"])
-    doc.append(Table(["host", "pid", "ppid", "command", "witnesses", "ranks", "NCCL library"], rows, title="Processes"))
+        ranks = sorted({c.rank for c in m.comms_of(p.host, p.pid) if c.rank is not None})
+        key = (p.host if len(hosts) > 1 else "", p.ppid, _command(p),
+               ",".join(WITNESS_SHORT.get(s, s) for s in sorted(p.sources)))
+        rows.setdefault(key, [[], []])
+        rows[key][0].append(p.pid)
+        rows[key][1].extend(ranks)
+    table = []
+    for (host, ppid, cmd, sources), (pids, ranks) in rows.items():
+        row = [_pids(pids), str(ppid or "?"), verdict.ranges(ranks) or "-", sources, cmd]
+        table.append([host, *row] if len(hosts) > 1 else row)
+    cols = ["pid", "ppid", "ranks", "witnesses", "command"]
+    legend = "witnesses: " + ", ".join(f"{v} {k}" for k, v in WITNESS_SHORT.items())
+    doc: list = [Title("Processes"), Table(["host", *cols] if len(hosts) > 1 else cols, table, compact=True),
+                 Text(legend, "dim")]
     boot_expected = any(r.get("boot") for r in m.runs)
     blind = [p for p in procs if boot_expected and "boot" not in p.sources]
     if blind:
         doc.append(Text("Ran without the boot probe (not Python, python -S, or an environment that dropped "
                         "PYTHONPATH): " + ", ".join(f"pid {p.pid}" for p in blind), "warn"))
-    crow = []
-    for c in sorted(m.comms, key=lambda c: (c.host, c.pid, c.t)):
-        lib = f"{_short_lib(c.lib)} {_version(c.version)}" + (" (simulated)" if c.simulated else "")
-        crow.append([f"{c.pid}", f"{c.rank}/{c.nranks}", _api(c, m), c.ident, lib,
-                     ",".join(sorted(c.seen_by)), _tuning(c.env) + ("" if c.ok else f" rc={c.rc}"),
-                     _nccl_read(m, c), _realized(c)])
-    if crow:
-        doc.append(Table(["pid", "rank", "API", "communicator", "library", "seen by", "env at creation",
-                          "NCCL read", "ran (algo/proto)"], crow, title="Communicators"))
+    items = _comm_records(m)
+    if items:
+        doc.append(Records(items, title="Communicators"))
     else:
         doc.append(Text("No communicator was created, or none was seen by a probe.", "warn"))
     skipped = sum(m.skipped.values())
@@ -217,6 +234,35 @@ def model_doc(m: Model, dirs, title: str = "") -> list:
         doc.append(Text(f"Skipped {skipped} unreadable line(s)/file(s): "
                         + ", ".join(f"{k}: {v}" for k, v in m.skipped.items()), "dim"))
     return doc
+
+
+def _pids(pids: list[int]) -> str:
+    return ", ".join(map(str, pids)) if len(pids) <= 4 else f"{len(pids)}: {verdict.ranges(pids)}"
+
+
+def _comm_records(m: Model) -> list:
+    """One block per communicator and tuning: its ranks that were created alike share it."""
+    blocks: dict[tuple, dict] = {}
+    for c in sorted(m.comms, key=lambda c: (c.t, c.rank or 0)):
+        lib = f"{_short_lib(c.lib)} {_version(c.version)}" + (" (simulated)" if c.simulated else "")
+        fields = (("API", _api(c, m)), ("library", lib), ("seen by", ", ".join(sorted(c.seen_by))),
+                  ("env at creation", _tuning(c.env) + ("" if c.ok else f" rc={c.rc}")),
+                  ("NCCL read", _nccl_read(m, c)), ("ran", _realized(c)))
+        key = (c.group or f"{c.host}:{c.pid}:{c.ident}", fields)
+        b = blocks.setdefault(key, {"id": c.group or c.ident, "ranks": [], "pids": [], "hosts": set(),
+                                    "nranks": c.nranks, "name": c.comm_name})
+        if c.rank is not None:
+            b["ranks"].append(c.rank)
+        b["pids"].append(c.pid)
+        b["hosts"].add(c.host)
+    items = []
+    for (_, fields), b in blocks.items():
+        who = (f"rank{'s' if len(b['ranks']) > 1 else ''} {verdict.ranges(b['ranks'])} of {b['nranks']}"
+               if b["ranks"] else "rank ?")
+        where = f"pid {_pids(b['pids'])}" + (f" on {len(b['hosts'])} hosts" if len(b["hosts"]) > 1 else "")
+        name = f" {b['name']}" if b["name"] else ""
+        items.append((f"{b['id']}{name}  {who}  ({where})", [(k, v) for k, v in fields]))
+    return items
 
 
 def _finite(t: float) -> float | None:

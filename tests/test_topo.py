@@ -81,12 +81,11 @@ P2P: OK, CNS/GNS/TNS = chipset/GPU/topology not supported, RKD = disabled by reg
 supported, U = unknown, ? = could not be read
 P2P level NCCL default (PXB): 4 pair(s) go through host memory (SHM).
 
-Findings
+Findings (1 cause)
 [WARNING] P2P_LEVEL_LIMITS: 4 GPU pair(s) will not use P2P under NCCL default (PXB): NCCL moves
 their data through host memory (SHM) instead
     pairs: GPU0-GPU2 (SYS is beyond the P2P level), GPU0-GPU3 (SYS is beyond the P2P level),
 GPU1-GPU2 (SYS is beyond the P2P level), GPU1-GPU3 (SYS is beyond the P2P level)
-    p2p_level: NCCL default (PXB)
     hint: measure NCCL_P2P_LEVEL=SYS before adopting it: `ncclprobe bench --config
 p2psys:NCCL_P2P_LEVEL=SYS` (CPUs make poor PCI switches, NVIDIA/nccl#1603); AMD CPUs with at most 2
 GPUs get P2P across PHB/SYS anyway
@@ -169,7 +168,7 @@ P2P: OK, CNS/GNS/TNS = chipset/GPU/topology not supported, RKD = disabled by reg
 supported, U = unknown, ? = could not be read
 P2P level NCCL default (PXB): 1 pair(s) go through host memory (SHM).
 
-Findings
+Findings (2 causes)
 [ERROR] LL128_ON_PCIE: NCCL_PROTO=LL128 (this environment) forces LL128, but 1 GPU pair(s) have no
 NVLink: LL128 relies on 128-byte stores arriving in order, which PCIe does not guarantee
     pairs: GPU0-GPU1 (NODE)
@@ -179,7 +178,6 @@ result (`ncclprobe bench --check`), since NCCL's docs warn it can corrupt data
 [WARNING] P2P_LEVEL_LIMITS: 1 GPU pair(s) will not use P2P under NCCL default (PXB): NCCL moves
 their data through host memory (SHM) instead
     pairs: GPU0-GPU1 (NODE is beyond the P2P level)
-    p2p_level: NCCL default (PXB)
     hint: measure NCCL_P2P_LEVEL=SYS before adopting it: `ncclprobe bench --config
 p2psys:NCCL_P2P_LEVEL=SYS` (CPUs make poor PCI switches, NVIDIA/nccl#1603); AMD CPUs with at most 2
 GPUs get P2P across PHB/SYS anyway

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ncclprobe import launch, report, selfexec
-from ncclprobe.doc import Result, Table, Text, Title, Unexaminable
+from ncclprobe.doc import FindingsHere, Result, Table, Text, Title, Unexaminable
 from ncclprobe.findings import sort_findings
 
 TUNING = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_MAX_NCHANNELS": "16"}
@@ -61,6 +61,11 @@ def run_demo(real: bool = False, keep: bool = False) -> Result:
             shutil.rmtree(d, ignore_errors=True)
 
 
+def _split_at_findings(doc: list) -> tuple[list, list]:
+    i = next(i for i, n in enumerate(doc) if isinstance(n, FindingsHere))
+    return doc[:i], doc[i + 1:]
+
+
 def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool) -> Result:
     from ncclprobe import inspection, profile as profile_mod
     profile = profile_mod.from_cli([f"{k}={v}" for k, v in TUNING.items()], [], [])
@@ -86,28 +91,33 @@ def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool) -> R
     finally:
         if rc is None:
             group.reap_group()
-    inproc = report.build_report([d], expect=dict(TUNING))
-    findings = report.merge_witnesses(inproc.findings, live.findings)
+    inproc = report.build_report([d], expect=dict(TUNING), exec_time=live.findings)
+    findings = inproc.findings
     found = {f.code for f in findings}
     unplanted = sorted({f.code for f in findings if f.severity != "info"} - set(PLANTED) - CONSEQUENCES)
     missed = [c for c in PLANTED if c not in found]
     ok = rc == 0 and not missed and not unplanted
     label = "SIMULATED NCCL (no GPU)" if backend == "sim" else f"real NCCL on {tp} GPU(s)"
+    live.head = []  # the verdict is the report's, over both witnesses
+    tree = [n for n in live.doc if not isinstance(n, FindingsHere)]
+    head, rest = _split_at_findings(inproc.doc)
     doc = [Title(f"ncclprobe demo: a miniature inference server on the {label}"),
            Text(f"The operator exports {' '.join(f'{k}={v}' for k, v in TUNING.items())} for decode; "
                 f"{tp} tensor-parallel workers (multiprocessing spawn), a replica and a sidecar start. "
                 "Then speculative decoding is switched on.", "note"),
-           Title("1. The live process tree, as /proc shows it (ncclprobe inspect)"), *live.doc,
-           Title("2. What the probes saw inside the processes (ncclprobe report)"), *inproc.doc,
-           Title("3. Planted causes"),
+           *head[1:],  # the report's own title names a temporary directory: the demo's says what ran
+           Title("Planted causes"),
            Table(["cause", "finding", "named"], [[why, code, "yes" if code in found else "MISSED"]
                                                  for code, why in PLANTED.items()])]
     if unplanted:
         doc.append(Text(f"Findings the demo did not plant: {', '.join(unplanted)}", "bad"))
     doc.append(Text(f"Server {launch.describe_status(rc)[0]}; demo took {time.monotonic() - t0:.1f} s"
                     + (f"; logs kept in {d}" if keep else ""), "good" if ok else "bad"))
+    doc += [FindingsHere(), Title("Details: the live process tree, as /proc showed it (ncclprobe inspect)"), *tree,
+            Title("Details: what the probes saw inside the processes (ncclprobe report)"), *rest]
     data = {"simulated": backend == "sim", "backend": backend, "ranks": tp, "ok": ok,
             "planted": PLANTED, "missed": missed, "unplanted": unplanted, "server_returncode": rc,
+            "verdict": inproc.data.get("verdict"),
             "processes": live.data.get("processes", []), "communicators": inproc.data.get("communicators", []),
             "seconds": round(time.monotonic() - t0, 2)}
     if keep:

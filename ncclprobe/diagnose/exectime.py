@@ -148,7 +148,8 @@ def parent_diffs(kinds: Kinds, by_pid: Mapping[int, Mapping], expect: Mapping[st
                    f"pid {ppid} and its child(ren) {', '.join(map(str, sorted(pids)))}")
             hint = (f"the code in pid {ppid} ({_cmd(parent)}) that starts them sets these; find the "
                     "override (framework defaults, env= of the launch call) and make it keep an explicit value")
-        out.append(Finding(code, "warning", msg, tuple(sorted(pids)), names[0] if len(names) == 1 else None, ev, hint))
+        out.append(Finding(code, "warning", msg, tuple(sorted(pids)), names[0] if len(names) == 1 else None, ev, hint,
+                           vars=tuple(names) if len(names) > 1 else (), culprit=f"curated env from pid {ppid}"))
     return out
 
 
@@ -200,7 +201,8 @@ def expectations(kinds: Kinds, by_pid: Mapping[int, Mapping], expect: Mapping[st
         else:
             ev["value"] = have
             msg = f"{var} is {have!r} in {len(pids)} process(es), expected {want!r}"
-        out.append(Finding(code, "error", msg, pids_t, var, ev, f"set {var}={want}: {where}"))
+        out.append(Finding(code, "error", msg, pids_t, var, ev, f"set {var}={want}: {where}",
+                           culprit=f"lost after pid {origin['pid']}" if origin else "not in the root's environment"))
     return out
 
 
@@ -289,10 +291,14 @@ def shell_prefix(pitfalls: list[Mapping]) -> list[Finding]:
             msg = (f"shell pid {p['shell']} sets {p['var']}={p['value']} as an unexported shell variable; "
                    f"`{p['led_to_target']}` does not get it")
             hint = f"write `export {p['var']}={p['value']}` instead"
+        scoped_to = (p["command"] or "").split()
+        words = [w for w in scoped_to if "=" not in w]
+        culprit = (f"prefix on `{words[0]}` only (shell pid {p['shell']})" if p["kind"] == "prefix" and words
+                   else f"unexported in shell pid {p['shell']}")
         out.append(Finding("SHELL_PREFIX_SCOPE", "warning", msg, tuple(p["pids"]), p["var"],
                            {"shell": p["shell"], "shell_command": p["shell_command"],
                             "assigned_in": p["command"] or "(bare assignment)",
-                            "command_that_led_here": p["led_to_target"]}, hint))
+                            "command_that_led_here": p["led_to_target"]}, hint, culprit=culprit))
     return out
 
 

@@ -55,6 +55,25 @@ def _cmd(p: ProcessView | None) -> str:
     return text if len(text) <= 80 else text[:79] + "…"
 
 
+def program(argv: list[str] | None) -> str:
+    """What a command line runs, in a word: `python -m pkg.mod …` -> pkg.mod, `python x/serve.py` ->
+    serve.py, `/usr/bin/raylet …` -> raylet."""
+    argv = list(argv or [])
+    if not argv:
+        return "?"
+    name = argv[0].rsplit("/", 1)[-1]
+    if name.startswith("python"):
+        rest = iter(argv[1:])
+        for a in rest:
+            if a == "-m":
+                return next(rest, name)
+            if a == "-c":
+                return f"{name} -c"
+            if not a.startswith("-"):
+                return a.rsplit("/", 1)[-1]
+    return name
+
+
 def _write_between(p: ProcessView | None, var: str, t0: float, t1: float):
     if p is None:
         return None
@@ -364,17 +383,13 @@ def env_vs_parent(m: Model, expect: dict[str, str] | None = None) -> list[Findin
                 + (f" (expected {', '.join(f'{v}={expect[v]}' for v in expected)})" if expected else ""),
                 pids=(p.pid,), var=names[0] if len(names) == 1 else None, vars=tuple(names) if len(names) > 1 else (),
                 instances=tuple(_at(c) for c in m.comms_of(p.host, p.pid)) or (at(p.host, p.pid),),
-                culprit=f"curated env from `{_short(launcher)}`", cause=(code, launcher, tuple(names)),
+                culprit=f"curated env from {program(parent.argv)}", cause=(code, program(parent.argv), tuple(names)),
                 evidence={"parent": parent.pid, "parent_command": launcher,
                           "vars": {v: {"parent": edge[v][0], "child": edge[v][1]} for v in names},
                           "child_argv": (p.argv or [])[:6]},
                 hint="the code that starts these processes passes its own environment (subprocess env=, a "
                      f"launcher allow-list): forward {', '.join(names)} explicitly"))
     return out
-
-
-def _short(cmd: str, limit: int = 24) -> str:
-    return cmd if len(cmd) <= limit else cmd[: limit - 1] + "…"
 
 
 def exec_env_stale(m: Model) -> list[Finding]:

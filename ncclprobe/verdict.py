@@ -1,0 +1,323 @@
+"""The answer first: for each NCCL variable the user set or expected (or a finding is about), what each
+communicator ended up with — or each process, where none was created — grouped by value, with the
+culprit of each deviation. Built from the model (report, run, demo) or from inspect's records; every
+line says which witnesses it rests on."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncclprobe.doc import Grid, Text, Title
+from ncclprobe.findings import Finding
+from ncclprobe.model import CommView, Model, NcclRead
+
+MAX_VARS = 8
+SHORT_ID = 10  # "0x716f11d6": enough to tell a job's communicators apart on screen (JSON has the whole id)
+
+
+@dataclass
+class Group:
+    """Holders of one value of one variable that share a culprit."""
+    value: str | None
+    culprit: str = ""
+    comms: list[str] = field(default_factory=list)        # communicator ids (one per communicator, all ranks)
+    names: list[str] = field(default_factory=list)
+    ranks: set[int] = field(default_factory=set)
+    nranks: set[int] = field(default_factory=set)
+    processes: list[tuple[str, int]] = field(default_factory=list)  # (host, pid) of holders without a communicator
+    pids: set[tuple[str, int]] = field(default_factory=set)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"value": self.value, "culprit": self.culprit or None, "communicators": self.comms,
+                "ranks": sorted(self.ranks), "processes": [{"host": h, "pid": p} for h, p in self.processes],
+                "pids": sorted(p for _, p in self.pids), "hosts": sorted({h for h, _ in self.pids})}
+
+
+@dataclass
+class Row:
+    var: str
+    reference: str | None          # the value the user expected or set (None: none given)
+    basis: str                     # "expected" | "set by ncclprobe run" | "root process" | ""
+    groups: list[Group]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"var": self.var, "reference": self.reference, "basis": self.basis or None,
+                "groups": [g.to_json() for g in self.groups]}
+
+
+@dataclass
+class Verdict:
+    rows: list[Row]
+    holders: str                   # "communicators" | "processes"
+    witnesses: list[str]
+    more_vars: int = 0
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"holders": self.holders, "witnesses": self.witnesses, "variables": [r.to_json() for r in self.rows],
+                "more_variables": self.more_vars, "note": self.note or None}
+
+
+# ---- what NCCL used -------------------------------------------------------------------------------
+
+def nccl_read(m: Model, c: CommView, var: str) -> NcclRead | None:
+    """What NCCL itself read of var for this communicator: for a variable NCCL re-reads per
+    communicator, the first read after this communicator started (else the last one before it); for
+    a cached one (NCCL_PARAM), the process's first read through the same library copy."""
+    from ncclprobe.diagnose.inprocess import process_cached
+    p = m.processes.get((c.host, c.pid))
+    if p is None:
+        return None
+    reads = sorted((r for r in p.reads.values() if r.var == var and (c.lib is None or r.lib in (c.lib, "nccl-log"))),
+                   key=lambda r: r.t)
+    if not reads:
+        return None
+    if process_cached(var, c.version):
+        return reads[0]
+    later = sorted(x.t for x in m.comms_of(c.host, c.pid) if x.t > c.t)
+    end = later[0] if later else float("inf")
+    inside = [r for r in reads if c.t <= r.t < end]
+    before = [r for r in reads if r.t < c.t]
+    return inside[0] if inside else (before[-1] if before else reads[0])
+
+
+def effective(m: Model, c: CommView, var: str) -> tuple[bool, str | None]:
+    """(known, value) of var for communicator c: what NCCL read where the env plugin or its log saw
+    it, else the environment at the communicator's creation; a variable NCCL caches per process takes
+    the value at the process's first communicator."""
+    read = nccl_read(m, c, var)
+    if read is not None:
+        return True, read.value
+    from ncclprobe.diagnose.inprocess import process_cached
+    if process_cached(var, c.version):
+        first = min((x for x in m.comms_of(c.host, c.pid) if x.env is not None), key=lambda x: x.t, default=None)
+        if first is not None:
+            return True, first.env.get(var)
+    return (c.env is not None), (c.env or {}).get(var)
+
+
+# ---- building --------------------------------------------------------------------------------------
+
+def variables(expect: Mapping[str, str], sets: Mapping[str, str], findings: list[Finding]) -> list[str]:
+    names = list(expect) + [v for v in sets if v not in expect]
+    for f in findings:
+        if f.severity != "info":
+            names += [v for v in f.all_vars if v.startswith("NCCL_") and v not in names]
+    return list(dict.fromkeys(names))
+
+
+def _culprits(findings: list[Finding]) -> dict[tuple, list[tuple[Finding, str | None]]]:
+    """(host, pid, var) -> [(finding, the communicator its instance names or None)], most severe first."""
+    out: dict[tuple, list] = {}
+    for f in sorted(findings, key=lambda f: ("error", "warning").index(f.severity)
+                    if f.severity != "info" else 2):
+        if f.severity == "info":
+            continue
+        for i in f.instances:
+            for var in f.all_vars:
+                out.setdefault((i.get("host"), i.get("pid"), var), []).append((f, i.get("comm")))
+    return out
+
+
+def _culprit_of(index, host, pid, var, comm: str | None, deviates: bool) -> str:
+    """A finding that names this communicator is its culprit; one about its whole process only where
+    its value deviates (a write after the communicator was created did not reach it)."""
+    hits = index.get((host, pid, var), [])
+    for f, c in hits:
+        if comm is not None and c == comm:
+            return f.culprit or f.code
+    for f, c in hits:
+        if c is None and deviates:
+            return f.culprit or f.code
+    return ""
+
+
+def _group(groups: dict, value, culprit) -> Group:
+    key = (value, culprit)
+    if key not in groups:
+        groups[key] = Group(value, culprit)
+    return groups[key]
+
+
+def _ordered(groups: dict, reference: str | None) -> list[Group]:
+    return sorted(groups.values(), key=lambda g: (g.value != reference or reference is None and g.culprit != "",
+                                                  -(len(g.comms) + len(g.processes)), str(g.value)))
+
+
+def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str], sets: Mapping[str, str] | None = None,
+              processes: list[Mapping] | None = None) -> Verdict:
+    """The verdict over the model's communicators (and processes without one that a finding is about);
+    with no communicator, over the processes' live environments (`processes`: inspect's records add the
+    exec-time view of processes no probe saw)."""
+    sets = dict(sets if sets is not None else _run_sets(m))
+    names = variables(expect, sets, findings)
+    comms = [c for c in m.comms if c.ok]
+    witnesses = sorted({s for p in m.processes.values() for s in p.sources} | {s for c in m.comms for s in c.seen_by})
+    if not comms:
+        v = for_processes(_live_records(m) + list(processes or []), findings, expect, sets, witnesses)
+        v.note = "no communicator was seen: the values are the processes' environments"
+        return v
+    index = _culprits(findings)
+    roots = [p for p in m.processes.values() if (p.host, p.ppid) not in m.processes and p.start_env is not None]
+    root_env = min(roots, key=lambda p: p.t_start or 0).start_env if roots else {}
+    shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
+    rows = []
+    for var in shown:
+        reference, basis = _reference(var, expect, sets, root_env)
+        groups: dict = {}
+        seen: set[tuple] = set()
+        for c in sorted(comms, key=lambda c: (c.rank is None, c.rank or 0, c.host, c.pid)):
+            known, value = effective(m, c, var)
+            value = value if known else "?"
+            ident = c.group or c.ident
+            culprit = _culprit_of(index, c.host, c.pid, var, ident, value != reference)
+            g = _group(groups, value, culprit)
+            if (ident, value, culprit) not in seen:
+                seen.add((ident, value, culprit))
+                if ident not in g.comms:
+                    g.comms.append(ident)
+                    if c.comm_name:
+                        g.names.append(c.comm_name)
+            if c.rank is not None:
+                g.ranks.add(c.rank)
+            if c.nranks is not None:
+                g.nranks.add(c.nranks)
+            g.pids.add((c.host, c.pid))
+        with_comm = {(c.host, c.pid) for c in comms}
+        for (host, pid, v), hits in index.items():
+            if v != var or (host, pid) in with_comm or (host, pid) not in m.processes:
+                continue
+            p = m.processes[(host, pid)]
+            env = _live_env(p)
+            value = env.get(var) if env is not None else "?"
+            g = _group(groups, value, hits[0][0].culprit or hits[0][0].code)
+            g.processes.append((host, pid))
+            g.pids.add((host, pid))
+        rows.append(Row(var, reference, basis, _ordered(groups, reference)))
+    return Verdict(rows, "communicators", witnesses, more)
+
+
+def _live_env(p) -> dict[str, str] | None:
+    from ncclprobe.diagnose.inprocess import env_at
+    return env_at(p, None)
+
+
+def _live_records(m: Model) -> list[dict]:
+    return [{"host": p.host, "pid": p.pid, "env": _live_env(p), "in_scope": True, "env_source": "exec", "stale": None}
+            for p in m.processes.values() if p.start_env is not None]
+
+
+def _run_sets(m: Model) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for run in m.runs:
+        prof = run.get("profile") if isinstance(run, dict) else None
+        if isinstance(prof, dict) and isinstance(prof.get("set"), dict):
+            out.update({str(k): str(v) for k, v in prof["set"].items()})
+    return out
+
+
+def _reference(var, expect, sets, root_env) -> tuple[str | None, str]:
+    if var in expect:
+        return expect[var], "expected"
+    if var in sets:
+        return sets[var], "set by ncclprobe run"
+    if root_env is not None:
+        return root_env.get(var), "root process"
+    return None, ""
+
+
+def for_processes(recs: list[Mapping], findings: list[Finding], expect: Mapping[str, str],
+                  sets: Mapping[str, str] | None = None, witnesses: list[str] | None = None,
+                  local_host: str | None = None) -> Verdict:
+    """The verdict over processes (inspect without communicators): each in-scope process's environment;
+    a process whose /proc block is known not to be its environment (fork child, clobbered) is unknown.
+    Records without a host (inspect's) are on local_host."""
+    if local_host is None:
+        import socket
+        local_host = socket.gethostname()
+    sets = dict(sets or {})
+    names = variables(expect, sets, findings)
+    index = _culprits(findings)
+    scoped = [r for r in recs if r.get("in_scope", True)]
+    root = next((r for r in scoped if r.get("env") is not None), None)
+    shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
+    rows = []
+    for var in shown:
+        reference, basis = _reference(var, expect, sets, (root or {}).get("env"))
+        groups: dict = {}
+        for r in scoped:
+            readable = r.get("env_source") == "exec" and not r.get("stale") and r.get("env") is not None
+            value = r["env"].get(var) if readable else "?"
+            host = r.get("host") or local_host
+            g = _group(groups, value, _culprit_of(index, host, r["pid"], var, None, value != reference))
+            g.processes.append((host, r["pid"]))
+            g.pids.add((host, r["pid"]))
+        rows.append(Row(var, reference, basis, _ordered(groups, reference)))
+    return Verdict(rows, "processes", witnesses or ["proc"], more)
+
+
+# ---- presentation ----------------------------------------------------------------------------------
+
+def ranges(nums) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
+    nums = sorted(set(nums))
+    out, i = [], 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def short_id(ident: str) -> str:
+    """A communicator's id on screen: its commHash's first hex digits, or its unique id's."""
+    return f"uid {ident[4:12]}" if ident.startswith("uid:") else ident[:SHORT_ID]
+
+
+def _who(g: Group) -> str:
+    parts = []
+    if g.comms:
+        n = len(g.comms)
+        names = g.names[:2] or [short_id(c) for c in g.comms[:2]]
+        label = ", ".join(names) + ("…" if n > 2 else "")
+        if g.ranks and max(g.nranks or {1}) > 1:
+            label += f", ranks {ranges(g.ranks)}"
+        elif len(g.pids) <= 2:
+            label += ", pid " + ", ".join(str(p) for _, p in sorted(g.pids))
+        parts.append(f"{n} comm{'s' if n != 1 else ''} ({label})")
+    if g.processes:
+        n = len(g.processes)
+        pids = sorted({p for _, p in g.processes})
+        label = "pid " + ranges(pids) if len(pids) <= 8 else f"{len(pids)} pids"
+        parts.append(f"{n} process{'es' if n != 1 else ''} ({label})")
+    hosts = {h for h, _ in g.pids if h}
+    text = " + ".join(parts)
+    if len(hosts) > 1:
+        text += f" on {len(hosts)} hosts"
+    return text
+
+
+def doc(v: Verdict) -> list:
+    title = (f"Verdict: what each {'communicator' if v.holders == 'communicators' else 'process'} ended up "
+             f"with (witnesses: {', '.join(v.witnesses) or 'none'})")
+    out: list = [Title(title)]
+    if v.note:
+        out.append(Text(v.note, "note"))
+    if not v.rows:
+        out.append(Text("No NCCL variable was set, expected (--expect) or named by a finding.", "dim"))
+        return out
+    rows = []
+    for r in v.rows:
+        parts = []
+        for g in r.groups:
+            value = "unset" if g.value is None else ("unknown" if g.value == "?" else g.value)
+            mark = " (expected)" if r.basis == "expected" and g.value == r.reference else ""
+            parts.append(f"{value}{mark}: {_who(g)}" + (f"; {g.culprit}" if g.culprit else ""))
+        rows.append([r.var, " · ".join(parts)])
+    out.append(Grid(rows))
+    if v.more_vars:
+        out.append(Text(f"+{v.more_vars} more variable(s): see --json (verdict.variables)", "dim"))
+    return out
