@@ -172,7 +172,6 @@ Findings (2 causes)
 [ERROR] LL128_ON_PCIE: NCCL_PROTO=LL128 (this environment) forces LL128, but 1 GPU pair(s) have no
 NVLink: LL128 relies on 128-byte stores arriving in order, which PCIe does not guarantee
     pairs: GPU0-GPU1 (NODE)
-    where: this environment
     hint: drop LL128 from NCCL_PROTO (e.g. NCCL_PROTO=LL,Simple); if it must stay, validate every
 result (`ncclprobe bench --check`), since NCCL's docs warn it can corrupt data
 [WARNING] P2P_LEVEL_LIMITS: 1 GPU pair(s) will not use P2P under NCCL default (PXB): NCCL moves
