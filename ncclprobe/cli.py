@@ -80,9 +80,12 @@ def main():
               help="Merge the in-process events of this log directory (default: NCCLPROBE_DIR of the target).")
 @click.option("--nccl-log", "nccl_logs", multiple=True, type=click.Path(dir_okay=False),
               help="Also read this NCCL_DEBUG=INFO log (repeatable).")
+@click.option("--show-wiring", is_flag=True,
+              help="Also show ncclprobe's own wiring (LD_PRELOAD, NCCL_*_PLUGIN, NCCLPROBE_*) in the tree.")
 @json_option
 @strict_option
-def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs, nccl_logs, as_json, strict):
+def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs, nccl_logs, show_wiring, as_json,
+            strict):
     """The exec-time view of the process tree under each PID: environment, NCCL libraries, GPUs,
     nccl.conf files, and where that view cannot be trusted."""
     if not pids and not pgrep:
@@ -96,7 +99,7 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
     try:
         result = _guarded("inspect", as_json, inspection.inspect_processes, list(pids), pgrep=pgrep,
                           expect=expect, scope=scope, all_vars=all_vars, redact=not no_redact,
-                          log_dirs=list(dirs), nccl_logs=list(nccl_logs))
+                          log_dirs=list(dirs), nccl_logs=list(nccl_logs), show_wiring=show_wiring)
     except inspection.UsageError as exc:
         raise click.UsageError(str(exc)) from None
     _emit(result, as_json, strict)
@@ -255,17 +258,52 @@ def bench(as_json, **opts):
 @main.command(context_settings=CONTEXT)
 @click.option("--real", is_flag=True, help="Use torch with the real NCCL on the GPUs present.")
 @click.option("--keep", is_flag=True, help="Keep the demo's log directory and say where it is.")
+@click.option("--show-wiring", is_flag=True, help="Also show ncclprobe's own wiring in the process tree.")
 @json_option
-def demo(real, keep, as_json):
+def demo(real, keep, show_wiring, as_json):
     """Replay the 'did my workers get NCCL_PROTO=LL?' story on a miniature server and diagnose it.
 
     Without --real it runs on ncclprobe's simulated NCCL (no GPU needed; labelled as simulated).
     The findings are the planted faults, so the exit code says whether the diagnosis was right:
     0 when every planted cause was named and nothing else was, 1 otherwise."""
     from ncclprobe import demo as demo_mod
-    result = _guarded("demo", as_json, demo_mod.run_demo, real=real, keep=keep)
+    result = _guarded("demo", as_json, demo_mod.run_demo, real=real, keep=keep, show_wiring=show_wiring)
     _emit(result, as_json)
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """--json among ncclprobe's own arguments (not CMD's, after `--` or the command of `run`)."""
+    return "--json" in (argv[:argv.index("--")] if "--" in argv else argv)
+
+
+def _command_of(argv: list[str]) -> str | None:
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def run_cli(argv: list[str] | None = None) -> None:
+    """The console entry point past --help: usage errors exit 2, as JSON under --json (error.reason
+    "usage_error"), as click's message otherwise."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = main.main(args=argv, prog_name="ncclprobe", standalone_mode=False)
+    except click.UsageError as exc:
+        if _wants_json(argv):
+            from ncclprobe import render
+            from ncclprobe.doc import Result
+            sub = exc.ctx.command.name if exc.ctx is not None and exc.ctx.command is not main else _command_of(argv)
+            render.render_json(Result(sub or "ncclprobe", data={"error": {
+                "message": exc.format_message(), "reason": "usage_error"}}))
+        else:
+            exc.show()
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.Abort:
+        click.echo("Aborted!", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    main()
+    run_cli()

@@ -80,10 +80,47 @@ class Result:
         return out
 
 
+# `error.reason` in JSON output (stable codes; schemas/error.json lists them with these meanings).
+ERROR_REASONS = {
+    "usage_error": "the command line is wrong (exit 2)",
+    "no_such_process": "a named PID is not running",
+    "vanished": "the process exited while it was read",
+    "permission": "the target belongs to another user, or ptrace rules forbid reading it",
+    "hidepid": "/proc is mounted with hidepid and hides the process",
+    "error": "the kernel refused the read for another reason (the message says which)",
+    "no_log_directory": "a named log directory does not exist",
+    "bad_log_directory": "a log directory is unsafe or unusable (symlink, another user's, not writable)",
+    "nothing_to_read": "no log directory and no NCCL log was given",
+    "empty_log_directory": "the log directories hold nothing usable",
+    "no_nccl_log": "a named NCCL log cannot be read",
+    "probe_library": "the probe library failed its self-check",
+    "not_built": "a native part of ncclprobe is missing: reinstall",
+    "no_interpreter": "--python does not name a working Python interpreter",
+    "no_site_packages": "the interpreter has no site-packages to install into",
+    "already_installed": "a boot probe is installed already (inject install --replace)",
+    "no_torch": "torch is not installed (bench, demo --real)",
+    "no_gpu": "no NVIDIA GPU is visible",
+    "not_enough_gpus": "fewer GPUs than asked for",
+    "no_nvml": "NVML cannot be loaded",
+    "demo_failed": "the demo's server did not come up",
+    "nothing_measured": "bench: every configuration failed",
+    "command_not_found": "run: CMD cannot be found (exit 127)",
+    "permission_denied": "run: CMD cannot be executed (exit 126)",
+    "interrupted": "stopped by a signal before it finished",
+}
+
+
+def reason_code(reason: str) -> str:
+    """A reason as its stable snake_case code ("no such process" -> "no_such_process")."""
+    code = "".join(ch if ch.isalnum() else "_" for ch in (reason or "error").split(":")[0].strip().lower())
+    code = "_".join(part for part in code.split("_") if part)
+    return code if code in ERROR_REASONS else "error"
+
+
 class Unexaminable(Exception):
     """The target cannot be examined at all (exit 3): no such process, no log directory, no GPU."""
 
     def __init__(self, message: str, reason: str = "", data: dict[str, Any] | None = None):
         super().__init__(message)
-        self.reason = reason
+        self.reason = reason_code(reason)
         self.data = data or {}

@@ -88,5 +88,5 @@ def main() -> None:
         sys.stdout.write(help_text())
         sys.stdout.flush()
         sys.exit(0)
-    from ncclprobe.cli import main as cli
-    cli(prog_name="ncclprobe")
+    from ncclprobe.cli import run_cli
+    run_cli()

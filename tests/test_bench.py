@@ -279,7 +279,7 @@ def test_no_gpu_points_to_gloo(monkeypatch):
     monkeypatch.setattr(command, "_visible_gpus", lambda: 0)
     with pytest.raises(Unexaminable) as err:
         command.bench_command(gpus=1)
-    assert err.value.reason == "no GPU" and "--backend gloo" in err.value.data["hint"]
+    assert err.value.reason == "no_gpu" and "--backend gloo" in err.value.data["hint"]
 
 
 def test_plot_without_matplotlib_fails_before_measuring(monkeypatch):
@@ -300,12 +300,12 @@ def test_without_torch_exit_3_with_the_install_line_before_any_worker(monkeypatc
     _no_measuring(monkeypatch)
     with pytest.raises(Unexaminable) as err:
         command.bench_command(**SMALL)
-    assert err.value.reason == "no torch"
+    assert err.value.reason == "no_torch"
     assert err.value.data["hint"] == "install the bench extra: pip install 'ncclprobe[bench]'"
     res = CliRunner().invoke(main, ["bench", "--backend", "gloo"])
     assert res.exit_code == 3 and "install the bench extra: pip install 'ncclprobe[bench]'" in res.output
     res = CliRunner().invoke(main, ["bench", "--gpus", "1", "--json"])  # the NCCL path says the same
-    assert res.exit_code == 3 and json.loads(res.stdout)["error"]["reason"] == "no torch"
+    assert res.exit_code == 3 and json.loads(res.stdout)["error"]["reason"] == "no_torch"
     assert _bench_dirs(tmp_path) == []
 
 

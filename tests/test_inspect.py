@@ -113,7 +113,7 @@ def test_unreadable_rows_and_blind_root(server):
 def test_no_such_pid_and_unreadable_root(server):
     with pytest.raises(Unexaminable) as exc:
         run_fake(server, [99999])
-    assert exc.value.reason == "no such process"
+    assert exc.value.reason == "no_such_process"
     with pytest.raises(Unexaminable) as exc:
         run_fake(server, [100], reader=FailingReader({(100, "stat"): PermissionError}))
     assert exc.value.reason == "permission"
@@ -273,7 +273,7 @@ def test_cli_nonexistent_pid_exits_3():
     r = cli("inspect", "999999999")
     assert r.returncode == 3 and "no such process" in r.stderr
     r = cli("inspect", "999999999", "--json")
-    assert r.returncode == 3 and json.loads(r.stdout)["error"]["reason"] == "no such process"
+    assert r.returncode == 3 and json.loads(r.stdout)["error"]["reason"] == "no_such_process"
 
 
 def test_cli_malformed_expect_exits_2():

@@ -160,7 +160,7 @@ def test_one_missing_pid_among_valid_ones():
     try:
         res = inspect_processes([p.pid, 999999999], gpu_lookup=NO_NVML)
         assert [r["pid"] for r in res.data["processes"]] == [p.pid]
-        assert {"pid": 999999999, "reason": "no such process", "given": True} in res.data["skipped"]
+        assert {"pid": 999999999, "reason": "no_such_process", "given": True} in res.data["skipped"]
         assert "pid 999999999 (given) not examined: no such process" in text_of(res)
         r = cli("inspect", str(p.pid), "999999999", "--json")
         assert r.returncode == 0 and [row["pid"] for row in json.loads(r.stdout)["processes"]] == [p.pid]
@@ -175,11 +175,11 @@ def test_explicit_missing_log_paths_exit_3(tmp_path):
     try:
         with pytest.raises(Unexaminable) as exc:
             inspect_processes([p.pid], log_dirs=[str(tmp_path / "nope")], gpu_lookup=NO_NVML)
-        assert exc.value.reason == "no log directory"
+        assert exc.value.reason == "no_log_directory"
         r = cli("inspect", str(p.pid), "--dir", str(tmp_path / "nope"))
         assert r.returncode == 3 and "no such log directory" in r.stderr
         r = cli("inspect", str(p.pid), "--nccl-log", str(tmp_path / "nope.log"), "--json")
-        assert r.returncode == 3 and json.loads(r.stdout)["error"]["reason"] == "no nccl log"
+        assert r.returncode == 3 and json.loads(r.stdout)["error"]["reason"] == "no_nccl_log"
     finally:
         stop(p)
 

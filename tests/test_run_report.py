@@ -77,7 +77,7 @@ def test_report_missing_or_empty_directory_exits_3(tmp_path):
     assert r.returncode == 3 and "no such log directory" in r.stderr
     (tmp_path / "empty").mkdir()
     r = cli("report", str(tmp_path / "empty"), "--json")
-    assert r.returncode == 3 and json.loads(r.stdout)["error"]["reason"] == "empty log directory"
+    assert r.returncode == 3 and json.loads(r.stdout)["error"]["reason"] == "empty_log_directory"
     assert cli("report").returncode == 2
 
 

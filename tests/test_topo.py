@@ -245,7 +245,7 @@ def test_no_nvml_cli_exit_3_and_json_reason(monkeypatch):
     res = CliRunner().invoke(main, ["topo", "--json"])
     assert res.exit_code == 3
     doc = json.loads(res.output)
-    assert doc["command"] == "topo" and doc["error"]["reason"] == "no NVML"
+    assert doc["command"] == "topo" and doc["error"]["reason"] == "no_nvml"
     assert "NVML Shared Library Not Found" in doc["error"]["topology"]["reason"]
 
 

@@ -4,6 +4,6 @@ The worker modules here are imported by the demo's own processes; the story itse
 `story` and is imported only when the demo runs."""
 
 
-def run_demo(real: bool = False, keep: bool = False):
+def run_demo(real: bool = False, keep: bool = False, show_wiring: bool = False):
     from ncclprobe.demo.story import run_demo as _run
-    return _run(real=real, keep=keep)
+    return _run(real=real, keep=keep, show_wiring=show_wiring)

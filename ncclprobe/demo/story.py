@@ -48,14 +48,14 @@ def _backend(real: bool) -> tuple[str, int]:
     return "torch", gpus
 
 
-def run_demo(real: bool = False, keep: bool = False) -> Result:
+def run_demo(real: bool = False, keep: bool = False, show_wiring: bool = False) -> Result:
     backend, tp = _backend(real)
     t0 = time.monotonic()
     d = Path(tempfile.mkdtemp(prefix="ncclprobe-demo-"))
     sync = d / "sync"
     sync.mkdir()
     try:
-        return _run(d, sync, backend, tp, t0, keep)
+        return _run(d, sync, backend, tp, t0, keep, show_wiring)
     finally:
         if not keep:
             shutil.rmtree(d, ignore_errors=True)
@@ -66,7 +66,7 @@ def _split_at_findings(doc: list) -> tuple[list, list]:
     return doc[:i], doc[i + 1:]
 
 
-def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool) -> Result:
+def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool, show_wiring: bool = False) -> Result:
     from ncclprobe import inspection, profile as profile_mod
     profile = profile_mod.from_cli([f"{k}={v}" for k, v in TUNING.items()], [], [])
     env = dict(os.environ)
@@ -85,7 +85,7 @@ def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool) -> R
             time.sleep(0.02)
         live = inspection.inspect_processes([group.proc.pid], pgrep=None, expect=dict(TUNING), scope="nccl",
                                             all_vars=False, redact=True, log_dirs=[], nccl_logs=[],
-                                            merge_probe_dirs=False)
+                                            merge_probe_dirs=False, show_wiring=show_wiring)
         (sync / "go").touch()
         rc = group.wait()
     finally:
