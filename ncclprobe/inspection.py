@@ -573,7 +573,7 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
     if gpu_reason:
         doc.append(Text(f"GPUs from open /dev/nvidia* files: {gpu_reason}", "dim"))
     for s in not_found:
-        doc.append(Text(f"pid {s['pid']} (given) not examined: {s['reason']}", "warn"))
+        doc.append(Text(f"pid {s['pid']} (given) not examined: {s['reason'].replace('_', ' ')}", "warn"))
     for s in tree.skipped:
         doc.append(Text(f"pid {s['pid']} skipped: {s['reason']} (exited mid-walk or refused)", "dim"))
     if tree.excluded:

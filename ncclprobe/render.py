@@ -22,6 +22,24 @@ _STYLES = {"": "", "note": "cyan", "warn": "yellow", "dim": "dim", "good": "gree
 _SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 
 
+# C0 controls, DEL and C1 controls from a target (argv, names, paths, values) never reach the terminal
+# as such: ESC[2J or an OSC 8 link in a command line is shown, not obeyed
+_CONTROLS = {i: f"\\x{i:02x}" for i in [*range(0x20), *range(0x7f, 0xa0)]}
+_CONTROLS.update({0x09: "\\t", 0x0a: "\\n", 0x0d: "\\r"})
+# lone surrogates: bytes of a non-UTF-8 argv (surrogateescape) shown as \xNN, never an encoding error
+_CONTROLS.update({i: f"\\x{i - 0xdc00:02x}" if 0xdc80 <= i < 0xdd00 else f"\\u{i:04x}" for i in range(0xd800, 0xe000)})
+
+
+def clean(text) -> str:
+    text = str(text)
+    return text if text.isprintable() else text.translate(_CONTROLS)
+
+
+def _t(text) -> str:
+    """Target-derived text, safe to print: controls made visible, rich markup escaped."""
+    return escape(clean(text))
+
+
 def console(stream: TextIO | None = None, width: int | None = None, color: bool | None = None) -> Console:
     stream = stream or sys.stdout
     tty = stream.isatty() if color is None else color
@@ -57,13 +75,13 @@ def render_text(result: Result, stream: TextIO | None = None, width: int | None 
 
 def _node(con: Console, node, plain: bool) -> None:
     if isinstance(node, Title):
-        con.print(f"[bold]{escape(node.text)}[/bold]" if not plain else node.text)
+        con.print(f"[bold]{_t(node.text)}[/bold]" if not plain else _t(node.text))
     elif isinstance(node, Text):
-        con.print(escape(node.text), style=_STYLES.get(node.style, ""))
+        con.print(_t(node.text), style=_STYLES.get(node.style, ""))
     elif isinstance(node, Table) and node.compact:
         for i, line in enumerate(compact_lines(node, con.width)):
             header = i == (1 if node.title else 0)
-            con.print(escape(line), no_wrap=True, crop=True, overflow="ignore", style="bold" if header and not plain else "")
+            con.print(_t(line), no_wrap=True, crop=True, overflow="ignore", style="bold" if header and not plain else "")
     elif isinstance(node, Table):
         con.print(_table(node, plain))
     elif isinstance(node, Tree):
@@ -72,9 +90,9 @@ def _node(con: Console, node, plain: bool) -> None:
         con.print(_grid(node.rows))
     elif isinstance(node, Records):
         if node.title:
-            con.print(f"[bold]{escape(node.title)}[/bold]" if not plain else node.title)
+            con.print(f"[bold]{_t(node.title)}[/bold]" if not plain else _t(node.title))
         for heading, fields in node.items:
-            con.print(escape(heading), style="bold" if not plain else "")
+            con.print(_t(heading), style="bold" if not plain else "")
             con.print(_grid(fields, indent=2))
 
 
@@ -83,7 +101,7 @@ def _grid(rows, indent: int = 0) -> RichTable:
     g.add_column(no_wrap=True, style="bold" if indent == 0 else "")
     g.add_column(overflow="fold")
     for label, text in rows:
-        g.add_row(" " * indent + escape(str(label)), escape(str(text)))
+        g.add_row(" " * indent + _t(str(label)), _t(str(text)))
     return g
 
 
@@ -94,19 +112,19 @@ def _findings(con: Console, result: Result, plain: bool) -> None:
         con.print(f"Findings ({n} cause{'s' if n != 1 else ''})" if plain else f"[bold]Findings[/bold] ({n} cause{'s' if n != 1 else ''})")
         for f in sort_findings(result.findings):
             tag = f"[{f.severity.upper()}]"
-            con.print(f"{escape(tag)} {f.code}: {escape(shorten_paths(f.message))}",
+            con.print(f"{_t(tag)} {f.code}: {_t(shorten_paths(f.message))}",
                       style=_SEVERITY_STYLE[f.severity] if not plain else "")
             scope = scope_line(f)
             if scope:
-                con.print(f"    scope: {escape(scope)}")
+                con.print(f"    scope: {_t(scope)}")
             for k, v in f.evidence.items():
                 if k in ("t", "merged") or k.endswith("_at") and isinstance(v, float):
                     continue  # unix times and per-instance evidence: in --json, not worth a line here
                 if isinstance(v, str) and len(v) > 12 and v in f.message:
                     continue  # already in the message
-                con.print(f"    {escape(str(k))}: {escape(shorten_paths(_short(v)))}")
+                con.print(f"    {_t(str(k))}: {_t(shorten_paths(_short(v)))}")
             if f.hint:
-                con.print(f"    hint: {escape(shorten_paths(f.hint))}", style="green" if not plain else "")
+                con.print(f"    hint: {_t(shorten_paths(f.hint))}", style="green" if not plain else "")
     elif result.command in DIAGNOSING and any(isinstance(n, (Table, Tree, Records, Grid)) for n in result.doc):
         con.print()
         con.print("No findings.")
@@ -170,12 +188,12 @@ def _table(node: Table, plain: bool) -> RichTable:
     for col in node.columns:
         t.add_column(col, overflow="fold")
     for row in node.rows:
-        t.add_row(*(escape(str(c)) for c in row))
+        t.add_row(*(_t(str(c)) for c in row))
     return t
 
 
 def _tree(node: Tree, parent: RichTree | None = None) -> RichTree:
-    label = escape(node.label)
+    label = _t(node.label)
     style = _STYLES.get(node.style, "")
     branch = RichTree(label, style=style, guide_style="dim") if parent is None else parent.add(label, style=style)
     for child in node.children:
@@ -185,6 +203,6 @@ def _tree(node: Tree, parent: RichTree | None = None) -> RichTree:
 
 def error(message: str, hint: str = "") -> None:
     con = console(sys.stderr)
-    con.print(f"error: {escape(message)}", style="bold red" if con.is_terminal else "")
+    con.print(f"error: {_t(message)}", style="bold red" if con.is_terminal else "")
     if hint:
-        con.print(f"hint: {escape(hint)}")
+        con.print(f"hint: {_t(hint)}")

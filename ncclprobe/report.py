@@ -15,6 +15,8 @@ from ncclprobe.model import CommView, Model
 SHOWN_VARS_MAX = 8
 # witness -> its name in the processes table (one line per process at 80 columns)
 WITNESS_SHORT = {"boot": "boot", "preload": "pre", "profiler": "prof", "envplugin": "env", "nccl-log": "log"}
+WITNESS_WORDS = {"boot": "boot probe", "preload": "preload hook", "profiler": "profiler plugin",
+                 "envplugin": "env plugin", "nccl-log": "NCCL's log"}
 
 
 def load(dirs, nccl_logs=()) -> Model:
@@ -216,9 +218,11 @@ def model_doc(m: Model) -> list:
         row = [_pids(pids), str(ppid or "?"), verdict.ranges(ranks) or "-", sources, cmd]
         table.append([host, *row] if len(hosts) > 1 else row)
     cols = ["pid", "ppid", "ranks", "witnesses", "command"]
-    legend = "witnesses: " + ", ".join(f"{v} {k}" for k, v in WITNESS_SHORT.items())
-    doc: list = [Title("Processes"), Table(["host", *cols] if len(hosts) > 1 else cols, table, compact=True),
-                 Text(legend, "dim")]
+    used = {s for p in procs for s in p.sources}
+    legend = ", ".join(f"{WITNESS_SHORT[k]} = {WITNESS_WORDS[k]}" for k in WITNESS_SHORT if k in used)
+    doc: list = [Title("Processes"), Table(["host", *cols] if len(hosts) > 1 else cols, table, compact=True)]
+    if legend:
+        doc.append(Text(f"witnesses: {legend}", "dim"))
     boot_expected = any(r.get("boot") for r in m.runs)
     blind = [p for p in procs if boot_expected and "boot" not in p.sources]
     if blind:

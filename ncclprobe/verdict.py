@@ -8,9 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ncclprobe import wiring
 from ncclprobe.doc import Grid, Text, Title
 from ncclprobe.findings import Finding
 from ncclprobe.model import CommView, Model, NcclRead
+from ncclprobe.watched import is_watched
 
 MAX_VARS = 8
 SHORT_ID = 10  # "0x716f11d6": enough to tell a job's communicators apart on screen (JSON has the whole id)
@@ -99,12 +101,18 @@ def effective(m: Model, c: CommView, var: str) -> tuple[bool, str | None]:
 
 # ---- building --------------------------------------------------------------------------------------
 
-def variables(expect: Mapping[str, str], sets: Mapping[str, str], findings: list[Finding]) -> list[str]:
+def variables(expect: Mapping[str, str], sets: Mapping[str, str], findings: list[Finding],
+              envs=()) -> list[str]:
+    """The variables the verdict is about: expected, set by `run`, named by a finding; with none of
+    those, the NCCL tuning variables the holders' environments have."""
+    from ncclprobe.diagnose.inprocess import is_tuning
     names = list(expect) + [v for v in sets if v not in expect]
     for f in findings:
         if f.severity != "info":
             names += [v for v in f.all_vars if v.startswith("NCCL_") and v not in names]
-    return list(dict.fromkeys(names))
+    if not names:
+        names = sorted({v for env in envs if env for v in env if is_tuning(v)})
+    return [v for v in dict.fromkeys(names) if is_watched(v)]  # others may be secrets: findings only
 
 
 def _culprits(findings: list[Finding]) -> dict[tuple, list[tuple[Finding, str | None]]]:
@@ -151,8 +159,8 @@ def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str], sets
     with no communicator, over the processes' live environments (`processes`: inspect's records add the
     exec-time view of processes no probe saw)."""
     sets = dict(sets if sets is not None else _run_sets(m))
-    names = variables(expect, sets, findings)
     comms = [c for c in m.comms if c.ok]
+    names = variables(expect, sets, findings, [c.env for c in comms])
     witnesses = sorted({s for p in m.processes.values() for s in p.sources} | {s for c in m.comms for s in c.seen_by})
     if not comms:
         v = for_processes(_live_records(m) + list(processes or []), findings, expect, sets, witnesses)
@@ -237,9 +245,9 @@ def for_processes(recs: list[Mapping], findings: list[Finding], expect: Mapping[
         import socket
         local_host = socket.gethostname()
     sets = dict(sets or {})
-    names = variables(expect, sets, findings)
     index = _culprits(findings)
     scoped = [r for r in recs if r.get("in_scope", True)]
+    names = variables(expect, sets, findings, [wiring.job_env(r.get("env")) for r in scoped])
     root = next((r for r in scoped if r.get("env") is not None), None)
     shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
     rows = []
@@ -269,7 +277,7 @@ def ranges(nums) -> str:
             j += 1
         out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
         i = j + 1
-    return ",".join(out)
+    return ", ".join(out)
 
 
 def short_id(ident: str) -> str:

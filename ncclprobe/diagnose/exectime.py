@@ -12,10 +12,12 @@ from collections.abc import Mapping
 
 from ncclprobe import wiring
 from ncclprobe.findings import Finding
+from ncclprobe.watched import is_watched
 
 Kinds = list[tuple[Mapping, list[int]]]  # kinds_of: a group's first record, the pids of all
 LIVE_VIEW = ("`ncclprobe run -- CMD` (or `ncclprobe inject install`) records the live environment "
              "from inside each process")
+NOT_SHOWN = "<not shown: outside the watched set>"
 PTRACE_HINT = ("run ncclprobe as the processes' user, as root, or with CAP_SYS_PTRACE; in a container "
                "run it inside the same PID namespace (docker --pid=host / kubectl debug --target)")
 
@@ -189,7 +191,9 @@ def expectations(kinds: Kinds, by_pid: Mapping[int, Mapping], expect: Mapping[st
         pids_t = tuple(sorted(pids))
         # Where to fix it: the nearest ancestor that still has the expected value.
         origin = _last_good_ancestor(by_pid, pids_t[0], var, want)
-        ev = {"expected": want, "commands": sorted({_cmd(by_pid[p]) for p in pids_t})[:5]}
+        # a variable outside the watched set may be a secret: compared, never shown (DESIGN §4)
+        shown = is_watched(var)
+        ev = {"expected": want if shown else NOT_SHOWN, "commands": sorted({_cmd(by_pid[p]) for p in pids_t})[:5]}
         if origin:
             ev["last_had_it"] = origin["pid"]
         where = (f"it is lost between pid {origin['pid']} ({_cmd(origin)}) and these processes: check the "
@@ -197,11 +201,13 @@ def expectations(kinds: Kinds, by_pid: Mapping[int, Mapping], expect: Mapping[st
                  "export it in the environment that starts the server's root process (or use "
                  "`ncclprobe run --set`)")
         if code == "ENV_MISSING":
-            msg = f"{var} expected {want!r} but absent from {len(pids)} process(es)"
+            msg = f"{var} expected {want!r} but absent from {len(pids)} process(es)" if shown else \
+                f"{var} is expected but absent from {len(pids)} process(es)"
         else:
-            ev["value"] = have
-            msg = f"{var} is {have!r} in {len(pids)} process(es), expected {want!r}"
-        out.append(Finding(code, "error", msg, pids_t, var, ev, f"set {var}={want}: {where}",
+            ev["value"] = have if shown else NOT_SHOWN
+            msg = f"{var} is {have!r} in {len(pids)} process(es), expected {want!r}" if shown else \
+                f"{var} differs from the expected value in {len(pids)} process(es)"
+        out.append(Finding(code, "error", msg, pids_t, var, ev, f"set {var}{'=' + want if shown else ''}: {where}",
                            culprit=f"lost after pid {origin['pid']}" if origin else "not in the root's environment"))
     return out
 

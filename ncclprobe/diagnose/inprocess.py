@@ -9,6 +9,7 @@ from collections import defaultdict
 from ncclprobe import tuning, wiring
 from ncclprobe.findings import Finding, at
 from ncclprobe.model import CommView, Model, ProcessView
+from ncclprobe.watched import is_watched
 
 # Variables that legitimately differ between processes or communicators, or only steer diagnostics.
 NOT_TUNING_PREFIXES = ("NCCL_DEBUG", "NCCLPROBE_", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN",
@@ -324,10 +325,11 @@ def env_expected(m: Model, expect: dict[str, str]) -> list[Finding]:
     if not expect:
         return out
     dropped = {(p.host, p.pid): set(edge) for p, _, edge in _spawn_edges(m)}
+    watched = {var: want for var, want in expect.items() if is_watched(var)}  # the probes record no other
     for c in m.comms:
         if c.env is None:
             continue
-        for var, want in expect.items():
+        for var, want in watched.items():
             have = c.env.get(var)
             if have == want or var in dropped.get((c.host, c.pid), ()):
                 continue
