@@ -414,8 +414,12 @@ class _Context:
         key = (self._root_key(p), path)
         hit = self._text.get(key)
         if hit is None:
+            fd_path = self._fd_path(p, path)
+            if fd_path is None and p.root is None:  # /proc/<pid>/root refused or gone: so is every path in it
+                raise conffiles.NotVisible(f"pid {p.pid}'s root (/proc/{p.pid}/root) cannot be entered "
+                                           f"({p.root_reason})")
             try:
-                hit = _read_regular(self._fd_path(p, path) or self.fs.in_root(p, path))
+                hit = _read_regular(fd_path or self.fs.in_root(p, path))
             except OSError as exc:
                 hit = exc
             self._text[key] = hit
@@ -549,9 +553,7 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
             t.children.append(Tree(f"GPUs: {g} ({r['gpus_source'] or r['gpus_reason']})"
                                    + (f"  CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "")))
         for conf in r["conf_files"] or []:
-            applied = [f"{e['var']}={e['value']}" for e in conf["entries"] if e["effect"] == "applies"]
-            label = f"{conf['role']} {conf['path']}: " + (", ".join(applied) or conf["reason"] or "nothing applies")
-            t.children.append(Tree(label, style="note"))
+            t.children.append(Tree(conffiles.describe(conf), style="note"))
         for child in sorted(kids.get(pid, [])):
             if child not in drawn:
                 t.children.append(node(child))
