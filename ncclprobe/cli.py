@@ -84,9 +84,14 @@ def main():
 @strict_option
 def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs, nccl_logs, as_json, strict):
     """The exec-time view of the process tree under each PID: environment, NCCL libraries, GPUs,
-    nccl.conf files, and where that view cannot be trusted."""
+    nccl.conf files, and where that view cannot be trusted.
+
+    A PID that is not there makes the exit code 3; the others are still shown (JSON: missing_pids)."""
     if not pids and not pgrep:
         raise click.UsageError("give at least one PID or --pgrep PATTERN")
+    if no_redact and not all_vars:
+        raise click.UsageError("--no-redact needs --all-vars: without it only watched variables are shown, "
+                               "and none of them is redacted")
     from ncclprobe.envfile import read_env_file
     expect = {}
     if expect_file:

@@ -10,9 +10,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ncclprobe import conffiles, elf, events, procs, shells
+from ncclprobe import conffiles, elf, events, procaccess, procs, shells
 from ncclprobe.diagnose import exectime
 from ncclprobe.doc import Result, Text, Title, Tree, Unexaminable
+from ncclprobe.findings import EXIT_UNEXAMINABLE
 from ncclprobe.watched import REDACTED, is_watched, looks_secret, select
 
 _ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
@@ -65,7 +66,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     ctx = _Context(fs, tree, all_vars, redact, expect, gpu_map, gpu_reason)
     recs = [ctx.record(p) for p in tree.procs.values()]
     by_pid = {r["pid"]: r for r in recs}
-    notes = _scope(recs, scope)
+    notes = _scope(recs, scope) + _exited(recs)
     for r in recs:
         parent = by_pid.get(r["ppid"])
         r["stale"] = exectime.stale_kind(r, parent)
@@ -75,12 +76,16 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     _refuse_if_blind(recs, roots)
     pitfalls = ctx.shell_pitfalls()
     findings = exectime.all_rules(recs, expect, pitfalls)
+    # a PID named on the command line that is not there (or went during the walk) fails the command
+    missing = sorted({s["pid"] for s in not_found} | {s["pid"] for s in tree.skipped if s["pid"] in pids})
     data = {"roots": tree.roots, "expect": expect, "scope": scope,
             "processes": _public(recs),
-            "skipped": not_found + tree.skipped, "excluded": tree.excluded,
+            "skipped": not_found + tree.skipped, "missing_pids": missing, "excluded": tree.excluded,
             "gpu_source": "nvml" if not gpu_reason else "fds", "gpu_reason": gpu_reason or None}
     result = _InspectResult("inspect", findings, data,
                             lambda: _document(recs, tree, notes, gpu_reason, not_found))
+    if missing:
+        result.code = EXIT_UNEXAMINABLE
     dirs = list(log_dirs or []) or (sorted({d for p in tree.procs.values() if p.env and p.env.env
                                             for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
                                     if merge_probe_dirs else [])
@@ -160,6 +165,12 @@ def _public(recs: list[dict]) -> list[dict]:
     return list(recs)
 
 
+def _exited(recs: list[dict]) -> list[str]:
+    """Processes that exited between their stat and their environ: a note, not a finding."""
+    gone = [r["pid"] for r in recs if r["env_source"] == "unreadable" and r["env_reason"] == "vanished"]
+    return [f"Exited during the scan (environment not read): pid {', '.join(map(str, gone))}."] if gone else []
+
+
 def _refuse_if_blind(recs: list[dict], roots: list[int]) -> None:
     """A root whose whole tree is unreadable cannot be examined at all (exit 3)."""
     if recs and all(r["env_source"] == "unreadable" and r["env_reason"] in ("permission", "hidepid") for r in recs):
@@ -198,6 +209,7 @@ class _Context:
         self._elf: dict[tuple, elf.ElfInfo] = {}
         self._text: dict[tuple, str | OSError] = {}
         self._users: dict[int, str] = {}
+        self._viewer: procaccess.Viewer | None = None
         self._argv: dict[int, tuple[list[str], list[str], str]] = {}
         self._alike: dict[tuple, tuple] = {}
         # Per-tree memos keyed by the identity of what procs.ProcFS shares between processes (the
@@ -284,6 +296,7 @@ class _Context:
             "env": (watched if not self.all_vars else self.select(env, True))
                    if block and block.source != "unreadable" else None,
             "env_size": block.size if block else 0,
+            "env_denied_by": self.denied_by(p) if block and block.reason == "permission" else None,
             "cuda_visible_devices": (env or {}).get("CUDA_VISIBLE_DEVICES"),
             "nccl_libs": libs, "nccl_callers": callers, "maps_reason": maps_reason,
             "gpus": gpus, "gpus_source": gpus_source, "gpus_reason": gpus_reason,
@@ -296,6 +309,12 @@ class _Context:
         if p.cmdline_reason:
             rec["notes"].append(f"cmdline: {p.cmdline_reason}")
         return rec
+
+    def denied_by(self, p: procs.Proc) -> str:
+        """Which condition of ptrace access refused p's environ (procaccess), for refused processes only."""
+        if self._viewer is None:
+            self._viewer = procaccess.viewer()
+        return procaccess.denied_by(self.fs, p.pid, p.uid, self._viewer)
 
     def user(self, uid: int | None) -> str | None:
         if uid is None:
@@ -567,7 +586,7 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
     if gpu_reason:
         doc.append(Text(f"GPUs from open /dev/nvidia* files: {gpu_reason}", "dim"))
     for s in not_found:
-        doc.append(Text(f"pid {s['pid']} (given) not examined: {s['reason']}", "warn"))
+        doc.append(Text(f"pid {s['pid']} (given) not examined: {s['reason']} (exit code 3)", "warn"))
     for s in tree.skipped:
         doc.append(Text(f"pid {s['pid']} skipped: {s['reason']} (exited mid-walk or refused)", "dim"))
     if tree.excluded:
