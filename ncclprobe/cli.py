@@ -196,11 +196,18 @@ def inject_uninstall(python, as_json):
 @click.option("--list", "list_all", is_flag=True, help="List every variable the catalog knows.")
 @json_option
 def explain(var, list_all, as_json):
-    """What NCCL does with VAR: cached per process or re-read per communicator, default, values."""
+    """What NCCL does with VAR: cached per process or re-read per communicator, default, values.
+
+    A VAR the catalog does not know is a usage error (exit 2), with the nearest known names."""
     from ncclprobe import catalog
     if not var and not list_all:
         raise click.UsageError("give a variable name or --list")
+    if var and list_all:
+        raise click.UsageError(f"give a variable name or --list, not both ({var} and --list)")
     result = catalog.explain_list() if list_all else catalog.explain(var)
+    error = result.data.get("error")
+    if error and not as_json:  # an unknown name is a usage error (exit 2): on stderr, with the nearest names
+        raise click.UsageError(error["message"])
     _emit(result, as_json)
 
 
