@@ -164,13 +164,24 @@ def inject():
 @click.option("--set-default", "defaults", multiple=True, metavar="K=V", help="Set it only where absent.")
 @click.option("--pin", "pins", multiple=True, metavar="K", help="Refuse in-process writes to K.")
 @click.option("--dir", "log_dir", type=click.Path(file_okay=False), help="Log directory for the events.")
+@click.option("--replace", is_flag=True,
+              help="Replace a probe installed with another profile or log directory (never merged).")
 @json_option
-def inject_install(python, sets, defaults, pins, log_dir, as_json):
-    """Write the boot probe (.pth, module, PEP 829 .start) into the interpreter's site-packages."""
+def inject_install(python, sets, defaults, pins, log_dir, replace, as_json):
+    """Write the boot probe (.pth, module, PEP 829 .start) into the interpreter's site-packages.
+
+    A probe already installed there with another profile (--set, --set-default, --pin) or log
+    directory is left as it is and the command fails (exit 2), naming the installed variables;
+    --replace installs this profile in its place (profiles are not merged). The same profile and
+    directory again just rewrite the probe's files."""
     from ncclprobe import inject as inject_mod, profile as profile_mod
     profile = _guarded("inject install", as_json, profile_mod.from_cli, sets, defaults, pins)
-    _emit(_guarded("inject install", as_json, inject_mod.install, python, profile=profile, log_dir=log_dir),
-          as_json)
+    try:
+        result = _guarded("inject install", as_json, inject_mod.install, python, profile=profile,
+                          log_dir=log_dir, replace=replace)
+    except inject_mod.InstalledDiffers as exc:
+        raise click.UsageError(str(exc)) from None
+    _emit(result, as_json)
 
 
 @inject.command("status", context_settings=CONTEXT)
