@@ -354,15 +354,18 @@ def _cache_label(info: VarInfo) -> str:
 
 def explain(var: str) -> Result:
     info = get(var)
-    if info is None:
+    if info is None:  # a usage error (exit 2): the name, not the system, is what is wrong
         names = suggest(var)
-        msg = f"{var!r} is not in the catalog of NCCL variables."
-        doc = [Text(msg, "warn")]
-        doc.append(Text("Did you mean: " + ", ".join(names) + "?" if names else
-                        "Run `ncclprobe explain --list` for the known variables.", "note"))
+        msg = f"{var!r} is not in the catalog of NCCL variables"
+        if not names:
+            msg += " (`ncclprobe explain --list` lists them)"
+        elif len(names) == 1:
+            msg += f"; did you mean {names[0]}?"
+        else:
+            msg += f"; did you mean one of {', '.join(names)}?"
         return Result("explain", data={"variable": None, "query": var, "suggestions": names,
                                        "error": {"message": msg, "reason": "unknown_variable"}},
-                      doc=doc, code=2)
+                      doc=[Text(msg, "warn")], code=2)
     rows = [["affects", info.affects], ["default", info.default], ["values", info.values],
             ["read since", version_text(info.since)]]
     for r in info.readings:

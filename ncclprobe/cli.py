@@ -87,9 +87,14 @@ def main():
 def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs, nccl_logs, show_wiring, as_json,
             strict):
     """The exec-time view of the process tree under each PID: environment, NCCL libraries, GPUs,
-    nccl.conf files, and where that view cannot be trusted."""
+    nccl.conf files, and where that view cannot be trusted.
+
+    A PID that is not there makes the exit code 3; the others are still shown (JSON: missing_pids)."""
     if not pids and not pgrep:
         raise click.UsageError("give at least one PID or --pgrep PATTERN")
+    if no_redact and not all_vars:
+        raise click.UsageError("--no-redact needs --all-vars: without it only watched variables are shown, "
+                               "and none of them is redacted")
     from ncclprobe.envfile import read_env_file
     expect = {}
     if expect_file:
@@ -162,13 +167,24 @@ def inject():
 @click.option("--set-default", "defaults", multiple=True, metavar="K=V", help="Set it only where absent.")
 @click.option("--pin", "pins", multiple=True, metavar="K", help="Refuse in-process writes to K.")
 @click.option("--dir", "log_dir", type=click.Path(file_okay=False), help="Log directory for the events.")
+@click.option("--replace", is_flag=True,
+              help="Replace a probe installed with another profile or log directory (never merged).")
 @json_option
-def inject_install(python, sets, defaults, pins, log_dir, as_json):
-    """Write the boot probe (.pth, module, PEP 829 .start) into the interpreter's site-packages."""
+def inject_install(python, sets, defaults, pins, log_dir, replace, as_json):
+    """Write the boot probe (.pth, module, PEP 829 .start) into the interpreter's site-packages.
+
+    A probe already installed there with another profile (--set, --set-default, --pin) or log
+    directory is left as it is and the command fails (exit 2), naming the installed variables;
+    --replace installs this profile in its place (profiles are not merged). The same profile and
+    directory again just rewrite the probe's files."""
     from ncclprobe import inject as inject_mod, profile as profile_mod
     profile = _guarded("inject install", as_json, profile_mod.from_cli, sets, defaults, pins)
-    _emit(_guarded("inject install", as_json, inject_mod.install, python, profile=profile, log_dir=log_dir),
-          as_json)
+    try:
+        result = _guarded("inject install", as_json, inject_mod.install, python, profile=profile,
+                          log_dir=log_dir, replace=replace)
+    except inject_mod.InstalledDiffers as exc:
+        raise click.UsageError(str(exc)) from None
+    _emit(result, as_json)
 
 
 @inject.command("status", context_settings=CONTEXT)
@@ -194,11 +210,18 @@ def inject_uninstall(python, as_json):
 @click.option("--list", "list_all", is_flag=True, help="List every variable the catalog knows.")
 @json_option
 def explain(var, list_all, as_json):
-    """What NCCL does with VAR: cached per process or re-read per communicator, default, values."""
+    """What NCCL does with VAR: cached per process or re-read per communicator, default, values.
+
+    A VAR the catalog does not know is a usage error (exit 2), with the nearest known names."""
     from ncclprobe import catalog
     if not var and not list_all:
         raise click.UsageError("give a variable name or --list")
+    if var and list_all:
+        raise click.UsageError(f"give a variable name or --list, not both ({var} and --list)")
     result = catalog.explain_list() if list_all else catalog.explain(var)
+    error = result.data.get("error")
+    if error and not as_json:  # an unknown name is a usage error (exit 2): on stderr, with the nearest names
+        raise click.UsageError(error["message"])
     _emit(result, as_json)
 
 

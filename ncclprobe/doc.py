@@ -97,7 +97,7 @@ ERROR_REASONS = {
     "not_built": "a native part of ncclprobe is missing: reinstall",
     "no_interpreter": "--python does not name a working Python interpreter",
     "no_site_packages": "the interpreter has no site-packages to install into",
-    "already_installed": "a boot probe is installed already (inject install --replace)",
+    "unknown_variable": "explain: the name is not in the catalog of NCCL variables (exit 2)",
     "no_torch": "torch is not installed (bench, demo --real)",
     "no_gpu": "no NVIDIA GPU is visible",
     "not_enough_gpus": "fewer GPUs than asked for",

@@ -139,22 +139,37 @@ def _quiet_env() -> dict[str, str]:
     return {**os.environ, _boot.OFF_VAR: "off"}
 
 
+_ANSWER = ("executable", "prefix", "base_prefix", "purelib", "version", "cache_tag")
+
+
+def _echoes_query(line: str) -> bool:
+    """Whether a line repeats part of _QUERY: a program that is no Python names the arguments it got."""
+    return any(_QUERY[i:i + 16] in line for i in range(0, len(_QUERY) - 16, 8))
+
+
 def interpreter(python: str | None) -> dict:
     """Facts about the target interpreter, asked of the interpreter itself (-I: its own view, not
-    this process's PYTHONPATH or user site)."""
+    this process's PYTHONPATH or user site). What a program that is not Python prints is never
+    shown: it would repeat the query."""
     exe = python or sys.executable
     try:
         proc = subprocess.run([exe, "-I", "-c", _QUERY], capture_output=True, text=True, timeout=60,
-                              env=_quiet_env())
+                              stdin=subprocess.DEVNULL, env=_quiet_env(), errors="backslashreplace")
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise Unexaminable(f"cannot run the interpreter {exe}: {exc}", reason="no interpreter") from None
     if proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-1:] or [""]
-        raise Unexaminable(f"{exe} is not a working Python interpreter ({tail[0]})", reason="no interpreter")
+        tail = (proc.stderr.strip().splitlines() or [""])[-1][:200]
+        if not tail or _echoes_query(tail):
+            raise Unexaminable(f"{exe} is not a Python interpreter (it exited with status {proc.returncode})",
+                               reason="no interpreter")
+        raise Unexaminable(f"{exe} is not a working Python interpreter ({tail})", reason="no interpreter")
     try:
         info = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise Unexaminable(f"{exe} did not answer like a Python interpreter", reason="no interpreter") from None
+        info = None
+    if not isinstance(info, dict) or not all(isinstance(info.get(k), str) for k in _ANSWER):
+        raise Unexaminable(f"{exe} is not a Python interpreter (it did not answer ncclprobe's query)",
+                           reason="no interpreter")
     info["site_packages"] = info["purelib"]
     return info
 
@@ -192,9 +207,40 @@ def _installed_files(sp: Path) -> list[Path]:
 
 # ---------------------------------------------------------------------------- persistent mode
 
-def install(python: str | None = None, profile: Profile | None = None, log_dir: str | Path | None = None) -> Result:
+class InstalledDiffers(Exception):
+    """A probe is installed with another profile or log directory, and replace was not asked for
+    (the CLI makes it a usage error, exit 2). The message names variables, never their values."""
+
+
+def _installed_profile(config: Mapping) -> Profile | None:
+    try:
+        return parse_profile(config.get("profile", ""), "installed profile")
+    except ValueError:
+        return None
+
+
+def _names(profile: Profile | None) -> str:
+    """`set NCCL_PROTO, HF_TOKEN; pin NCCL_PROTO`: what a profile touches, without a value."""
+    if profile is None:
+        return "an unreadable profile"
+    parts = [f"{op} {', '.join(names)}" for op, names in (
+        ("set", [k for k, _ in profile.sets]), ("default", [k for k, _ in profile.defaults]),
+        ("pin", list(profile.pins))) if names]
+    return "; ".join(parts) or "no profile"
+
+
+def _log_dir_label(log_dir: str | None) -> str:
+    return f"log directory {log_dir}" if log_dir else "the default log directory"
+
+
+def install(python: str | None = None, profile: Profile | None = None, log_dir: str | Path | None = None,
+            replace: bool = False) -> Result:
     """Write the probe into the site-packages of `python` (default: this interpreter), atomically:
-    every file is written under a temporary name first, then renamed into place, the .pth last."""
+    every file is written under a temporary name first, then renamed into place, the .pth last.
+
+    A probe installed there already with another profile or log directory is kept (InstalledDiffers)
+    unless `replace`: then this profile replaces it whole; profiles are never merged. The same
+    profile and directory again just rewrite the files (a newer ncclprobe's probe)."""
     info = interpreter(python)
     sp = _site(info)
     profile = profile or Profile()
@@ -207,6 +253,18 @@ def install(python: str | None = None, profile: Profile | None = None, log_dir: 
     config = {"log_dir": str(Path(log_dir).expanduser().absolute()) if log_dir else None,
               "profile": profile.to_text(), "entries": [list(e) for e in profile.entries()], "installed_at": round(time.time(), 3), "ncclprobe": __version__,
               "pycache_created": (previous or {}).get("pycache_created", not pycache.exists())}
+    replaced = None
+    if previous is not None and (previous.get("profile") != config["profile"]
+                                 or previous.get("log_dir") != config["log_dir"]):
+        old = _installed_profile(previous)
+        if not replace:
+            raise InstalledDiffers(
+                f"the boot probe is already installed in {info['executable']} with another configuration. "
+                f"Installed: {_names(old)}, {_log_dir_label(previous.get('log_dir'))}. "
+                f"This install: {_names(profile)}, {_log_dir_label(config['log_dir'])}. Nothing was changed: "
+                "give --replace to install this one in its place (profiles are not merged), or run "
+                "`ncclprobe inject uninstall` first.")
+        replaced = (old, previous.get("log_dir"))
     source = _boot_source()
     if source.count(INSTALLED_LINE) != 1:
         raise Unexaminable("the boot probe has no INSTALLED line to configure", reason="not built")
@@ -219,7 +277,7 @@ def install(python: str | None = None, profile: Profile | None = None, log_dir: 
              (PTH, f"import {MODULE}; {MODULE}.start()\n")]
     _atomic_write_all(sp, files, fresh=previous is None)
     compiled = _compile(info, sp / f"{MODULE}.py", sp / f"{REST}.py")
-    return _install_result(info, sp, config, profile, compiled)
+    return _install_result(info, sp, config, profile, compiled, replaced)
 
 
 def _atomic_write_all(sp: Path, files: list[tuple[str, str]], fresh: bool) -> None:
@@ -264,12 +322,15 @@ def _profile_rows(profile: Profile) -> list[list[str]]:
     return rows
 
 
-def _install_result(info, sp, config, profile, compiled) -> Result:
+def _install_result(info, sp, config, profile, compiled, replaced) -> Result:
     log_dir = config["log_dir"] or _boot.default_log_dir()
     files = [str(sp / name) for name in (PTH, START, f"{MODULE}.py", f"{REST}.py")]
     doc = [Title(f"Boot probe installed into {info['executable']} (Python {info['version']})"),
            Table(["file"], [[f] for f in files], title="written"),
            Text(f"log directory: {log_dir}" + ("" if config["log_dir"] else " (default, per user)"))]
+    if replaced is not None:
+        doc.append(Text(f"Replaced what was installed: {_names(replaced[0])}, {_log_dir_label(replaced[1])}.",
+                        "warn"))
     if not profile.empty:
         doc.append(Table(["op", "variable", "value"], _profile_rows(profile), title="profile"))
     doc.append(Text("Runs in every process of this interpreter, also under -I and -E; not under -S.", "note"))
@@ -280,7 +341,9 @@ def _install_result(info, sp, config, profile, compiled) -> Result:
         doc.append(Text("Could not byte-compile the module now; each process will compile it.", "warn"))
     return Result("inject install", data={
         "installed": True, "python": info, "site_packages": str(sp), "files": files,
-        "log_dir": log_dir, "profile": profile.to_json(), "compiled": compiled}, doc=doc)
+        "log_dir": log_dir, "profile": profile.to_json(), "compiled": compiled,
+        "replaced": None if replaced is None else {
+            "profile": replaced[0].to_json() if replaced[0] is not None else None, "log_dir": replaced[1]}}, doc=doc)
 
 
 def uninstall(python: str | None = None) -> Result:

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ncclprobe import conffiles, elf, events, procs, shells, verdict, wiring
+from ncclprobe import conffiles, elf, events, procaccess, procs, shells, verdict, wiring
 from ncclprobe.diagnose import exectime
 from ncclprobe.doc import FindingsHere, Result, Text, Title, Tree, Unexaminable
-from ncclprobe.findings import with_host
+from ncclprobe.findings import EXIT_UNEXAMINABLE, with_host
 from ncclprobe.watched import REDACTED, is_watched, looks_secret, select
 
 _ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
@@ -67,7 +67,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     ctx = _Context(fs, tree, all_vars, redact, expect, gpu_map, gpu_reason)
     recs = [ctx.record(p) for p in tree.procs.values()]
     by_pid = {r["pid"]: r for r in recs}
-    notes = _scope(recs, scope)
+    notes = _scope(recs, scope) + _exited(recs)
     for r in recs:
         parent = by_pid.get(r["ppid"])
         r["stale"] = exectime.stale_kind(r, parent)
@@ -77,12 +77,16 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     _refuse_if_blind(recs, roots)
     pitfalls = ctx.shell_pitfalls()
     findings = with_host(exectime.all_rules(recs, expect, pitfalls), socket.gethostname())
+    # a PID named on the command line that is not there (or went during the walk) fails the command
+    missing = sorted({s["pid"] for s in not_found} | {s["pid"] for s in tree.skipped if s["pid"] in pids})
     data = {"roots": tree.roots, "expect": expect, "scope": scope,
             "processes": _public(recs),
-            "skipped": not_found + tree.skipped, "excluded": tree.excluded,
+            "skipped": not_found + tree.skipped, "missing_pids": missing, "excluded": tree.excluded,
             "gpu_source": "nvml" if not gpu_reason else "fds", "gpu_reason": gpu_reason or None}
     result = _InspectResult("inspect", findings, data,
                             lambda: _document(recs, tree, notes, gpu_reason, not_found, show_wiring))
+    if missing:
+        result.code = EXIT_UNEXAMINABLE
     dirs = list(log_dirs or []) or (sorted({d for p in tree.procs.values() if p.env and p.env.env
                                             for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
                                     if merge_probe_dirs else [])
@@ -168,6 +172,12 @@ def _public(recs: list[dict]) -> list[dict]:
     return list(recs)
 
 
+def _exited(recs: list[dict]) -> list[str]:
+    """Processes that exited between their stat and their environ: a note, not a finding."""
+    gone = [r["pid"] for r in recs if r["env_source"] == "unreadable" and r["env_reason"] == "vanished"]
+    return [f"Exited during the scan (environment not read): pid {', '.join(map(str, gone))}."] if gone else []
+
+
 def _refuse_if_blind(recs: list[dict], roots: list[int]) -> None:
     """A root whose whole tree is unreadable cannot be examined at all (exit 3)."""
     if recs and all(r["env_source"] == "unreadable" and r["env_reason"] in ("permission", "hidepid") for r in recs):
@@ -206,6 +216,7 @@ class _Context:
         self._elf: dict[tuple, elf.ElfInfo] = {}
         self._text: dict[tuple, str | OSError] = {}
         self._users: dict[int, str] = {}
+        self._viewer: procaccess.Viewer | None = None
         self._argv: dict[int, tuple[list[str], list[str], str]] = {}
         self._alike: dict[tuple, tuple] = {}
         # Per-tree memos keyed by the identity of what procs.ProcFS shares between processes (the
@@ -292,6 +303,7 @@ class _Context:
             "env": (watched if not self.all_vars else self.select(env, True))
                    if block and block.source != "unreadable" else None,
             "env_size": block.size if block else 0,
+            "env_denied_by": self.denied_by(p) if block and block.reason == "permission" else None,
             "cuda_visible_devices": (env or {}).get("CUDA_VISIBLE_DEVICES"),
             "nccl_libs": libs, "nccl_callers": callers, "maps_reason": maps_reason,
             "gpus": gpus, "gpus_source": gpus_source, "gpus_reason": gpus_reason,
@@ -304,6 +316,12 @@ class _Context:
         if p.cmdline_reason:
             rec["notes"].append(f"cmdline: {p.cmdline_reason}")
         return rec
+
+    def denied_by(self, p: procs.Proc) -> str:
+        """Which condition of ptrace access refused p's environ (procaccess), for refused processes only."""
+        if self._viewer is None:
+            self._viewer = procaccess.viewer()
+        return procaccess.denied_by(self.fs, p.pid, p.uid, self._viewer)
 
     def user(self, uid: int | None) -> str | None:
         if uid is None:
@@ -422,8 +440,12 @@ class _Context:
         key = (self._root_key(p), path)
         hit = self._text.get(key)
         if hit is None:
+            fd_path = self._fd_path(p, path)
+            if fd_path is None and p.root is None:  # /proc/<pid>/root refused or gone: so is every path in it
+                raise conffiles.NotVisible(f"pid {p.pid}'s root (/proc/{p.pid}/root) cannot be entered "
+                                           f"({p.root_reason})")
             try:
-                hit = _read_regular(self._fd_path(p, path) or self.fs.in_root(p, path))
+                hit = _read_regular(fd_path or self.fs.in_root(p, path))
             except OSError as exc:
                 hit = exc
             self._text[key] = hit
@@ -557,9 +579,7 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
             t.children.append(Tree(f"GPUs: {g} ({r['gpus_source'] or r['gpus_reason']})"
                                    + (f"  CUDA_VISIBLE_DEVICES={cvd}" if cvd is not None else "")))
         for conf in r["conf_files"] or []:
-            applied = [f"{e['var']}={e['value']}" for e in conf["entries"] if e["effect"] == "applies"]
-            label = f"{conf['role']} {conf['path']}: " + (", ".join(applied) or conf["reason"] or "nothing applies")
-            t.children.append(Tree(label, style="note"))
+            t.children.append(Tree(conffiles.describe(conf), style="note"))
         for child in sorted(kids.get(pid, [])):
             if child not in drawn:
                 t.children.append(node(child))
@@ -573,7 +593,7 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
     if gpu_reason:
         doc.append(Text(f"GPUs from open /dev/nvidia* files: {gpu_reason}", "dim"))
     for s in not_found:
-        doc.append(Text(f"pid {s['pid']} (given) not examined: {s['reason'].replace('_', ' ')}", "warn"))
+        doc.append(Text(f"pid {s['pid']} (given) not examined: {s['reason'].replace('_', ' ')} (exit code 3)", "warn"))
     for s in tree.skipped:
         doc.append(Text(f"pid {s['pid']} skipped: {s['reason']} (exited mid-walk or refused)", "dim"))
     if tree.excluded:

@@ -130,9 +130,19 @@ def test_cli_explain_list_json():
     assert proto["process_cached"] is False
 
 
-def test_cli_unknown_variable_exits_2_with_suggestions():
-    p = _cli("explain", "NCCL_BUFSIZE")
-    assert p.returncode == 2
-    assert "not in the catalog" in p.stdout and "NCCL_BUFFSIZE" in p.stdout
+def test_cli_unknown_variable_is_a_usage_error_on_stderr_with_suggestions():
+    """Exit 2 (usage): the name typed is wrong, nothing about the system (3) is."""
+    p = _cli("explain", "NCCL_PROTOO")
+    assert (p.returncode, p.stdout) == (2, "")
+    assert "'NCCL_PROTOO' is not in the catalog of NCCL variables; did you mean NCCL_PROTO?" in p.stderr
+    p = _cli("explain", "NCCL_XYZZYQ")
+    assert p.returncode == 2 and "`ncclprobe explain --list` lists them" in p.stderr and "did you mean" not in p.stderr
     pj = _cli("explain", "NCCL_BUFSIZE", "--json")
-    assert pj.returncode == 2 and json.loads(pj.stdout)["suggestions"][0] == "NCCL_BUFFSIZE"
+    data = json.loads(pj.stdout)
+    assert pj.returncode == 2 and data["suggestions"][0] == "NCCL_BUFFSIZE"
+    assert data["error"]["reason"] == "unknown_variable" and "did you mean one of NCCL_BUFFSIZE," in data["error"]["message"]
+
+
+def test_cli_list_with_a_variable_is_a_usage_error():
+    p = _cli("explain", "--list", "NCCL_PROTO")
+    assert (p.returncode, p.stdout) == (2, "") and "not both" in p.stderr

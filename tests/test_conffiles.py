@@ -1,11 +1,12 @@
 """nccl.conf resolution and parsing, as NCCL's initEnv does it, inside the process's own root."""
+from io import StringIO
 from pathlib import Path
 
 import pytest
 
-from ncclprobe import conffiles
+from ncclprobe import conffiles, render
 from ncclprobe.inspection import inspect_processes
-from fakeproc import FakeProc
+from fakeproc import FailingReader, FakeProc
 
 
 def files(tree: dict[str, str]):
@@ -89,3 +90,54 @@ def test_inspect_resolves_conf_inside_the_container_root(tmp_path):
     conf_findings = {(f.var, f.evidence["file"]) for f in res.findings if f.code == "CONF_FILE_VALUE"}
     assert conf_findings == {("NCCL_ALGO", "/etc/nccl.conf"), ("NCCL_MAX_NCHANNELS", "/home/srv/.nccl.conf")}
     assert all(f.severity == "info" for f in res.findings if f.code == "CONF_FILE_VALUE")
+
+
+def failing(tree: dict[str, str], refused: dict[str, OSError]):
+    def read_text(path):
+        if path in refused:
+            raise refused[path]
+        return files(tree)(path)
+    return read_text
+
+
+def test_a_missing_file_is_absent_and_a_refusal_claims_only_what_it_knows():
+    """ENOENT: absent (not listed); EACCES: refused, existence unknown; NotVisible: the process's root is
+    out of sight, so is its home; any other error: the file is there but unreadable."""
+    fs = failing({"/etc/passwd": PASSWD}, {"/home/srv/.nccl.conf": PermissionError(13, "Permission denied"),
+                                            "/etc/nccl.conf": OSError(5, "Input/output error")})
+    home, etc = conffiles.applicable({}, 1000, None, fs)
+    assert (home.exists, home.reason) == (None, "cannot be read: permission denied")
+    assert (etc.exists, etc.reason) == (True, "unreadable: Input/output error")
+    (absent,) = conffiles.applicable({}, 1000, None, files({"/etc/passwd": "srv:x:1000:1000::/h:/bin/sh\n"}))[1:]
+    assert (absent.exists, absent.reason) == (False, None)
+
+    def unseen(path):
+        raise conffiles.NotVisible("pid 7's root (/proc/7/root) cannot be entered (permission)")
+    out = conffiles.applicable(None, 1000, None, unseen)
+    assert [(f.role, f.exists) for f in out] == [("~/.nccl.conf", None), ("/etc/nccl.conf", None)]
+    assert all(f.reason.startswith("cannot tell whether it exists: pid 7's root") for f in out)
+
+
+def test_describe_names_a_path_once():
+    etc = conffiles.ConfFile("/etc/nccl.conf", "/etc/nccl.conf", None, "cannot be read: permission denied")
+    assert conffiles.describe(etc.to_json()) == "/etc/nccl.conf: cannot be read: permission denied"
+    home = conffiles.ConfFile("/root/.nccl.conf", "~/.nccl.conf", True,
+                              entries=(conffiles.ConfEntry("NCCL_ALGO", "Ring", 1, "applies"),))
+    assert conffiles.describe(home.to_json()) == "~/.nccl.conf /root/.nccl.conf: NCCL_ALGO=Ring"
+
+
+def test_inspect_files_behind_a_refused_root_are_of_unknown_existence(tmp_path):
+    """`inspect 1` as root where /proc/1/root is refused: the files in that root are not known to exist."""
+    empty = tmp_path / "emptyroot"
+    empty.mkdir()
+    fake = FakeProc(tmp_path)
+    fake.add(10, 1, cmdline=["init"], env={"NCCL_PROTO": "LL"}, root=str(empty), uid=0)
+    res = inspect_processes([10], scope="all", proc_root=fake.root, gpu_lookup=lambda: ({}, "no NVML in this test"),
+                            reader=FailingReader({(10, "root"): PermissionError}))
+    confs = res.data["processes"][0]["conf_files"]
+    assert [(c["role"], c["exists"]) for c in confs] == [("~/.nccl.conf", None), ("/etc/nccl.conf", None)]
+    assert all("pid 10's root (/proc/10/root) cannot be entered (permission)" in c["reason"] for c in confs)
+    out = StringIO()
+    render.render_text(res, out, width=200, color=False)
+    lines = [line for line in out.getvalue().splitlines() if "nccl.conf" in line]
+    assert len(lines) == 2 and not [line for line in lines if "Permission denied" in line or line.count("/etc/nccl.conf") > 1]

@@ -81,7 +81,8 @@ def test_uninstall_restores_exactly_and_is_idempotent(venv, tmp_path):
     py, sp = venv
     before = snapshot(sp)
     inject.install(str(py), log_dir=tmp_path / "log")
-    inject.install(str(py), profile=profile.from_cli(["NCCL_PROTO=LL"], [], []), log_dir=tmp_path / "log")
+    inject.install(str(py), profile=profile.from_cli(["NCCL_PROTO=LL"], [], []), log_dir=tmp_path / "log",
+                   replace=True)
     run([py, "-c", "pass"], clean_env())
     assert snapshot(sp) != before
     res = inject.uninstall(str(py))
@@ -126,6 +127,42 @@ def test_failure_midway_leaves_nothing_half_written(venv, tmp_path):
 def test_not_an_interpreter(tmp_path):
     with pytest.raises(Unexaminable, match="cannot run the interpreter"):
         inject.status(str(tmp_path / "no-python"))
+
+
+def test_a_program_that_is_not_python_is_named_so_and_the_query_never_shown():
+    for exe in ("/bin/ls", "/bin/echo", "/bin/true"):
+        res = subprocess.run([sys.executable, "-m", "ncclprobe", "inject", "install", "--python", exe],
+                             capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert res.returncode == 3 and f"{exe} is not a Python interpreter" in res.stderr, (exe, res.stderr)
+        assert "sysconfig" not in res.stdout + res.stderr and "import json" not in res.stdout + res.stderr
+
+
+def test_a_second_install_with_another_profile_is_refused_unless_replace(venv, tmp_path):
+    """The installed profile is never lost silently: another --set/--pin (or --dir) is refused, naming
+    the installed variables but none of their values; --replace replaces it whole (no merge); the same
+    profile again just rewrites the files."""
+    py, sp = venv
+    first = profile.from_cli(["NCCL_PROTO=LL", "HF_TOKEN=hf_sekrit"], [], ["NCCL_PROTO"])
+    inject.install(str(py), profile=first, log_dir=tmp_path / "log")
+    before = snapshot(sp)
+    cli = [sys.executable, "-m", "ncclprobe", "inject", "install", "--python", str(py)]
+    for extra in (["--set", "NCCL_ALGO=Ring", "--dir", str(tmp_path / "log")],
+                  ["--set", "NCCL_PROTO=LL", "--set", "HF_TOKEN=hf_sekrit", "--pin", "NCCL_PROTO"]):  # no --dir
+        res = run([*cli, *extra], clean_env())
+        assert res.returncode == 2, res.stderr
+        assert "already installed" in res.stderr and "set NCCL_PROTO, HF_TOKEN; pin NCCL_PROTO" in res.stderr
+        assert "--replace" in res.stderr and "hf_sekrit" not in res.stderr + res.stdout
+    assert snapshot(sp) == before
+    with pytest.raises(inject.InstalledDiffers):
+        inject.install(str(py), profile=profile.from_cli([], ["NCCL_ALGO=Ring"], []), log_dir=tmp_path / "log")
+    again = inject.install(str(py), profile=first, log_dir=tmp_path / "log")
+    assert again.data["replaced"] is None
+    res = run([*cli, "--set", "NCCL_ALGO=Ring", "--dir", str(tmp_path / "log"), "--replace"], clean_env())
+    assert res.returncode == 0 and "Replaced what was installed: set NCCL_PROTO, HF_TOKEN; pin NCCL_PROTO" in res.stdout
+    assert "hf_sekrit" not in res.stdout
+    status = inject.status(str(py)).data
+    assert status["profile"] == {"set": {"NCCL_ALGO": "Ring"}, "default": {}, "pin": []}
+    assert "--replace" in run([*cli, "--help"], clean_env()).stdout
 
 
 def test_default_log_dir_is_per_user(venv):

@@ -162,12 +162,25 @@ def test_one_missing_pid_among_valid_ones():
         assert [r["pid"] for r in res.data["processes"]] == [p.pid]
         assert {"pid": 999999999, "reason": "no_such_process", "given": True} in res.data["skipped"]
         assert "pid 999999999 (given) not examined: no such process" in text_of(res)
-        r = cli("inspect", str(p.pid), "999999999", "--json")
-        assert r.returncode == 0 and [row["pid"] for row in json.loads(r.stdout)["processes"]] == [p.pid]
+        assert res.exit_code() == res.exit_code(strict=True) == 3 and res.data["missing_pids"] == [999999999]
+        # a named PID that is not there fails the command (3, as for one PID), the others still shown
+        r = cli("inspect", "999999999", str(p.pid), "--json")
+        doc = json.loads(r.stdout)
+        assert r.returncode == 3 and [row["pid"] for row in doc["processes"]] == [p.pid]
+        assert doc["missing_pids"] == [999999999]
+        r = cli("inspect", "999999999", str(p.pid))
+        assert r.returncode == 3 and f"{p.pid} {SLEEP} 30" in r.stdout
+        assert "pid 999999999 (given) not examined: no such process (exit code 3)" in r.stdout
         r = cli("inspect", "999999998", "999999999")
         assert r.returncode == 3 and "no such process" in r.stderr
+        assert inspect_processes([p.pid], gpu_lookup=NO_NVML).data["missing_pids"] == []
     finally:
         stop(p)
+
+
+def test_no_redact_without_all_vars_is_a_usage_error():
+    r = cli("inspect", str(os.getpid()), "--no-redact")
+    assert r.returncode == 2 and "--no-redact needs --all-vars" in r.stderr and not r.stdout
 
 
 def test_explicit_missing_log_paths_exit_3(tmp_path):
@@ -273,3 +286,62 @@ def test_probe_wiring_is_not_reported_as_dropped(tmp_path):
     named = {v for f in res.findings if f.code in ("ENV_MISSING", "ENV_CHANGED")
              for v in (f.evidence.get("vars") or {f.var: None})}
     assert named == {"NCCL_PROTO"}
+
+
+# -- 11: a refused environment names its real cause; a process gone mid-scan is a note ----------
+def test_a_process_that_exited_during_the_scan_is_a_note_not_a_warning(tmp_path):
+    fake = FakeProc(tmp_path)
+    fake.add(10, 1, cmdline=["python", "serve.py"], env={"NCCL_PROTO": "LL"})
+    fake.add(11, 10, cmdline=["python", "w.py"], env={"NCCL_PROTO": "LL"}, environ_error=FileNotFoundError)
+    res = inspect_processes([10], proc_root=fake.root, reader=fake.reader(), gpu_lookup=NO_NVML)
+    row = next(r for r in res.data["processes"] if r["pid"] == 11)
+    assert (row["env_source"], row["env_reason"]) == ("unreadable", "vanished")
+    assert not [f for f in res.findings if f.code == "ENV_UNREADABLE"] and res.exit_code(strict=True) == 0
+    assert "Exited during the scan (environment not read): pid 11." in text_of(res)
+
+
+STRANGER = 4242  # a uid no process of this machine is expected to use
+
+
+def as_stranger(cmd: list[str]) -> list[str]:
+    """cmd as an unprivileged user; CAP_DAC_READ_SEARCH only lets it read the interpreter wherever it
+    is installed (ptrace access, which /proc/<pid>/environ and root need, ignores it)."""
+    return ["setpriv", f"--reuid={STRANGER}", f"--regid={STRANGER}", "--clear-groups",
+            "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search", "--", *cmd]
+
+
+def ready(cmd: list[str]) -> subprocess.Popen:
+    """A live process, once it says it is ready."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd="/")
+    assert p.stdout.readline().strip() == "ok"
+    return p
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv")
+def test_live_refusals_name_their_cause_and_conf_files_behind_them_are_unknown():
+    """As an unprivileged user: root's process is another user's (and its root, with its nccl.conf, is
+    out of sight); the user's own process that made itself non-dumpable is refused for that reason."""
+    wait = "import time; print('ok', flush=True); time.sleep(60)"
+    undumpable = "import ctypes; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); " + wait  # PR_SET_DUMPABLE = 4
+    procs_ = [ready([sys.executable, "-c", wait]), ready(as_stranger([sys.executable, "-c", wait])),
+              ready(as_stranger([sys.executable, "-c", undumpable]))]
+    rootp, mine, hidden = (p.pid for p in procs_)
+    try:
+        r = subprocess.run(as_stranger([*NCCLPROBE, "inspect", str(rootp), str(mine), str(hidden), "--json",
+                                        "--scope", "all"]), capture_output=True, text=True, timeout=120, cwd="/")
+        assert r.returncode == 0, r.stderr
+        doc = json.loads(r.stdout)
+        rows = {row["pid"]: row for row in doc["processes"]}
+        assert (rows[rootp]["env_denied_by"], rows[hidden]["env_denied_by"], rows[mine]["env_source"]) == \
+            ("other user", "not dumpable", "exec")
+        unread = {tuple(f["pids"]): f for f in doc["findings"] if f["code"] == "ENV_UNREADABLE"}
+        assert set(unread) == {(rootp,), (hidden,)}
+        assert "another user (root)" in unread[(rootp,)]["message"]
+        assert "not dumpable" in unread[(hidden,)]["message"] and "another user" not in unread[(hidden,)]["message"]
+        confs = rows[rootp]["conf_files"]
+        assert confs and all(c["exists"] is None and "cannot tell whether it exists" in c["reason"] for c in confs)
+        text = subprocess.run(as_stranger([*NCCLPROBE, "inspect", str(rootp), str(mine), "--scope", "all"]),
+                              capture_output=True, text=True, timeout=120, cwd="/").stdout
+        assert "/etc/nccl.conf: cannot tell whether it exists" in text and "Permission denied" not in text
+    finally:
+        stop(*procs_)

@@ -60,20 +60,53 @@ def stale_kind(rec: Mapping, parent: Mapping | None) -> str | None:
     return None
 
 
+# Why /proc/<pid>/environ was refused (procaccess.denied_by): what the message says, and the hint.
+_DENIED = {
+    "other user": ("they run as another user ({users}), and /proc/<pid>/environ needs the same user or "
+                   "CAP_SYS_PTRACE", PTRACE_HINT),
+    "other group": ("they run as ncclprobe's user but with another group (a setgid program, sg/newgrp), and "
+                    "/proc/<pid>/environ needs the same uids and gids or CAP_SYS_PTRACE",
+                    "run ncclprobe with the processes' group (sg GROUP ncclprobe ...), as root, or with CAP_SYS_PTRACE"),
+    "not dumpable": ("they run as ncclprobe's user but are not dumpable (a setuid, setgid or file-capability "
+                     "program, or prctl(PR_SET_DUMPABLE, 0)), so /proc/<pid>/environ needs CAP_SYS_PTRACE",
+                     "run ncclprobe as root or with CAP_SYS_PTRACE, or see the live values: " + LIVE_VIEW),
+    "capabilities": ("they run as ncclprobe's user but hold capabilities ncclprobe lacks, so "
+                     "/proc/<pid>/environ needs CAP_SYS_PTRACE",
+                     "run ncclprobe with CAP_SYS_PTRACE (or with the processes' capabilities)"),
+    "refused": ("the kernel refused although, as far as /proc shows, ncclprobe passes ptrace's checks (same "
+                "user and group, dumpable, capabilities, or CAP_SYS_PTRACE): a security module (SELinux, "
+                "AppArmor) or a user-namespace boundary denies it",
+                "check the security module's denials (audit log, dmesg), run ncclprobe with CAP_SYS_PTRACE in "
+                "the processes' own user namespace (inside their container), or see the live values: " + LIVE_VIEW),
+}
+
+
 def unreadable(kinds: Kinds) -> list[Finding]:
-    groups: dict[str, list[int]] = defaultdict(list)
+    """ENV_UNREADABLE per reason the environment was refused. A process that exited while it was read
+    is no finding: there is nothing left to read (inspection notes it)."""
+    groups: dict[tuple[str, str | None], list[tuple[Mapping, list[int]]]] = defaultdict(list)
     for r, pids in kinds:
-        if r.get("env_source") == "unreadable":
-            groups[r.get("env_reason") or "unknown"].extend(pids)
+        if r.get("env_source") == "unreadable" and r.get("env_reason") != "vanished":
+            reason = r.get("env_reason") or "unknown"
+            groups[(reason, r.get("env_denied_by") if reason == "permission" else None)].append((r, pids))
     out = []
-    for reason, pids in groups.items():
-        what = {"permission": "another user's processes need ptrace access to read /proc/<pid>/environ",
-                "hidepid": "/proc is mounted with hidepid, which hides other users' processes",
-                "vanished": "the process exited while it was read"}.get(reason, reason)
-        hint = PTRACE_HINT if reason in ("permission", "hidepid") else "inspect again while it runs"
+    for (reason, denied), members in groups.items():
+        pids = sorted(pid for _, ps in members for pid in ps)
+        users = sorted({str(r["user"] if r.get("user") is not None else r.get("uid", "?")) for r, _ in members})
+        evidence = {"reason": reason}
+        if reason == "permission" and denied in _DENIED:
+            what, hint = _DENIED[denied]
+            what = what.format(users=", ".join(users))
+            evidence.update({"denied_by": denied, "users": users})
+        elif reason == "permission":  # not classified: the plain ptrace requirement
+            what, hint = "reading /proc/<pid>/environ needs ptrace access to them", PTRACE_HINT
+        elif reason == "hidepid":
+            what, hint = "/proc is mounted with hidepid, which hides other users' processes", PTRACE_HINT
+        else:
+            what, hint = reason, "inspect again while it runs"
         out.append(Finding("ENV_UNREADABLE", "warning",
                            f"exec-time environment of {len(pids)} process(es) unreadable: {what}",
-                           tuple(sorted(pids)), None, {"reason": reason}, hint))
+                           tuple(pids), None, evidence, hint))
     return out
 
 
