@@ -190,8 +190,12 @@ def _api(c: CommView, m: Model) -> str:
 def header_doc(m: Model, dirs, title: bool = True) -> list:
     doc: list = []
     if title:
-        doc.append(Title(f"ncclprobe report: {len(m.processes)} process(es), {len(m.comms)} communicator(s) "
-                         f"from {', '.join(map(str, dirs))}"))
+        names = list(map(str, dirs))
+        where = ", ".join(names) if len(names) <= 3 else f"{len(names)} sources ({names[0]} … {names[-1]})"
+        hosts = {p.host for p in m.processes.values()}
+        on = f" on {len(hosts)} hosts" if len(hosts) > 1 else ""
+        doc.append(Title(f"ncclprobe report: {len(m.processes)} process(es), {len(m.comms)} communicator(s){on} "
+                         f"from {where}"))
     if m.simulated:
         doc.append(Text("SIMULATED NCCL: these communicators ran on ncclprobe's simulated NCCL (no GPU); "
                         "algorithms and protocols are the simulator's choices, not a real machine's.", "warn"))
