@@ -81,8 +81,9 @@ def test_rows_are_printed_before_the_last_configuration_starts(tmp_path):
     assert "# config 1/2 defaults: (NCCL defaults)" in seen
     assert any(line.split()[1:5] == ["size", "count", "type", "redop"] for line in seen)  # the column header
     gate.touch()
-    rest, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
+    rest = proc.stdout.read()  # the same buffered reader: communicate() would skip what it read ahead
+    err = proc.stderr.read()   # two lines: it cannot fill the pipe while stdout is read first
+    assert proc.wait(timeout=120) == 0, err
     assert f"# config 2/2 gate: PYTHONPATH={gated}" in rest and "# gate: ok, 2 of 2 sizes" in rest
     assert "CPU/gloo all_reduce time" in rest  # the summary follows the stream
     # not a terminal: one plain progress line per configuration, never rewritten in place
