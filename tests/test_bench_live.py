@@ -262,6 +262,10 @@ def test_rows_keep_nccl_tests_columns():
         "  12.35", "12345.6", "1234567", "  1e+08"]
     assert live.spans({1024: "RING/LL", 4096: "RING/LL", 16384: "RING/SIMPLE"}) == \
         "RING/LL at 1K-4K, RING/SIMPLE at 16K"
+    both = _size_rows(1024) + [dict(r, mode="graph", time_s=10e-6) for r in _size_rows(1024)]
+    eager, graph = live.rows_text(both, 8, "fp16", checked=False)  # NCCL: a line per mode for each size
+    assert eager.split()[:6] == ["1024", "512", "half", "sum", "-1", "eager"] and graph.split()[5:] == [
+        "graph", "10.00", "0.10", "0.18", "N/A", "10.00", "0.10", "0.18", "N/A"]  # busbw x 2(n-1)/n = x1.75
 
 
 def test_a_reader_that_goes_away_stops_the_rows_not_the_run():
