@@ -1,11 +1,12 @@
-"""End-to-end wall time of the default bench matrix (defaults + LL, LL128, Simple + Ring, Tree: six
-configurations, each a fresh worker set; 1 KB .. 64 MB, eager and graph). Goal on one GPU: <= 60 s.
+"""End-to-end wall time of the default bench matrix: on NCCL defaults + LL, LL128, Simple + Ring, Tree
+(six configurations, each a fresh worker set; 1 KB .. 64 MB, eager and graph), goal on one GPU <= 60 s;
+on gloo NCCL's defaults alone (NCCL variables cannot change gloo, so that is bench's default there).
 
     python benchmarks/bench_default_matrix.py              # ncclprobe bench --gpus 1
     python benchmarks/bench_default_matrix.py --gloo       # CPU/gloo fallback (2 ranks), labelled
 
-The wall time is that of the whole `ncclprobe bench ... --json` command, as a user runs it; the per-
-configuration seconds come from its JSON.
+The wall time is that of the whole `ncclprobe bench ... --json` command, as a user runs it (its rows
+stream to stderr, captured here); the per-configuration seconds come from its JSON.
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ def main() -> int:
         return 1
     data = json.loads(proc.stdout)
     label = "CPU/gloo (fallback: not GPU numbers)" if args.gloo else f"GPU/NCCL on {data.get('device')}"
-    print(f"default matrix, {data['nranks']} rank(s), {label}: {' '.join(cmd[3:])}")
+    print(f"default matrix ({len(data['configs'])} configuration(s)), {data['nranks']} rank(s), {label}: "
+          f"{' '.join(cmd[3:])}")
     for c in data["configs"]:
         print(f"  {c['name']:<14} {c['status']:<6} {c['seconds']:7.2f} s")
     goal = "met" if wall <= GOAL_S else "NOT met"

@@ -234,23 +234,27 @@ def topo(as_json):
 
 
 @main.command(context_settings={**CONTEXT, "ignore_unknown_options": False})
-@click.option("--gpus", type=int, default=None, help="GPUs (one worker process each). Default: all visible.")
+@click.option("--gpus", type=int, default=None, help="GPUs (one worker process each), for --backend nccl. Default: all visible.")
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), default="nccl", show_default=True)
-@click.option("--ranks", type=int, default=None, help="Ranks for --backend gloo (CPU).")
-@click.option("--proto", default="LL,LL128,Simple", show_default=True, help="Protocols to force, comma-separated ('' for none).")
-@click.option("--algo", default="Ring,Tree", show_default=True, help="Algorithms to force, comma-separated ('' for none).")
+@click.option("--ranks", type=int, default=None, help="Ranks for --backend gloo (CPU). Default: 2.")
+@click.option("--proto", default=None, help="Protocols to force, comma-separated ('' for none). Default: LL,LL128,Simple "
+              "with NCCL, none with gloo.")
+@click.option("--algo", default=None, help="Algorithms to force, comma-separated ('' for none). Default: Ring,Tree "
+              "with NCCL, none with gloo.")
 @click.option("--config", "configs", multiple=True, metavar="NAME:K=V,K=V", help="An extra configuration (repeatable).")
 @click.option("--env", "envs", multiple=True, metavar="K=V", help="Set for every configuration (repeatable).")
-@click.option("-b", "--minbytes", default="1K", show_default=True, help="Smallest size (K/M/G suffixes are powers of 1024).")
-@click.option("-e", "--maxbytes", default="64M", show_default=True, help="Largest size.")
-@click.option("-f", "--stepfactor", type=int, default=4, show_default=True, help="Multiply the size by this each step.")
-@click.option("--hidden", type=int, default=None, help="Model hidden size: sizes become tokens x hidden x dtype bytes.")
-@click.option("--tokens", default="1,2,3,4", show_default=True, help="Tokens per step for --hidden (decode, verify k).")
-@click.option("--layers", type=int, default=None, help="Layers, for the per-forward communication projection.")
+@click.option("-b", "--minbytes", default=None, help="Smallest size (K/M/G suffixes are powers of 1024). Default: 1K.")
+@click.option("-e", "--maxbytes", default=None, help="Largest size. Default: 64M.")
+@click.option("-f", "--stepfactor", type=int, default=None, help="Multiply the size by this each step. Default: 4.")
+@click.option("--hidden", type=int, default=None, help="Model hidden size: sizes become tokens x hidden x dtype bytes "
+              "(instead of -b/-e/-f).")
+@click.option("--tokens", default=None, help="Tokens per step for --hidden (decode, verify k). Default: 1,2,3,4.")
+@click.option("--layers", type=int, default=None, help="Layers, for --hidden's per-forward communication projection.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
 @click.option("-n", "--iters", type=int, default=20, show_default=True, help="Timed iterations per size.")
 @click.option("-w", "--warmup", type=int, default=5, show_default=True, help="Warm-up iterations per size.")
-@click.option("--graph/--no-graph", default=True, show_default=True, help="Also time under CUDA graph capture.")
+@click.option("--graph/--no-graph", default=None, help="Also time under CUDA graph capture. Default: on with NCCL "
+              "(gloo has no CUDA graphs).")
 @click.option("--check/--no-check", default=True, show_default=True, help="Check every result for correctness.")
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds per configuration before it is marked hang.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG plot (needs matplotlib).")
@@ -261,20 +265,19 @@ def bench(as_json, **opts):
     """All-reduce latency per NCCL configuration on this machine, with nccl-tests semantics; each
     configuration in a fresh set of worker processes.
 
+    Each size's row is printed as soon as it is measured, in nccl-tests' columns; the comparison
+    and the recommendation follow at the end. With --json, stdout is only the JSON document and the
+    rows go to stderr. Progress is on stderr. On --backend gloo only NCCL's defaults run (NCCL
+    variables cannot change gloo) unless --proto, --algo or --config ask for more.
+
     \b
     Exit codes: 0 measured, no error-level finding; 1 error-level findings; 2 usage error;
-    3 nothing could be measured (no torch, no GPU, every configuration failed); 130 Ctrl-C.
+    3 nothing could be measured (no torch, no GPU, every configuration failed); 130 Ctrl-C (what was
+    measured is printed, and with --json written with "incomplete": true).
     """
-    import signal
     from ncclprobe import bench as bench_mod
-    try:
-        result = _guarded("bench", as_json, bench_mod.bench_command, **opts)
-    except KeyboardInterrupt as exc:  # the workers are dead by now (run_matrix); not click's "Aborted!"
-        signum = getattr(exc, "signum", signal.SIGINT)
-        kept = getattr(exc, "workdir", None)
-        click.echo(f"bench: interrupted ({signal.Signals(signum).name}); every worker was stopped"
-                   + (f"; worker logs kept in {kept}" if kept else ""), err=True)
-        sys.exit(128 + signum)
+    result = _guarded("bench", as_json, bench_mod.bench_command, rows_to=sys.stderr if as_json else sys.stdout,
+                      progress_to=sys.stderr, **opts)
     _emit(result, as_json)
 
 

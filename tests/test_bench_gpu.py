@@ -12,13 +12,14 @@ import pytest
 
 pytestmark = pytest.mark.gpu
 
-BASE = [sys.executable, "-m", "ncclprobe", "bench", "--gpus", "1", "-b", "1K", "-e", "1M", "-n", "10", "-w", "2",
-        "--timeout", "120"]
+BASE = [sys.executable, "-m", "ncclprobe", "bench", "--gpus", "1", "-n", "10", "-w", "2", "--timeout", "120"]
+SWEEP = ["-b", "1K", "-e", "1M"]  # not with --hidden, which sets the sizes itself
 
 
 def _run(args, tmp_path):
     # wide enough that table headers are not wrapped across lines
     env = {**os.environ, "COLUMNS": "220"}
+    args = args if "--hidden" in args else SWEEP + args
     proc = subprocess.run(BASE + args, capture_output=True, text=True, timeout=540, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout

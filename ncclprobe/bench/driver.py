@@ -1,5 +1,7 @@
 """Runs the matrix: one fresh set of worker processes per configuration, each in its own process group,
-killed at the configuration's timeout (status hang) and on Ctrl-C, so no worker outlives the driver.
+killed at the configuration's timeout (status hang) and on Ctrl-C or SIGTERM (status interrupted: the
+matrix stops there and returns what was measured), so no worker outlives the driver. Rank 0's rows
+are read from its rows file while the configuration runs and handed on as they arrive.
 
 Local mode starts every rank here. Job mode (started by torchrun or Slurm: RANK/WORLD_SIZE set) starts
 this process's one rank per configuration and rendezvouses on MASTER_PORT + 1 + index; rank 0 reports.
@@ -12,6 +14,7 @@ import signal
 import socket
 import tempfile
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ KEEP_INHERITED = ("NCCL_SOCKET_IFNAME", "NCCL_IB_", "NCCL_NET", "NCCL_DEBUG", "N
                   "NCCL_DEBUG_FILE", "NCCL_HOSTID", "NCCL_COMM_ID", "NCCL_NVLS_ENABLE")
 ERROR_GRACE_S = 3.0  # after one rank fails, how long the others get to fail on their own
 POLL_S = 0.02
+ROWS_FILE = "rows.jsonl"
 
 
 @dataclass
@@ -60,7 +64,7 @@ def job_from_env(env=os.environ) -> Job | None:
 class ConfigRun:
     config: Config
     env: dict[str, str]                 # what this configuration set on top of the inherited environment
-    status: str = "error"               # ok | wrong | hang | error
+    status: str = "error"               # ok | wrong | hang | error | interrupted
     reason: str = ""
     pids: list[int] = field(default_factory=list)
     workers: list[dict[str, Any]] = field(default_factory=list)  # each rank's own report (pid, env, state)
@@ -104,6 +108,81 @@ def _profiler_env(events: Path, user_env: dict[str, str]) -> tuple[dict[str, str
     return {"NCCL_PROFILER_PLUGIN": str(lib), "NCCLPROBE_DIR": str(events)}, ""
 
 
+class RowTail:
+    """The complete lines rank 0 has appended to its rows file so far; a line still being written
+    waits for the next read, a malformed one is skipped."""
+
+    def __init__(self, path: Path):
+        self.path, self.fh, self.partial = path, None, b""
+
+    def read(self) -> list[dict[str, Any]]:
+        if self.fh is None:
+            try:
+                self.fh = open(self.path, "rb")
+            except FileNotFoundError:  # rank 0 has not measured its first size yet
+                return []
+        *lines, self.partial = (self.partial + self.fh.read()).split(b"\n")
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+        return out
+
+    def close(self) -> None:
+        if self.fh is not None:
+            self.fh.close()
+            self.fh = None
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM, raised like Ctrl-C so the same cleanup runs; `signum` gives the shell exit
+    code 128+n."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Signals:
+    """SIGINT and SIGTERM for the length of a matrix: the first one is raised as Interrupted while
+    `armed`; later ones, and any that arrive while `held` (spawning a worker set), are only recorded,
+    so a second Ctrl-C can neither cut the kill short nor leave a started worker unrecorded."""
+
+    def __init__(self):
+        self.armed, self.signum, self._old = True, None, {}
+
+    def __enter__(self) -> "Signals":
+        if _main_thread():  # Python sets signal handlers only from the main thread
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._on)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, old in self._old.items():
+            signal.signal(s, old if old is not None else signal.SIG_DFL)
+        self._old = {}
+
+    def _on(self, signum, frame) -> None:
+        self.signum = self.signum or signum
+        if self.armed:
+            self.armed = False
+            raise Interrupted(signum)
+
+    @contextmanager
+    def held(self):
+        was, before = self.armed, self.signum
+        self.armed = False
+        try:
+            yield
+        finally:
+            self.armed = was
+        if was and before is None and self.signum is not None:
+            self.armed = False
+            raise Interrupted(self.signum)
+
+
 class Driver:
     def __init__(self, job: Job, spec: dict[str, Any], common: dict[str, str], timeout: float,
                  workdir: Path | None = None, base_env=None):
@@ -112,6 +191,7 @@ class Driver:
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="ncclprobe-bench-"))
         self.live: list = []
         self.dropped: list[str] = []
+        self.current: ConfigRun | None = None  # the configuration started last
 
     # -- processes ---------------------------------------------------------------------------
     def _kill(self, procs) -> None:
@@ -131,11 +211,10 @@ class Driver:
         self._kill(self.live)
         self.live = []
 
-    def _start(self, index: int, cfg: Config, cdir: Path) -> tuple[list, dict[str, str], str]:
+    def _start(self, index: int, cfg: Config, cdir: Path, user_env: dict[str, str]) -> tuple[list, str]:
         import subprocess
-        spec = dict(self.spec, out=str(cdir))
+        spec = dict(self.spec, out=str(cdir), rows=str(cdir / ROWS_FILE))
         (cdir / "spec.json").write_text(json.dumps(spec))
-        user_env = dict(self.common, **cfg.env)
         prof, prof_reason = ({}, "gloo: no NCCL") if self.spec["backend"] == "gloo" else \
             _profiler_env(cdir / "events", user_env)
         if self.job.local:
@@ -158,16 +237,42 @@ class Driver:
             finally:
                 log.close()
             self.live.append(procs[-1])
-        return procs, user_env, prof_reason
+        return procs, prof_reason
 
-    def run_config(self, index: int, cfg: Config) -> ConfigRun:
+    def run_config(self, index: int, cfg: Config, on_rows=None, signals: Signals | None = None) -> ConfigRun:
+        """One configuration; `on_rows` gets each size's rows as rank 0 measures them. An interrupt
+        kills the worker set, marks the run interrupted (keeping its rows) and goes on up."""
         cdir = self.workdir / f"{index:02d}-{cfg.name.replace('/', '_')}"
         cdir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        procs, user_env, prof_reason = self._start(index, cfg, cdir)
-        run = ConfigRun(cfg, user_env, dir=str(cdir), profiler=prof_reason)
+        run = self.current = ConfigRun(cfg, dict(self.common, **cfg.env), dir=str(cdir))
+        tail, procs, t0 = RowTail(cdir / ROWS_FILE), [], time.monotonic()
+        try:
+            with signals.held() if signals else nullcontext():
+                procs, run.profiler = self._start(index, cfg, cdir, run.env)
+            self._wait(run, procs, tail, on_rows, t0)
+        except KeyboardInterrupt as exc:
+            self._kill(procs)
+            run.status, run.reason = "interrupted", f"stopped by {_signame(exc)}"
+            raise
+        finally:
+            self.live = [p for p in self.live if p not in procs]
+            self._take(run, tail, on_rows)  # what rank 0 wrote before it ended
+            tail.close()
+            run.seconds = time.monotonic() - t0
+            run.pids = [p.pid for p in procs]
+            self._collect(run, cdir, procs)
+        return run
+
+    def _take(self, run: ConfigRun, tail: RowTail, on_rows) -> None:
+        for line in tail.read():
+            run.rows += line["rows"]
+            if on_rows:
+                on_rows(line["rows"])
+
+    def _wait(self, run: ConfigRun, procs, tail: RowTail, on_rows, t0: float) -> None:
         deadline, failed_at = t0 + self.timeout, None
         while True:
+            self._take(run, tail, on_rows)
             codes = [p.poll() for p in procs]
             if all(c is not None for c in codes):
                 break
@@ -182,11 +287,6 @@ class Driver:
                 run.status, run.reason = "hang", f"killed after the {self.timeout:g} s timeout"
                 break
             time.sleep(POLL_S)
-        self.live = [p for p in self.live if p not in procs]
-        run.seconds = time.monotonic() - t0
-        run.pids = [p.pid for p in procs]
-        self._collect(run, cdir, procs)
-        return run
 
     def _collect(self, run: ConfigRun, cdir: Path, procs) -> None:
         for path in sorted(cdir.glob("rank*.json")):
@@ -196,6 +296,10 @@ class Driver:
                 continue
         run.workers.sort(key=lambda w: w.get("rank", 0))
         result = cdir / "result.json"
+        if run.status == "interrupted":
+            done, total = len({r["bytes"] for r in run.rows}), len(self.spec["sizes"])
+            run.reason += f" after {done} of {total} sizes"
+            return
         if run.status == "hang":
             expected = range(self.job.nranks) if self.job.local else [self.job.rank]
             seen = {w.get("rank") for w in run.workers}
@@ -216,9 +320,7 @@ class Driver:
                 run.status = "error"
                 run.reason = f"no result (exit codes {[p.returncode for p in procs]})" + (f": {tail}" if tail else "")
                 return
-            data = json.loads(result.read_text())
-            run.rows = data.pop("rows")
-            run.meta = data
+            run.meta = json.loads(result.read_text())
             run.status = "wrong" if any(r["wrong"] for r in run.rows) else "ok"
         else:
             run.status = "ok" if all(p.returncode == 0 for p in procs) else "error"
@@ -232,30 +334,39 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join(text[-lines:])
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so the same cleanup runs; `signum` gives the shell exit code 128+n."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
+def _signame(exc: BaseException) -> str:
+    return signal.Signals(getattr(exc, "signum", signal.SIGINT)).name
 
 
-def run_matrix(driver: Driver, configs: list[Config], progress=None) -> list[ConfigRun]:
-    """Every configuration in turn; Ctrl-C or SIGTERM kills the live worker set before returning."""
-    def on_term(signum, frame):
-        raise Interrupted(signum)
-    old = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
-    runs = []
+@dataclass
+class Matrix:
+    runs: list[ConfigRun]                 # every configuration started, the interrupted one last
+    not_run: list[Config]                 # the configurations an interrupt kept from starting
+    signum: int | None = None             # the signal that stopped the matrix, None when it ran through
+
+
+def run_matrix(driver: Driver, configs: list[Config], signals: Signals, watch=None) -> Matrix:
+    """Every configuration in turn, reporting to `watch` (started, rows, done). The first SIGINT or
+    SIGTERM kills the live worker set and returns what was measured, the interrupted run included."""
+    runs: list[ConfigRun] = []
+    signum = None
     try:
         for i, cfg in enumerate(configs):
-            if progress:
-                progress(f"[{i + 1}/{len(configs)}] {cfg.name}")
-            runs.append(driver.run_config(i, cfg))
+            if watch:
+                watch.started(i, cfg)
+            runs.append(driver.run_config(i, cfg, watch and (lambda rows, i=i: watch.rows(i, rows)), signals))
+            if watch:
+                watch.done(i, runs[-1])
+    except KeyboardInterrupt as exc:
+        signum = getattr(exc, "signum", signal.SIGINT)
+        if driver.current is not None and not any(r is driver.current for r in runs):
+            runs.append(driver.current)
+            if watch:
+                watch.done(len(runs) - 1, runs[-1])
     finally:
+        signals.armed = False  # from here a signal only sets the exit code: the kill and the result run whole
         driver.kill_all()
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
-    return runs
+    return Matrix(runs, configs[len(runs):], signum)
 
 
 def _main_thread() -> bool:

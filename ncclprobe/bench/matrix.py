@@ -132,6 +132,23 @@ def build_matrix(protos: str, algos: str, configs=()) -> list[Config]:
     return out
 
 
+NCCL_PROTOS, NCCL_ALGOS = "LL,LL128,Simple", "Ring,Tree"  # the default matrix on NCCL
+GLOO_ONE_CONFIG = ("gloo: one configuration, NCCL's defaults: NCCL variables cannot change a gloo "
+                   "all-reduce, so more configurations would only measure noise (--proto, --algo or "
+                   "--config run them anyway)")
+
+
+def select(backend: str, protos: str | None, algos: str | None, configs=()) -> tuple[list[Config], str]:
+    """The configurations to run, and a note when the backend narrowed them. None means the option
+    was not given: on NCCL that forces each protocol and each algorithm; gloo reads no NCCL variable,
+    so there the defaults run, plus only what the user asked for."""
+    if backend == "gloo":
+        cfgs = build_matrix(protos or "", algos or "", configs)
+        return cfgs, GLOO_ONE_CONFIG if len(cfgs) == 1 and protos is None and algos is None else ""
+    return build_matrix(NCCL_PROTOS if protos is None else protos,
+                        NCCL_ALGOS if algos is None else algos, configs), ""
+
+
 def export_line(env: dict[str, str]) -> str:
     import shlex
     return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())) if env else ""

@@ -16,7 +16,10 @@ def require() -> None:
         raise AssignmentError(f"--plot needs matplotlib, which is not installed: {INSTALL_HINT}") from None
 
 
-def write(path: str, configs: list[dict[str, Any]], basis: str, title: str) -> None:
+def figure(configs: list[dict[str, Any]], basis: str, title: str, caveat: str = ""):
+    """The figure: out-of-place time against size, one line per configuration. `caveat` is written
+    on the image itself, where it travels with the file: lines that cannot differ (gloo, one GPU)
+    otherwise show noise as a win."""
     import matplotlib
     matplotlib.use("Agg")  # no display on servers
     import matplotlib.pyplot as plt
@@ -34,6 +37,16 @@ def write(path: str, configs: list[dict[str, Any]], basis: str, title: str) -> N
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    if caveat:
+        fig.text(0.5, 0.01, caveat, ha="center", va="bottom", fontsize=9, color="darkred", wrap=True)
+        fig.tight_layout(rect=(0, 0.06, 1, 1))  # room below the axes for the caveat
+    else:
+        fig.tight_layout()
+    return fig
+
+
+def write(path: str, configs: list[dict[str, Any]], basis: str, title: str, caveat: str = "") -> None:
+    fig = figure(configs, basis, title, caveat)  # selects the Agg backend before pyplot is needed here
+    import matplotlib.pyplot as plt
     fig.savefig(path, format="png")
     plt.close(fig)

@@ -5,7 +5,9 @@ already in place: NCCL_PARAM caches most variables per process at first read (sr
 so a process can never measure two configurations. Timing follows nccl-tests (warm-up, n calls back
 to back, host wall time / n) and vLLM's graph benchmark (n calls captured in one CUDA graph, replayed).
 All control traffic (barriers, gathering times) goes through a separate gloo group so that the NCCL
-communicator, and the profiler events it emits, carry only the measured all-reduces.
+communicator, and the profiler events it emits, carry only the measured all-reduces. Rank 0 appends
+each size's rows to the spec's `rows` file the moment every rank has measured it (the driver prints
+them from there while the configuration runs); result.json, written at the end, carries the versions.
 """
 from __future__ import annotations
 
@@ -41,6 +43,18 @@ def _write(path: Path, obj) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj))
     os.replace(tmp, path)
+
+
+class RowLog:
+    """Rank 0's measured rows, one JSON line per size, appended the moment they exist so the driver
+    can print them while the configuration runs (one write() per line: a reader never sees half of
+    one, DESIGN §4's log discipline)."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+    def __call__(self, rows: list[dict]) -> None:
+        os.write(self.fd, (json.dumps({"bytes": rows[0]["bytes"], "rows": rows}) + "\n").encode())
 
 
 def _loaded_nccl() -> str | None:
@@ -181,30 +195,35 @@ class Harness:
         bad = ((got - want).abs() > want * allreduce.tolerance(self.spec["dtype"])) | ~torch.isfinite(got)
         return int(bad.sum().item())
 
-    def run(self) -> list[dict]:
+    def measure(self, nbytes: int) -> list[dict]:
+        """This rank's rows for one size: out-of-place then in-place, each in every mode, then checked."""
         spec = self.spec
         modes = ["eager"] + (["graph"] if spec["graph"] and self.cuda else [])
+        count = nbytes // self.elem
         rows = []
-        for nbytes in spec["sizes"]:
-            count = nbytes // self.elem
-            for inplace in (False, True):
-                fn = self.op(count, inplace)
-                for _ in range(spec["warmup"]):
-                    fn()
-                self.sync()
-                for mode in modes:
-                    if mode == "eager":
-                        t, note = self.eager(fn, spec["iters"]), ""
-                    else:
-                        t, note = self.graph(fn, spec["iters"])
-                    rows.append({"bytes": count * self.elem, "count": count, "mode": mode,
-                                 "inplace": inplace, "time_s": t, "wrong": 0, "note": note})
-                if spec["check"]:
-                    wrong = self.check(count, inplace)
-                    for r in rows:
-                        if r["bytes"] == count * self.elem and r["inplace"] == inplace:
-                            r["wrong"] = wrong
-        # The maximum time across ranks (the slowest rank bounds the collective), wrong summed.
+        for inplace in (False, True):
+            fn = self.op(count, inplace)
+            for _ in range(spec["warmup"]):
+                fn()
+            self.sync()
+            placed = []
+            for mode in modes:
+                if mode == "eager":
+                    t, note = self.eager(fn, spec["iters"]), ""
+                else:
+                    t, note = self.graph(fn, spec["iters"])
+                placed.append({"bytes": count * self.elem, "count": count, "mode": mode,
+                               "inplace": inplace, "time_s": t, "wrong": 0, "note": note})
+            if spec["check"]:
+                wrong = self.check(count, inplace)
+                for r in placed:
+                    r["wrong"] = wrong
+            rows += placed
+        return rows
+
+    def slowest(self, rows: list[dict]) -> list[dict]:
+        """The maximum time across ranks (the slowest rank bounds the collective), wrong summed: on the
+        control group and outside every timed region (each timing starts with its own barrier)."""
         torch = self.torch
         times = torch.tensor([r["time_s"] for r in rows], dtype=torch.float64)
         wrong = torch.tensor([r["wrong"] for r in rows], dtype=torch.int64)
@@ -213,6 +232,11 @@ class Harness:
         for r, t, w in zip(rows, times.tolist(), wrong.tolist()):
             r["time_s"], r["wrong"] = t, int(w)
         return rows
+
+    def run(self, emit) -> None:
+        """Every size in turn; `emit` gets each size's rows (slowest rank) as soon as they exist."""
+        for nbytes in self.spec["sizes"]:
+            emit(self.slowest(self.measure(nbytes)))
 
     def versions(self) -> dict:
         torch = self.torch
@@ -238,11 +262,10 @@ def main(argv: list[str]) -> int:
     _write(out / f"rank{rank}.json", info)  # before torch loads: the driver sees who started
     try:
         h = Harness(spec, rank, nranks, local_rank)
-        rows = h.run()
+        h.run(RowLog(Path(spec["rows"])) if rank == 0 else lambda rows: None)
         info.update(state="done", **h.versions())
         if rank == 0:
-            _write(out / "result.json", {"rows": rows, "nranks": nranks, "out_of_place": h.oop_method,
-                                         **h.versions()})
+            _write(out / "result.json", {"nranks": nranks, "out_of_place": h.oop_method, **h.versions()})
         h.dist.destroy_process_group()  # communicator destroy flushes the profiler's summaries
     except Exception as exc:
         info.update(state="error", error=f"{type(exc).__name__}: {exc}",
