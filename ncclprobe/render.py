@@ -125,7 +125,8 @@ def _findings(con: Console, result: Result, plain: bool) -> None:
                 con.print(f"    {_t(str(k))}: {_t(shorten_paths(_short(v)))}")
             if f.hint:
                 con.print(f"    hint: {_t(shorten_paths(f.hint))}", style="green" if not plain else "")
-    elif result.command in DIAGNOSING and any(isinstance(n, (Table, Tree, Records, Grid)) for n in result.doc):
+    elif result.command in DIAGNOSING and not result.data.get("incomplete") and \
+            any(isinstance(n, (Table, Tree, Records, Grid)) for n in result.doc):  # an interrupted run proves nothing
         con.print()
         con.print("No findings.")
 

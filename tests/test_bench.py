@@ -308,7 +308,7 @@ def test_every_configuration_failing_is_exit_3_and_visible(monkeypatch, tmp_path
     assert [c["status"] for c in result.data["configs"]] == ["error", "error"]
     assert all("ModuleNotFoundError" in c["reason"] for c in result.data["configs"])
     assert result.exit_code() == 3
-    assert result.data["error"]["reason"] == "nothing measured"
+    assert result.data["error"]["reason"] == "nothing_measured"
     text = _text(result)
     assert "nothing was measured: every configuration ended in error or hang" in text
     assert "No findings." not in text and "Recommendation" not in text

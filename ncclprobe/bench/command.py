@@ -264,7 +264,7 @@ def _other_rank_result(plan: Plan, m: drv.Matrix, stop, kept: Path | None) -> Re
         doc.append(Text(f"rank {job.rank}: {summary.interruption(data)}.", "warn"))
     elif runs and not any(r.status in summary.MEASURED for r in runs):
         doc.append(Text(f"rank {job.rank}: {NOTHING_MEASURED}.", "warn"))
-        data["error"] = {"message": NOTHING_MEASURED, "reason": "nothing measured"}
+        data["error"] = {"message": NOTHING_MEASURED, "reason": "nothing_measured"}
         code = EXIT_UNEXAMINABLE
     if kept:
         doc.append(Text(f"Worker logs kept in {kept}.", "dim"))
@@ -318,7 +318,7 @@ def build_result(plan: Plan, m: drv.Matrix, d: drv.Driver, kept: bool = True) ->
         else:
             # Exit 3, not 1: nothing about this machine's all-reduce could be examined (as with no GPU or
             # no torch); 1 is for error-level findings, which need a measurement to stand on.
-            data["error"] = {"message": NOTHING_MEASURED, "reason": "nothing measured"}
+            data["error"] = {"message": NOTHING_MEASURED, "reason": "nothing_measured"}
             doc = summary.nothing_measured(ctx, data, kept)
         if plan.plot:
             doc.append(Text(f"No plot written to {plan.plot}: there is no number to draw.", "dim"))
