@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pwd
-import shlex
 import shutil
 import stat
 import subprocess
@@ -91,27 +90,27 @@ def other_user():
 # Each: (tmp_path, other uid) -> (NCCLPROBE_DIR, the directory that must stay empty or absent, the
 # words of the refusal).
 
-def _private(path: Path, mode: int = 0o700) -> Path:
+def _made(path: Path, mode: int = 0o700) -> Path:
     path.mkdir()
     os.chmod(path, mode)
     return path
 
 
 def _symlink(tmp, uid):
-    real = _private(tmp / "real")
+    real = _made(tmp / "real")
     (tmp / "link").symlink_to(real)
     return tmp / "link", real, "symlink"
 
 
 def _other_users(tmp, uid):
-    d = _private(tmp / "theirs")
+    d = _made(tmp / "theirs")
     os.chown(d, uid, uid)
     return d, d, "another user"
 
 
 def _mode(mode):
     def trick(tmp, uid):
-        d = _private(tmp / "shared", mode)
+        d = _made(tmp / "shared", mode)
         return d, d, "group or others can write"
     return trick
 
@@ -121,7 +120,7 @@ def _missing_parents(tmp, uid):
 
 
 def _leaf_in_shared_parent(tmp, uid):
-    parent = _private(tmp / "shared", 0o777)  # others could swap our directory for theirs
+    parent = _made(tmp / "shared", 0o777)  # others could swap our directory for theirs
     return parent / "log", parent / "log", "others can write to its parent"
 
 
@@ -326,14 +325,14 @@ def test_c_probe_never_creates_a_directory_in_a_system_directory(c_probe):
 
 
 def test_c_probe_names_a_symlinked_directory(c_probe, tmp_path):
-    real = _private(tmp_path / "real")
+    real = _made(tmp_path / "real")
     (tmp_path / "link").symlink_to(real)
     c_refused(c_host(c_probe, tmp_path / "link"), "it is a symlink")
     assert list(real.iterdir()) == []
 
 
 def test_c_probe_refuses_a_leaf_in_a_shared_parent(c_probe, tmp_path):
-    parent = _private(tmp_path / "shared", 0o777)
+    parent = _made(tmp_path / "shared", 0o777)
     c_refused(c_host(c_probe, parent / "log"), "others can write to its parent")
     assert not (parent / "log").exists()
 
