@@ -9,9 +9,14 @@ log directory and profile). start():
   - guards os.environ / os.environb / os.putenv / os.unsetenv for watched variables: each write is an
     `env_write` with the writer's file:line; writes that would change a pinned variable are refused;
   - follows fork children (os.register_at_fork) as processes of their own.
-It never raises: a failure is logged once as `probe_error` and the interpreter goes on. An unusable
-log directory makes it silent. Importing this module has no side effects; ncclprobe.profile imports
-it for the profile parser.
+It never raises: a failure is logged once as `probe_error` and the interpreter goes on. It never
+hurts its host (DESIGN.md §4, log directory; probes/ncclprobe/log.c keeps the same rules): it logs only
+into a private directory of its euid (no symlink; for root, no system directory), into a file it created
+(O_EXCL, O_NONBLOCK) or proved to be its own private regular file; before each write it checks with
+fstat that its fd still names that file (a host may close any fd and reuse the number), and an fd
+that does not is the host's: never written to, never closed. A refused or unusable log directory
+costs one line on stderr, then silence. The profile file is read once, at start. Importing this
+module has no side effects; ncclprobe.profile imports it for the profile parser.
 
 Start-up cost (issue 4: `python -c pass` at most 1.10x with the probe). Everything above the line
 "# ncclprobe: the rest of the probe" runs in every interpreter: it imports nothing the interpreter
@@ -49,9 +54,15 @@ INSTALLED = None
 
 MAX_STR = 65536  # bound on any logged string, so a line stays far below the readers' 1 MiB limit
 
-_dir = None  # log directory, None = silent
-_fd = -1     # log file of process _fd_pid
+# The log directory is opened O_PATH (no read permission needed) and never through a symlink; the
+# file is always new (O_EXCL) and O_NONBLOCK: a FIFO planted at its name fails instead of blocking.
+_DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+_dir = None  # log directory (absolute), None = silent
+_fd = -1     # log file of process _fd_pid, whose (st_dev, st_ino) is _fd_id
 _fd_pid = 0
+_fd_id = None
 _host = ""
 _fs_encoding = sys.getfilesystemencoding()
 _real_putenv = os.putenv
@@ -95,7 +106,7 @@ def _emit(ev, fields):
     # One event line, as _json(rec) in the rest writes it. fields: a dict (str keys; values other than
     # str, None, bool, int go through _json) or the JSON of the fields already (',"key":value...').
     # A probe_error (fields: (part, exception)) is logged once per part and never raises.
-    global _fd, _fd_pid, _dir
+    global _fd
     try:
         if ev == "probe_error":
             part, exc = fields
@@ -104,26 +115,22 @@ def _emit(ev, fields):
             _start["failed " + part] = True
             fields = {"part": part, "message": "%s: %s" % (type(exc).__name__, exc)}
         pid = os.getpid()
-        if _fd < 0 or _fd_pid != pid:
-            if _fd >= 0:  # inherited through fork: the child writes its own file
-                try:
-                    os.close(_fd)
-                except OSError:
-                    pass
+        if _fd >= 0:  # still our file? A host may close any fd and reuse its number (closerange)
+            try:
+                st = os.fstat(_fd)
+                ours = st.st_ino == _fd_id[1] and st.st_dev == _fd_id[0]
+            except OSError:
+                ours = False
+            if not ours:  # the number is the host's now (or nothing): never written to, never closed
                 _fd = -1
+            elif _fd_pid != pid:  # our file, inherited through fork: the child writes its own
+                os.close(_fd)
+                _fd = -1
+        if _fd < 0:
             if _dir is None:
                 return
-            path = "%s%s%s-%d.jsonl" % (_dir, "" if _dir.endswith("/") else "/", _host, pid)  # os.path.join
-            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-            try:
-                try:
-                    _fd = os.open(path, flags, 0o600)
-                except FileNotFoundError:  # first process of this log directory
-                    os.makedirs(_dir, 0o700, exist_ok=True)
-                    _fd = os.open(path, flags, 0o600)
-                _fd_pid = pid
-            except OSError:
-                _dir = None  # unwritable: go silent, the host is unaffected
+            _open_log(pid)
+            if _fd < 0:
                 return
         t = time.time()
         if type(fields) is not str:
@@ -150,6 +157,87 @@ def _emit(ev, fields):
             raise
 
 
+def _system_dir(fd, path, leaf=""):
+    # Whether a directory of root's (fd, at path; or its entry leaf) is a system one: in the system's
+    # own trees (or / itself), not in the scratch places under them where users keep private
+    # directories. Only root's are asked (a log directory is euid's): for root, ownership says nothing.
+    try:  # the real path, whatever symlinks led there
+        real = os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        real = os.path.realpath(path)
+    if leaf:
+        real = real.rstrip("/") + "/" + leaf
+    top = real[1:].split("/", 1)[0]  # "" for / itself
+    return ((top in {"", "bin", "boot", "dev", "etc", "proc", "sbin", "sys", "usr", "var"} or top.startswith("lib"))
+            and not real.startswith(("/var/tmp/", "/dev/shm/")))
+
+
+def _make_dir(d):
+    # Create the log directory d, its last component only (0700), if its parent exists, is no system
+    # directory, and nobody but its owner can write to it unless it is sticky like /tmp (elsewhere
+    # another user could rename our directory away and put theirs in its place). Returns an O_PATH
+    # descriptor of the new directory (or of one that appeared meanwhile: _open_log checks it). Here,
+    # not in the rest: the first process of a log directory would otherwise load the rest to start.
+    parent, _, leaf = d.rstrip("/").rpartition("/")
+    try:  # the parent may be reached through symlinks (/tmp -> /private/tmp)
+        fd = os.open(parent or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FileNotFoundError("its parent does not exist (only the last directory is ever created)") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if mode & 0o022 and not mode & 0o1000:
+            raise PermissionError("group or others can write to its parent")
+        if os.geteuid() == 0 and _system_dir(fd, parent or "/", leaf):  # the new directory would be root's
+            raise PermissionError("it is a system directory")
+        try:
+            os.mkdir(leaf, 0o700, dir_fd=fd)
+        except FileExistsError:
+            pass
+        return os.open(leaf, _DIR_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _open_log(pid):
+    # Open <dir>/<host>-<pid>.jsonl under the log discipline of DESIGN.md §4 (log.c keeps the same):
+    # the directory a private one of ours (the leaf created 0700 if missing, in a fit parent), the
+    # file created new (O_EXCL; O_NONBLOCK: nothing we open can block the host), or an existing one
+    # re-opened only if it is a private regular file of ours. Anything else: one line on stderr,
+    # then silence, for this process and its fork children.
+    global _fd, _fd_pid, _fd_id, _dir
+    dfd = -1
+    try:
+        try:
+            dfd = os.open(_dir, _DIR_FLAGS)  # O_NOFOLLOW: a symlink fails (ENOTDIR)
+        except FileNotFoundError:
+            dfd = _make_dir(_dir)
+        st = os.fstat(dfd)
+        if st.st_uid != os.geteuid():
+            raise PermissionError("it belongs to another user")
+        if st.st_mode & 0o022:
+            raise PermissionError("group or others can write to it")
+        if st.st_uid == 0 and _system_dir(dfd, _dir):
+            raise PermissionError("it is a system directory")
+        name = "%s-%d.jsonl" % (_host.replace("/", "_"), pid)
+        try:
+            fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dfd)
+        except FileExistsError:  # ours from before (pid reuse, exec, an fd the host closed), or planted
+            _rest()
+            fd = _reopen(name, dfd)
+        st = os.fstat(fd)
+        _fd, _fd_pid, _fd_id = fd, pid, (st.st_dev, st.st_ino)
+    except Exception as exc:
+        d, _dir = _dir, None
+        try:
+            _rest()
+            _refused(d, exc)
+        except Exception:
+            pass
+    finally:
+        if dfd >= 0:
+            os.close(dfd)
+
+
 def start():
     """Boot the probe in this process (idempotent: a second copy, e.g. ephemeral on top of
     persistent, does nothing). Never raises."""
@@ -170,16 +258,10 @@ def start():
             d = None
         elif INSTALLED.get("log_dir"):
             d = INSTALLED["log_dir"]
-        else:  # default_log_dir(); shared /tmp: use it only if it is ours and a directory, not a link
+        else:  # default_log_dir()
             d = "/tmp/ncclprobe-%d" % os.geteuid()
-            try:
-                st = os.lstat(d)
-                if st.st_uid != os.geteuid() or (st.st_mode & 0o170000) != 0o040000:  # not S_ISDIR
-                    d = None
-            except FileNotFoundError:
-                pass
-            except OSError:
-                d = None
+        if d and d[0] != "/":  # as the host found it: fork children and re-opens after a chdir too
+            d = os.getcwd() + "/" + d
         _dir = d
         argv = getattr(sys, "orig_argv", None)
         if argv is None:  # before 3.10
@@ -431,6 +513,73 @@ def default_log_dir(uid=None):
     return "/tmp/ncclprobe-%d" % (os.geteuid() if uid is None else uid)
 
 
+# ---------------------------------------------------------------------------- log opening, the rare paths
+# (_open_log and _make_dir, in the part every interpreter loads, have the common ones)
+
+_S_IFMT, _S_IFREG, _S_IFIFO = 0o170000, 0o100000, 0o010000
+
+
+def _private_file(st):
+    return (st.st_mode & _S_IFMT) == _S_IFREG and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def _reopen(name, dfd):
+    """Our file at `name` from before (pid reuse, an interpreter that exec'd another, an fd the host
+    closed), opened again only if it is a private regular file of ours; anything else (a FIFO, a
+    device, a file others may read, another user's) is refused without being opened."""
+    st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    if (st.st_mode & _S_IFMT) == _S_IFIFO:
+        raise PermissionError("a FIFO sits at the log file's name")
+    refusal = PermissionError("the file at its name is not a private regular file of this user")
+    if not _private_file(st):
+        raise refusal
+    fd = os.open(name, _FILE_FLAGS & ~(os.O_CREAT | os.O_EXCL), dir_fd=dfd)
+    now = os.fstat(fd)
+    if not _private_file(now) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):  # swapped meanwhile
+        os.close(fd)
+        raise refusal
+    return fd
+
+
+def _stderr_usable():
+    """Whether fd 2 is a place for a warning (as log.c decides): open for writing and a terminal, pipe,
+    socket or other character device, or a regular file opened for appending. A host that closed
+    stderr may have fd 2 on a data file of its own: never write there."""
+    try:
+        kind = os.fstat(2).st_mode & _S_IFMT
+        fd = os.open("/proc/self/fdinfo/2", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            info = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        flags = int(info.split(b"flags:", 1)[1].split()[0], 8)
+    except (OSError, IndexError, ValueError):
+        return False
+    if flags & 3 == os.O_RDONLY:  # O_ACCMODE
+        return False
+    if kind == _S_IFREG:
+        return bool(flags & os.O_APPEND)
+    return kind in (0o020000, _S_IFIFO, 0o140000)  # character device, FIFO, socket
+
+
+def _refused(d, exc):
+    """The one line a refused log costs (then silence), on stderr if that is a place for it."""
+    if isinstance(exc, NotADirectoryError) and exc.filename == d:  # O_NOFOLLOW|O_DIRECTORY on a symlink too
+        try:
+            why = "it is a symlink" if (os.lstat(d).st_mode & _S_IFMT) == 0o120000 else "not a directory"
+        except OSError:
+            why = "not a directory"
+    elif isinstance(exc, OSError):
+        why = exc.strerror or str(exc)
+        if exc.strerror and exc.filename not in (None, d):
+            why += " (%s)" % ascii(exc.filename)[1:-1]
+    else:
+        why = "%s: %s" % (type(exc).__name__, exc)
+    if _stderr_usable():
+        os.write(2, ("ncclprobe: cannot log in %s: %s; the boot probe stays silent\n"
+                     % (ascii(d)[1:-1], why)).encode("ascii", "backslashreplace"))
+
+
 # ---------------------------------------------------------------------------- JSON (no json import:
 # it costs more start-up time than the whole probe)
 
@@ -618,21 +767,21 @@ def parse_line(line, where):
         return None
     parts = text.split(None, 1)
     op, rest = parts[0], (parts[1] if len(parts) > 1 else "")
-    if op not in OPS:
-        raise ProfileError("%s: unknown directive %r (expected 'set NAME=VALUE', 'default NAME=VALUE' "
-                           "or 'pin NAME')" % (where, op))
+    if op not in OPS:  # the line is not shown: it may be a secret's value (a `set` forgotten)
+        raise ProfileError("%s: unknown directive (expected 'set NAME=VALUE', 'default NAME=VALUE' "
+                           "or 'pin NAME')" % where)
     if op == "pin":
         name = rest.strip()
         if "=" in name:
-            raise ProfileError("%s: pin takes a name only, got %r (use 'set' for the value)" % (where, name))
+            raise ProfileError("%s: pin takes a name only, not NAME=VALUE (use 'set' for the value)" % where)
         if not _valid_name(name):
             raise ProfileError("%s: %r is not a valid environment variable name" % (where, name))
         if not is_watched(name):
             raise ProfileError("%s: %s is not a watched variable; only watched variables (NCCL_*, "
                                "TORCH_NCCL_*, CUDA_VISIBLE_DEVICES, ...) can be pinned" % (where, name))
         return (op, name, None)
-    if "=" not in rest:
-        raise ProfileError("%s: expected '%s NAME=VALUE', got %r" % (where, op, text))
+    if "=" not in rest:  # not shown: 'set HF_TOKEN hf_...' would print the value
+        raise ProfileError("%s: expected '%s NAME=VALUE' (the line has no '=')" % (where, op))
     name, value = rest.split("=", 1)
     name = name.strip()
     if not _valid_name(name):
@@ -652,7 +801,8 @@ def check_entries(entries):
         if key in seen:
             prev_op, prev_value = seen[key]
             if (prev_op, prev_value) != (op, value):
-                raise ProfileError("%s: %s is already given as '%s %s=%s'" % (where, name, prev_op, name, prev_value))
+                shown = prev_value if is_watched(name) else "<redacted>"  # values of others are never shown
+                raise ProfileError("%s: %s is already given as '%s %s=%s'" % (where, name, prev_op, name, shown))
             continue
         seen[key] = (op, value)
         out.append((op, name, value))

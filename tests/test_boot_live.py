@@ -236,14 +236,17 @@ def test_many_processes_one_log_dir(wired, tmp_path):
     assert len(starts_by_pid(log)) == 8 + 4
 
 
-def test_unwritable_log_dir_is_silent(tmp_path):
+def test_unwritable_log_dir_is_one_line_then_silence(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     env = clean_env()
     env.update(ephemeral_env(env, tmp_path / "log", None))
     env["NCCLPROBE_DIR"] = str(blocker / "sub")  # ENOTDIR, even for root
-    res = run([PYTHON, "-c", "import os; os.environ['NCCL_PROTO']='LL'; print('ok', os.environ['NCCL_PROTO'])"], env)
-    assert (res.returncode, res.stdout, res.stderr) == (0, "ok LL\n", "")
+    res = run([PYTHON, "-c", "import os; os.environ['NCCL_PROTO']='LL'; os.environ['NCCL_ALGO']='Ring'; "
+               "print('ok', os.environ['NCCL_PROTO'])"], env)
+    assert (res.returncode, res.stdout) == (0, "ok LL\n")
+    assert res.stderr == f"ncclprobe: cannot log in {blocker / 'sub'}: not a directory; " \
+                         "the boot probe stays silent\n"
 
 
 def test_bad_profile_is_one_probe_error_and_the_process_goes_on(wired, tmp_path):

@@ -52,6 +52,24 @@ def test_parse_errors_name_the_line(text, line, words):
     assert words in str(err.value)
 
 
+# Mistakes a hand-written profile holding a secret can make; none may echo the secret (the boot probe
+# logs these messages as probe_error).
+SECRET_MISTAKES = ["HF_TOKEN=hunter2", "set HF_TOKEN hunter2", "default HF_TOKEN hunter2", "pin HF_TOKEN=hunter2",
+                   "hunter2", "set HF_TOKEN=hunter2\nset HF_TOKEN=other", "set HF_TOKEN=hunter2\ndefault HF_TOKEN=x"]
+
+
+@pytest.mark.parametrize("text", SECRET_MISTAKES)
+def test_parse_errors_never_show_values_of_unwatched_variables(text):
+    with pytest.raises(AssignmentError) as err:
+        profile.parse("# tuning\n" + text + "\n", "prof.txt")
+    assert str(err.value).startswith("prof.txt:") and "hunter2" not in str(err.value), str(err.value)
+
+
+def test_parse_errors_show_values_of_watched_variables():
+    with pytest.raises(AssignmentError, match="already given as 'set NCCL_PROTO=LL'"):
+        profile.parse("set NCCL_PROTO=LL\nset NCCL_PROTO=Simple\n")
+
+
 def test_same_entry_twice_is_kept_once():
     assert profile.parse("set NCCL_PROTO=LL\nset NCCL_PROTO=LL\n").sets == (("NCCL_PROTO", "LL"),)
 

@@ -9,13 +9,16 @@
  * The names are predictable, so only a private place is used: the directory must be a real
  * directory (not a symlink) of our effective uid that neither group nor others can write to
  * (NCCLPROBE_DIR=/tmp is refused: another user could plant a FIFO or a file of theirs at our
- * name), and the file must be a regular file of ours that nobody else can read or write. It is
- * opened O_NONBLOCK (a FIFO without a reader fails at once instead of blocking the host, and with
- * one fails the regular-file check) and set blocking only once checked. The directory stays open
- * (above NP_FD_FLOOR) and files are opened relative to it, so a relative NCCLPROBE_DIR keeps
- * naming the same directory after the host chdir()s (fork children open their own file there). */
+ * name) and, for root (who owns them), no system directory (/etc, /usr, ...); a missing one is
+ * created, its last component only, in a parent fit for it. The file must be a regular file of
+ * ours that nobody else can read or write. It is opened O_NONBLOCK (a FIFO without a reader fails
+ * at once instead of blocking the host, and with one fails the regular-file check) and set
+ * blocking only once checked. The directory stays open (above NP_FD_FLOOR) and files are opened
+ * relative to it, so a relative NCCLPROBE_DIR keeps naming the same directory after the host
+ * chdir()s (fork children open their own file there). */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,6 +111,87 @@ static int move_high(int fd) {
   return high;
 }
 
+/* Whether a directory of root's at the canonical path `real` is a system one: in the system's own
+ * trees (or / itself), not in the scratch places under them where users keep private directories
+ * (the boot probe's rule too). Only root's directories are asked (a log directory is euid's): for
+ * root, ownership says nothing. */
+static int system_dir(const char* real) {
+  static const char* const tops[] = {"bin", "boot", "dev", "etc", "proc", "sbin", "sys", "usr", "var"};
+  if (!strncmp(real, "/var/tmp/", 9) || !strncmp(real, "/dev/shm/", 9)) return 0;
+  const char* top = real[0] == '/' ? real + 1 : real;
+  size_t n = strcspn(top, "/");
+  if (n == 0 || (n >= 3 && !strncmp(top, "lib", 3))) return 1;
+  for (size_t i = 0; i < sizeof tops / sizeof tops[0]; i++)
+    if (strlen(tops[i]) == n && !strncmp(top, tops[i], n)) return 1;
+  return 0;
+}
+
+/* The real path of the directory open as fd (whatever symlinks its parents went through), from
+ * /proc/self/fd, else from realpath(path). 0 on success. */
+static int real_path(int fd, const char* path, char* out, size_t size) {
+  char link[64];
+  snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(link, out, size - 1);
+  if (n > 0 && (size_t)n < size - 1) {
+    out[n] = 0;
+    return 0;
+  }
+  char* r = realpath(path, NULL);
+  int ok = r && strlen(r) < size;
+  if (ok) strcpy(out, r);
+  free(r);
+  return ok ? 0 : -1;
+}
+
+/* Creates the log directory, its last component only (0700), if its parent exists, is no system
+ * directory, and nobody but its owner can write to it unless it is sticky like /tmp (elsewhere
+ * another user could rename ours away and put theirs in its place). The O_PATH descriptor of the
+ * new directory (or of one that appeared meanwhile: the caller checks it), or -1 after a warning. */
+static int make_dir(const char* dir) {
+  char path[PATH_MAX], real[PATH_MAX];
+  size_t len = strlen(dir);
+  while (len > 1 && dir[len - 1] == '/') len--;
+  if (len >= sizeof path) {
+    warn_once(dir, "create the directory for the", strerror(ENAMETOOLONG));
+    return -1;
+  }
+  memcpy(path, dir, len);
+  path[len] = 0;
+  char* slash = strrchr(path, '/');
+  const char* parent = ".";
+  const char* leaf = path;
+  if (slash) {
+    *slash = 0;
+    leaf = slash + 1;
+    parent = slash == path ? "/" : path;
+  }
+  int pfd = open(parent, O_PATH | O_DIRECTORY | O_CLOEXEC); /* symlinks above the leaf are followed */
+  if (pfd < 0) {
+    warn_once(dir, "create the directory for the",
+              errno == ENOENT ? "its parent does not exist (only the last directory is ever created)" : strerror(errno));
+    return -1;
+  }
+  struct stat st;
+  const char* why = NULL;
+  size_t rl;
+  if (fstat(pfd, &st) != 0) why = strerror(errno);
+  else if ((st.st_mode & 022) && !(st.st_mode & S_ISVTX)) why = "group or others can write to its parent";
+  else if (geteuid() == 0) { /* the new directory would be root's */
+    if (real_path(pfd, parent, real, sizeof real) != 0) why = "the real path of its parent is unknown";
+    else if ((rl = strlen(real)) + strlen(leaf) + 2 > sizeof real) why = strerror(ENAMETOOLONG);
+    else {
+      snprintf(real + rl, sizeof real - rl, "%s%s", rl && real[rl - 1] == '/' ? "" : "/", leaf);
+      if (system_dir(real)) why = "it is a system directory";
+    }
+  }
+  if (!why && mkdirat(pfd, leaf, 0700) != 0 && errno != EEXIST) why = strerror(errno);
+  int dfd = -1;
+  if (!why && (dfd = openat(pfd, leaf, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) why = strerror(errno);
+  close(pfd);
+  if (why) warn_once(dir, "create the directory for the", why);
+  return dfd;
+}
+
 /* The checked directory, opened now or kept from an earlier open; -1 after a warning. */
 static int log_dir_fd(const char* dir) {
   struct stat st;
@@ -115,25 +199,29 @@ static int log_dir_fd(const char* dir) {
   /* Gone, or the host closed it and reused the number (then it is the host's: left alone). */
   g_dirfd = -1;
   if (!dir) return -1; /* NCCLPROBE_DIR unset since the first open, and the directory lost */
-  if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-    warn_once(dir, "create the directory for the", strerror(errno));
-    return -1;
-  }
   int dfd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (dfd < 0) {
-    warn_once(dir, "open the directory for the", errno == ELOOP ? "it is a symlink" : strerror(errno));
+  if (dfd < 0 && errno == ENOENT) {
+    dfd = make_dir(dir);
+    if (dfd < 0) return -1;
+  } else if (dfd < 0) {
+    /* O_NOFOLLOW with O_DIRECTORY: a symlink fails with ENOTDIR, like a file */
+    int e = errno;
+    struct stat lst;
+    warn_once(dir, "use the directory for the",
+              e == ENOTDIR && lstat(dir, &lst) == 0 && S_ISLNK(lst.st_mode) ? "it is a symlink" : strerror(e));
     return -1;
   }
   dfd = move_high(dfd);
-  if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode)) {
+  char real[PATH_MAX];
+  const char* why = NULL;
+  if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode)) why = "not a directory";
+  else if (st.st_uid != geteuid()) why = "it belongs to another user";
+  else if (st.st_mode & 022) why = "group or others can write to it";
+  else if (st.st_uid == 0 && real_path(dfd, dir, real, sizeof real) != 0) why = "its real path is unknown";
+  else if (st.st_uid == 0 && system_dir(real)) why = "it is a system directory";
+  if (why) {
     close(dfd);
-    warn_once(dir, "use the directory for the", "not a directory");
-    return -1;
-  }
-  if (st.st_uid != geteuid() || (st.st_mode & 022)) {
-    close(dfd);
-    warn_once(dir, "use the directory for the",
-              st.st_uid != geteuid() ? "it belongs to another user" : "group or others can write to it");
+    warn_once(dir, "use the directory for the", why);
     return -1;
   }
   g_dirfd = dfd;
