@@ -145,6 +145,9 @@ def _nccl_read(m: Model, c: CommView) -> str:
     """What NCCL itself read for this communicator: for a variable NCCL re-reads per communicator,
     the first read after this communicator started (else the last one before it); for a cached one,
     the process's first read."""
+    if c.env_source == "nccl-log":  # the log's own lines, attributed to this communicator (nccllog_model)
+        return " ".join([f"{k[5:]}={v}" for k, v in sorted(c.env.items()) if inprocess.is_tuning(k)][:SHOWN_VARS_MAX]) \
+            or "(defaults)"
     p = m.processes.get((c.host, c.pid))
     if p is None or not p.reads:
         return "-"
