@@ -334,14 +334,19 @@ def _comms(m: Model, p: ProcessView, lp: LogProcess) -> dict[LogComm, CommView]:
     """Each log communicator joined to the communicator another witness saw (same commId, else same
     pointer, and a rank that agrees), or added; first come first joined, so a reused pointer is not
     joined twice."""
-    existing = m.comms_of(p.host, p.pid)
+    by_hash: dict[str, list[CommView]] = defaultdict(list)
+    by_ptr: dict[str, list[CommView]] = defaultdict(list)
+    for c in m.comms_of(p.host, p.pid):
+        if h := comm_id(c.comm_hash):
+            by_hash[h].append(c)
+        if ptr := _ptr(c.comm):
+            by_ptr[ptr].append(c)
     taken: set[int] = set()
     views: dict[LogComm, CommView] = {}
     for lc in lp.comms:
-        h, ptr = comm_id(lc.comm_id), _ptr(lc.comm)
-        free = [c for c in existing if id(c) not in taken and c.rank in (None, lc.rank)]
-        c = next((c for c in free if h and comm_id(c.comm_hash) == h), None) or \
-            next((c for c in free if c.comm and _ptr(c.comm) == ptr), None)
+        h = comm_id(lc.comm_id)
+        c = _first_free(by_hash.get(h, ()) if h else (), lc, taken) or \
+            _first_free(by_ptr.get(_ptr(lc.comm), ()), lc, taken)
         if c is None:
             c = CommView(p.host, p.pid, math.inf, api=lc.api, comm=lc.comm, rank=lc.rank, nranks=lc.nranks,
                          parent=lc.parent, color=lc.color, key=lc.key, dev=lc.dev)
@@ -363,3 +368,10 @@ def _comms(m: Model, p: ProcessView, lp: LogProcess) -> dict[LogComm, CommView]:
         if not c.colls:  # a profiler's counts, where there are any, are complete: never add the log's
             c.colls = {k: CollStat(*k, s.bytes_min, s.bytes_max, s.count) for k, s in lc.colls.items()}
     return views
+
+
+def _first_free(candidates, lc: LogComm, taken: set[int]) -> CommView | None:
+    for c in candidates:
+        if id(c) not in taken and c.rank in (None, lc.rank):
+            return c
+    return None
