@@ -601,3 +601,23 @@ def test_every_truncation_of_every_sample_line_parses_or_is_counted():
                 assert c["records"] + c["blank"] + c["unknown"] + c["nccl_other"] + c["malformed"] >= 1
                 for rec in log.records:
                     _check_types(rec)
+
+
+@pytest.mark.timeout(60)
+def test_report_of_a_log_directory_with_hostile_nccl_debug_files_stays_fast(tmp_path):
+    """report merges a directory's nccl-debug* files by itself: one 40k-character line made `run`
+    take 13 s after its command had finished, and 200 lines of 8k took 104 s."""
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    init = ("vm:77:77 [0] NCCL INFO ncclCommInitRank comm 0x1000 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 "
+            "commId 0xbdba985b4a6820a - Init {}\n")
+    with open(d / "nccl-debug.vm.77", "w") as f:
+        f.write("z" * 40_000 + "\n" + ("a" * 8000 + "\n") * 200)
+        f.write(init.format("START") + "vm:77:77 [0] NCCL INFO NCCL_PROTO set by environment to LL\n"
+                + init.format("COMPLETE"))
+    r = subprocess.run([sys.executable, "-m", "ncclprobe", "report", str(d), "--json", "--expect", "NCCL_PROTO=Simple"],
+                       capture_output=True, text=True, timeout=60)
+    out = json.loads(r.stdout)
+    (c,) = out["communicators"]
+    assert (c["comm_hash"], c["env"], c["env_source"]) == ("0x0bdba985b4a6820a", {"NCCL_PROTO": "LL"}, "nccl-log")
+    assert r.returncode == 1 and [f["code"] for f in out["findings"]] == ["ENV_CHANGED"]
