@@ -4,21 +4,30 @@ A user who only has NCCL logs still learns which values NCCL read, which communi
 what it ran. Formats (src/debug.cc, src/init.cc, src/enqueue.cc of each release):
 
   [ts ]host:pid:tid [dev] NCCL INFO msg        ts only when NCCL_DEBUG_TIMESTAMP_LEVELS asks (2.26+)
-  host:pid:tid [dev] file.cc:123 NCCL WARN msg  preceded by an empty line
+  host:pid:tid [dev] file.cc:123 [(func) ]NCCL WARN msg   preceded by an empty line; (func) from 2.30
   host:pid:tid [dev] 12.345 file.cc:123 NCCL TRACE msg
   NCCL version 2.30.7+cuda12.9                  bare at NCCL_DEBUG=VERSION|WARN (2.30)
 
 Lines may carry a launcher's prefix (torchrun's "[default0]:"), so the NCCL prefix is searched, not
 anchored. Anything else is skipped and counted, never an error.
+
+Reading is linear in the input and bounded in memory: a file is read in CHUNK-byte pieces and a line
+over MAX_LINE bytes is skipped (and counted) without ever being held whole; prefixes are found by one
+scan for the ":pid:tid " of `host:pid:tid` (the host is then matched backwards, at most MAX_HOST
+characters), and every pattern is anchored with bounded repeats. At most MAX_RECORDS records are kept;
+a caller that needs every one (nccllog_model, for the per-collective TUNING lines) passes a sink.
 """
 from __future__ import annotations
 
+import functools
+import math
 import os
 import re
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Callable, Iterable, Iterator, Union
 
 from ncclprobe import tuning
 
@@ -28,13 +37,20 @@ from ncclprobe import tuning
 ALGO_IDS = tuning.ALGOS
 PROTO_IDS = tuning.PROTOS
 
+# NCCL formats into a 1024-byte buffer (src/debug.cc), but from 2.30 only the format goes there and
+# vfprintf expands it, so a ring of thousands of ranks makes a legitimate line of tens of kilobytes.
+MAX_LINE = 1 << 16
+MAX_HOST = 255            # HOST_NAME_MAX; NCCL prints the name cut at its first '.'
+MAX_RECORDS = 20_000
+CHUNK = 1 << 16
+_I32 = 1 << 31
+_I64 = 1 << 63
 
+
+@functools.lru_cache(maxsize=256)
 def canonical(name: str | None) -> str | None:
     """'RING' / 'ring' / 'COLLNET_DIRECT' / 'SIMPLE' -> 'Ring' / 'CollNetDirect' / 'Simple' (others unchanged)."""
     return None if name is None else tuning.canonical(name)
-
-
-MAX_LINE = 1 << 16  # NCCL formats into a 1024-byte buffer; anything far longer is not NCCL's
 
 
 @dataclass(frozen=True)
@@ -86,18 +102,28 @@ class CacheDisabled:
 class CommInit:
     at: Where
     phase: str              # "START" | "COMPLETE"
-    api: str | None         # absent before 2.22 ("comm %p rank ..." lines)
+    api: str | None         # absent before 2.21 ("comm %p rank ..." lines)
     comm: str               # the ncclComm_t pointer as printed
     rank: int
     nranks: int
     cuda_dev: int
-    nvml_dev: int | None    # absent in 2.18/2.19
+    nvml_dev: int | None    # absent in 2.18
     bus_id: str
     comm_id: int | None     # commHash from 2.26 (== profiler commId); hashUniqueId before; none on splits
     parent: str | None = None
-    split_count: int | None = None  # splitCount (2.26-2.28) / childCount (2.29+)
+    split_count: int | None = None  # splitCount (2.24-2.28) / childCount (2.29+)
     color: int | None = None
     key: int | None = None
+
+
+@dataclass(frozen=True)
+class CommEnd:
+    """`comm %p rank %d nranks %d cudaDev %d busId %lx - Destroy|Abort COMPLETE` (every release)."""
+    at: Where
+    comm: str
+    rank: int
+    nranks: int
+    how: str                # "Destroy" | "Abort"
 
 
 @dataclass(frozen=True)
@@ -132,13 +158,25 @@ class ConfigLine:
 
 
 @dataclass(frozen=True)
+class CollCall:
+    """`%s: opCount %lx ... count %zu datatype %d op %d root %d comm %p [nranks=%d] stream %p`
+    (NCCL_DEBUG_SUBSYS=COLL, every rank, at the call): the one per-collective line naming its comm."""
+    at: Where
+    func: str
+    op_count: int
+    count: int
+    comm: str
+    nranks: int
+
+
+@dataclass(frozen=True)
 class Tuning:
     """What NCCL ran for one collective (rank 0 only): algorithm, protocol, channels or time."""
     at: Where
     func: str | None        # absent in 2.20-2.22 lines
     nbytes: int
-    algo: str               # NCCL_ALGO spelling ("Ring", "CollNetDirect"), whatever case the line used
-    proto: str | None       # "LL" | "LL128" | "Simple"; None for copy-engine collectives
+    algo: str               # NCCL_ALGO spelling ("Ring", "CollNetDirect"); "CopyEngine", "Symmetric(kernel)"
+    proto: str | None       # "LL" | "LL128" | "Simple"; None for copy-engine and symmetric kernels
     channel_lo: int | None
     channel_hi: int | None
     time_us: float | None   # the model's predicted time (pre-2.24 lines)
@@ -158,58 +196,160 @@ class Warn:
     message: str
 
 
-Record = Union[VersionLine, EnvSetting, InvalidValue, CacheDisabled, CommInit, CommTopology,
-               PluginLoaded, ConfigLine, Tuning, Warn]
+Record = Union[VersionLine, EnvSetting, InvalidValue, CacheDisabled, CommInit, CommEnd, CommTopology,
+               PluginLoaded, ConfigLine, CollCall, Tuning, Warn]
+
+# What the counts mean where a report lists what it skipped.
+PROBLEMS = {
+    "too_long": f"NCCL log line over {MAX_LINE} bytes",
+    "malformed": "NCCL log line in an unexpected format",
+    "unreadable": "NCCL log file unreadable or not a regular file",
+    "records_not_kept": f"NCCL log records past the first {MAX_RECORDS} (counted, not kept)",
+}
 
 
 @dataclass
 class NcclLog:
-    records: list = field(default_factory=list)
+    records: list = field(default_factory=list)     # the first MAX_RECORDS records, in order
     files: list[str] = field(default_factory=list)
-    counts: Counter = field(default_factory=Counter)  # lines, blank, records, nccl_other, unknown, unreadable
+    unreadable: dict[str, str] = field(default_factory=dict)   # path -> reason
+    counts: Counter = field(default_factory=Counter)  # lines, blank, records, nccl_other, unknown, malformed, ...
+    procs: dict[tuple[str, int], None] = field(default_factory=dict)
 
     def of(self, kind: type) -> list:
         return [r for r in self.records if isinstance(r, kind)]
 
-    @property
-    def skipped(self) -> int:
-        return self.counts["unknown"]
-
     def processes(self) -> list[tuple[str | None, int | None]]:
-        seen = dict.fromkeys((r.at.host, r.at.pid) for r in self.records)
-        return list(seen)
+        return list(self.procs)
+
+    def problems(self) -> dict[str, int]:
+        """Skipped lines and files by reason (for a report's list of what it could not read)."""
+        return {text: self.counts[key] for key, text in PROBLEMS.items() if self.counts[key]}
 
 
-_HEAD = (r"(?P<ts>\[[^\]\n]{1,64}\] ?)?(?P<host>[^\s:.\[\]]+):(?P<pid>\d+):(?P<tid>\d+) "
-         r"(?:\[(?P<dev>-?\d+)\] (?:(?P<ttime>\d+\.\d+) )?(?:(?P<file>[\w./+-]+):(?P<fline>\d+) )?)?"
-         r"NCCL (?P<level>INFO|WARN|TRACE|CALL)\b ?")
-_PREFIX = re.compile(_HEAD + r"(?P<msg>.*)$")
-_HEADS = re.compile(_HEAD)
-_VERSION = re.compile(r"NCCL version (?P<ver>(?P<maj>\d+)\.(?P<min>\d+)\.(?P<pat>\d+))"
-                      r"(?P<suffix>[^+\s]*)(?:\+(?P<build>\S+))?")
-_SET_BY_ENV = re.compile(r"^(?P<var>NCCL_\w+) set by environment to (?P<value>.*?)(?P<dot>\.)?\s*$")
-_INVALID = re.compile(r"^Invalid value (?P<value>.*) for (?P<var>NCCL_\w+), using default (?P<default>-?\w+)\.?$")
-_NO_CACHE = re.compile(r"^(?:PARAM: )?Disabling caching for environment variable (?P<var>\w+)\.?$")
+# ---- the prefix ---------------------------------------------------------------------------------
+
+_ANCHOR = re.compile(r":(\d{1,10}):(\d{1,10}) ")      # the ":pid:tid " of host:pid:tid
+_HOST_REV = re.compile(r"[^\s:.\[\]\x00-\x1f\x7f]{1,%d}" % (MAX_HOST + 1))   # matched on the reversed line
+_TAIL_TEXT = (r"(?:\[(?P<dev>-?\d{1,10})\] )?(?:(?P<ttime>\d{1,20}\.\d{1,9}) )?"
+              r"(?:(?P<file>[\w./+<>-]{1,256}):(?P<fline>\d{1,10}) (?:\((?P<func>[^()\s]{1,256})\) )?)?"
+              r"NCCL (?P<level>INFO|WARN|TRACE|CALL)(?: |$)")
+_TAIL = re.compile(_TAIL_TEXT)
+# the usual line, prefix first: one anchored match with bounded repeats
+_AT_START = re.compile(r"(?:(?P<ts>\[[^\]]{1,64}\]) ?)?"
+                       r"(?P<host>[^\s:.\[\]\x00-\x1f\x7f]{1,%d}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) " % MAX_HOST
+                       + _TAIL_TEXT)
+
+
+@dataclass(frozen=True)
+class _Head:
+    start: int              # where the prefix (with its timestamp) begins
+    body: int               # where the message begins
+    host: str
+    pid: int
+    tid: int
+    dev: int | None
+    ts: str | None
+    level: str
+    file: str | None
+    fline: int | None
+
+
+def _heads(line: str) -> list[_Head]:
+    """Every NCCL prefix in line, in order; linear in len(line) (see the module docstring)."""
+    m = _AT_START.match(line)
+    if m is not None and _ANCHOR.search(line, m.end()) is None:
+        head = _head(m, 0, m["host"], m["pid"], m["tid"], m["ts"])
+        return [head] if head is not None else []
+    return _scan(line)
+
+
+def _head(t: re.Match, start: int, host: str, pid_text: str, tid_text: str, ts: str | None) -> _Head | None:
+    """The prefix from its tail match `t` (dev, file:line, level) and the host:pid:tid before it."""
+    pid, tid = int(pid_text), int(tid_text)
+    if pid >= _I32 or tid >= _I32:
+        return None
+    dev = int(t["dev"]) if t["dev"] is not None else None
+    return _Head(start, t.end(), host, pid, tid, dev if dev is not None and -_I32 <= dev < _I32 else None,
+                 _clean(ts) if ts else None, t["level"], t["file"], int(t["fline"]) if t["fline"] is not None else None)
+
+
+def _scan(line: str) -> list[_Head]:
+    """_heads for a line whose prefix is not at its start, or that holds several (glued lines)."""
+    out: list[_Head] = []
+    rev = None
+    n = len(line)
+    for a in _ANCHOR.finditer(line):
+        t = _TAIL.match(line, a.end())
+        if t is None:
+            continue
+        if rev is None:
+            rev = line[::-1]
+        h = _HOST_REV.match(rev, n - a.start())
+        if h is None or h.end() - h.start() > MAX_HOST:
+            continue
+        hs = a.start() - (h.end() - h.start())
+        start, ts = hs, None
+        e = hs - 1 if hs > 0 and line[hs - 1] == " " else hs
+        if e > 0 and line[e - 1] == "]":
+            o = line.rfind("[", max(0, e - 66), e - 1)
+            if o >= 0 and 1 <= e - 1 - o - 1 <= 64:
+                start, ts = o, line[o:e]
+        head = _head(t, start, line[hs:a.start()], a[1], a[2], ts)
+        if head is not None:
+            out.append(head)
+    return out
+
+
+def _clean(text: str) -> str:
+    """Control characters (a terminal's escapes among them) never leave the parser."""
+    return text if text.isprintable() else "".join(ch if ch.isprintable() else "\ufffd" for ch in text)
+
+
+# ---- messages -----------------------------------------------------------------------------------
+
+_PTR = r"(?:0x[0-9a-fA-F]{1,16}|\(nil\))"
+_INT = r"-?\d{1,10}"
+_U64 = r"\d{1,20}"
+_VERSION = re.compile(r"NCCL version (?P<ver>(?P<maj>\d{1,3})\.(?P<min>\d{1,3})\.(?P<pat>\d{1,3}))"
+                      r"(?P<suffix>[^+\s]{0,64})(?:\+(?P<build>\S{1,64}))?")
+_SET_BY_ENV = re.compile(r"(?P<var>NCCL_\w{1,128}) set by environment to (?P<value>.*)")
+_PARAM_VALUE = re.compile(r"-?\d{1,20}\.")
+_INVALID = re.compile(r"Invalid value (?P<value>.{0,4096}?) for (?P<var>NCCL_\w{1,128}), "
+                      r"using default (?P<default>-?\w{1,32})\.?")
+_NO_CACHE = re.compile(r"(?:PARAM: )?Disabling caching for environment variable (?P<var>\w{1,128})\.?")
 _INIT = re.compile(
-    r"^(?:\[Rank -?\d+\] )?(?:(?P<api>[A-Za-z_]\w*) )?comm (?P<comm>\S+) rank (?P<rank>-?\d+) "
-    r"nranks (?P<nranks>-?\d+) cudaDev (?P<cuda>-?\d+)(?: nvmlDev (?P<nvml>-?\d+))? busId (?P<bus>[0-9a-fA-F]+)"
-    r"(?: parent (?P<parent>\S+)(?: (?:splitCount|childCount) (?P<split>-?\d+))? color (?P<color>-?\d+) "
-    r"key (?P<key>-?\d+))?(?: commId (?P<commid>0x[0-9a-fA-F]+))? ?- Init (?P<phase>START|COMPLETE)\b")
-_TOPO = re.compile(r"^comm (?P<comm>\S+) rank (?P<rank>-?\d+) nRanks (?P<nranks>-?\d+) nNodes (?P<nnodes>-?\d+)"
-                   r"(?: localRanks (?P<lranks>-?\d+) localRank (?P<lrank>-?\d+))?(?: MNNVL (?P<mnnvl>-?\d+))?")
-_PLUGIN = re.compile(r"^(?P<kind>PROFILER|ENV|TUNER)/Plugin: (?:Loaded|loaded|Using tuner plugin|Using) "
-                     r"(?P<name>.+?)(?: \(v(?P<ver>\d+)\))?$")
-_CONFIG_RESET = re.compile(r"^Comm config (?P<field>\w+) reset to (?:(?P<fval>-?\d+) by )?"
-                           r"(?P<var>NCCL_\w+)=(?P<value>.*)$")
-_CONFIG_SET = re.compile(r"^Comm config (?P<field>\w+) set to (?P<value>.*)$")
-_TUNING_NEW = re.compile(r"^(?P<func>\w+): (?P<bytes>\d+) Bytes -> Algo (?P<algo>\w+) proto (?P<proto>\w+)"
-                         r" channel\{Lo\.\.Hi\}=\{(?P<lo>-?\d+)\.\.(?P<hi>-?\d+)\}")
-_TUNING_OLD = re.compile(r"^(?:(?P<func>\w+): )?(?P<bytes>\d+) Bytes -> Algo (?P<algo>-?\d+) proto (?P<proto>-?\d+)"
-                         r" time (?P<time>[-\d.einfa]+)")
-_TUNING_CE = re.compile(r"^(?P<func>\w+) \[Copy Engine\]: (?P<bytes>\d+) Bytes -> (?P<how>\w+)")
-# Messages that name a format we parse: if one of these fails to match, the format changed.
-_KEYWORDS = ("Init START", "Init COMPLETE", "set by environment", "Bytes -> ", "/Plugin: Loaded",
-             "/Plugin: Using", "Comm config ", "nNodes ")
+    rf"(?:\[Rank {_INT}\] )?(?:(?P<api>[A-Za-z_]\w{{0,63}}) )?comm (?P<comm>{_PTR}) rank (?P<rank>{_INT}) "
+    rf"nranks (?P<nranks>{_INT}) cudaDev (?P<cuda>{_INT})(?: nvmlDev (?P<nvml>{_INT}))? busId (?P<bus>[0-9a-fA-F]{{1,16}})"
+    rf"(?: parent (?P<parent>{_PTR})(?: (?:splitCount|childCount) (?P<split>{_INT}))? color (?P<color>{_INT}) "
+    rf"key (?P<key>{_INT}))?(?: commId 0x(?P<commid>[0-9a-fA-F]{{1,16}}))? ?- Init (?P<phase>START|COMPLETE)")
+_END = re.compile(rf"comm (?P<comm>{_PTR}) rank (?P<rank>{_INT}) nranks (?P<nranks>{_INT}) cudaDev {_INT} "
+                  rf"busId [0-9a-fA-F]{{1,16}} - (?P<how>Destroy|Abort) COMPLETE")
+_TOPO = re.compile(rf"comm (?P<comm>{_PTR}) rank (?P<rank>{_INT}) nRanks (?P<nranks>{_INT}) nNodes (?P<nnodes>{_INT})"
+                   rf"(?: localRanks (?P<lranks>{_INT}) localRank (?P<lrank>{_INT}))?(?: MNNVL (?P<mnnvl>{_INT}))?")
+_PLUGIN = re.compile(r"(?P<kind>PROFILER|ENV|TUNER)/Plugin: (?:Loaded|loaded|Using tuner plugin|Using) "
+                     r"(?P<name>.{1,256}?)(?: \(v(?P<ver>\d{1,4})\))?")
+_CONFIG_RESET = re.compile(rf"Comm config (?P<field>\w{{1,64}}) reset to (?:(?P<fval>{_INT}) by )?"
+                           r"(?P<var>NCCL_\w{1,128})=(?P<value>.*)")
+_CONFIG_SET = re.compile(r"Comm config (?P<field>\w{1,64}) set to (?P<value>.*)")
+_TUNING_NEW = re.compile(rf"(?P<func>\w{{1,64}}): (?P<bytes>{_U64}) Bytes -> Algo (?P<algo>\w{{1,32}}) "
+                         rf"proto (?P<proto>\w{{1,32}}) channel\{{Lo\.\.Hi\}}=\{{(?P<lo>{_INT})\.\.(?P<hi>{_INT})\}}")
+_TUNING_OLD = re.compile(rf"(?:(?P<func>\w{{1,64}}): )?(?P<bytes>{_U64}) Bytes -> Algo (?P<algo>{_INT}) "
+                         rf"proto (?P<proto>{_INT}) time (?P<time>[-+\w.]{{1,32}})")
+_TUNING_CE = re.compile(rf"(?P<func>\w{{1,64}}) \[(?P<kind>Copy Engine|Hierarchical CE)\]: (?P<bytes>{_U64}) Bytes -> ")
+_TUNING_SYM = re.compile(rf"(?P<func>\w{{1,64}}) \[Symmetric\]: (?P<bytes>{_U64}) Bytes -> Kernel (?P<kernel>\S{{1,128}}) "
+                         rf"nchannels (?P<nch>{_INT}) nthreads {_INT}")
+_COLL = re.compile(rf"(?P<func>\w{{1,64}}): opCount (?P<op>[0-9a-fA-F]{{1,16}}) sendbuff {_PTR} recvbuff {_PTR} "
+                   rf"count (?P<count>{_U64}) datatype {_INT} op {_INT} root {_INT} comm (?P<comm>{_PTR}) "
+                   rf"\[nranks=(?P<nranks>{_INT})\] stream {_PTR}")
+
+
+def _i32(text: str | None) -> int | None:
+    """A C int from a bounded digit run (the patterns allow at most 10 digits), None outside int range."""
+    if text is None:
+        return None
+    v = int(text)
+    return v if -_I32 <= v < _I32 else None
 
 
 def _id_name(table: tuple[str, ...], raw: str) -> str:
@@ -218,132 +358,228 @@ def _id_name(table: tuple[str, ...], raw: str) -> str:
 
 
 def _message(msg: str, at: Where):
-    """The record for one INFO/TRACE message, or None if it is not one we model."""
-    if m := _SET_BY_ENV.match(msg):
-        return EnvSetting(at, m["var"], m["value"], bool(m["dot"]))
-    if m := _INIT.match(msg):
-        return CommInit(at, m["phase"], m["api"], m["comm"], int(m["rank"]), int(m["nranks"]), int(m["cuda"]),
-                        int(m["nvml"]) if m["nvml"] else None, m["bus"],
-                        int(m["commid"], 16) if m["commid"] else None, m["parent"],
-                        int(m["split"]) if m["split"] else None,
-                        int(m["color"]) if m["color"] else None, int(m["key"]) if m["key"] else None)
+    """The record for one INFO/TRACE message; None if it is none we model, False if it looks like one
+    we model but does not parse (a changed format, or a damaged line)."""
+    if " set by environment to " in msg:
+        if m := _SET_BY_ENV.fullmatch(msg):
+            value = m["value"]
+            param = bool(_PARAM_VALUE.fullmatch(value))
+            return EnvSetting(at, m["var"], _clean(value[:-1] if param else value), param)
+        return False
+    if msg.endswith(("- Init START", "- Init COMPLETE")):
+        return _init(msg, at)
+    if msg.endswith((" - Destroy COMPLETE", " - Abort COMPLETE")):
+        m = _END.fullmatch(msg)
+        rank, nranks = (_i32(m["rank"]), _i32(m["nranks"])) if m else (None, None)
+        return CommEnd(at, m["comm"].lower(), rank, nranks, m["how"]) if m and None not in (rank, nranks) else False
+    if " Bytes -> " in msg:
+        return _tuning(msg, at)
+    if ": opCount " in msg:
+        m = _COLL.fullmatch(msg)
+        nranks = _i32(m["nranks"]) if m else None
+        if m is None or nranks is None or int(m["count"]) >= _I64:
+            return False
+        return CollCall(at, m["func"], int(m["op"], 16), int(m["count"]), m["comm"].lower(), nranks)
+    if msg.startswith("comm ") and " nNodes " in msg:
+        m = _TOPO.match(msg)
+        vals = [_i32(m[k]) for k in ("rank", "nranks", "nnodes")] if m else [None]
+        if None in vals:
+            return False
+        return CommTopology(at, m["comm"].lower(), *vals, _i32(m["lranks"]), _i32(m["lrank"]), _i32(m["mnnvl"]))
+    if msg.startswith(("PROFILER/Plugin: ", "ENV/Plugin: ", "TUNER/Plugin: ")):
+        if m := _PLUGIN.fullmatch(msg):
+            return PluginLoaded(at, m["kind"].lower(), _clean(m["name"]), int(m["ver"]) if m["ver"] else None)
+        return False if msg.partition(": ")[2].startswith(("Loaded ", "loaded ", "Using ")) else None
+    if msg.startswith("Comm config "):
+        if m := _CONFIG_RESET.fullmatch(msg):
+            value = _clean(m["value"])
+            return ConfigLine(at, m["field"], m["fval"] if m["fval"] else value, m["var"], value)
+        if m := _CONFIG_SET.fullmatch(msg):
+            return ConfigLine(at, m["field"], _clean(m["value"]), None, None)
+        return False
+    if msg.startswith("Invalid value "):
+        if m := _INVALID.fullmatch(msg):
+            return InvalidValue(at, m["var"], _clean(m["value"]), m["default"])
+        return False
+    if "Disabling caching for environment variable" in msg:
+        m = _NO_CACHE.fullmatch(msg)
+        return CacheDisabled(at, m["var"]) if m else False
+    if msg.startswith("NCCL version "):
+        m = _VERSION.match(msg)
+        return _version(m, at) if m else False
+    return None
+
+
+def _init(msg: str, at: Where):
+    m = _INIT.fullmatch(msg)
+    if m is None:
+        return False
+    ints = {k: _i32(m[k]) for k in ("rank", "nranks", "cuda", "nvml", "split", "color", "key")}
+    if None in (ints["rank"], ints["nranks"], ints["cuda"]) or any(
+            m[k] is not None and ints[k] is None for k in ("nvml", "split", "color", "key")):
+        return False
+    return CommInit(at, m["phase"], m["api"], m["comm"].lower(), ints["rank"], ints["nranks"], ints["cuda"],
+                    ints["nvml"], m["bus"].lower(), int(m["commid"], 16) if m["commid"] else None,
+                    m["parent"].lower() if m["parent"] else None, ints["split"], ints["color"], ints["key"])
+
+
+def _tuning(msg: str, at: Where):
     if m := _TUNING_NEW.match(msg):
-        return Tuning(at, m["func"], int(m["bytes"]), canonical(m["algo"]), canonical(m["proto"]),
-                      int(m["lo"]), int(m["hi"]), None)
+        lo, hi, nbytes = _i32(m["lo"]), _i32(m["hi"]), int(m["bytes"])
+        if lo is None or hi is None or nbytes >= _I64:
+            return False
+        return Tuning(at, m["func"], nbytes, canonical(m["algo"]), canonical(m["proto"]), lo, hi, None)
     if m := _TUNING_OLD.match(msg):
+        if int(m["bytes"]) >= _I64:
+            return False
         try:
             t = float(m["time"])
         except ValueError:
             t = None
-        return Tuning(at, m["func"], int(m["bytes"]), _id_name(ALGO_IDS, m["algo"]),
-                      _id_name(PROTO_IDS, m["proto"]), None, None, t)
+        return Tuning(at, m["func"], int(m["bytes"]), _id_name(ALGO_IDS, m["algo"]), _id_name(PROTO_IDS, m["proto"]),
+                      None, None, t if t is not None and math.isfinite(t) else None)
     if m := _TUNING_CE.match(msg):
-        return Tuning(at, m["func"], int(m["bytes"]), f"CopyEngine({m['how']})", None, None, None, None)
-    if m := _TOPO.match(msg):
-        opt = lambda k: int(m[k]) if m[k] else None  # noqa: E731
-        return CommTopology(at, m["comm"], int(m["rank"]), int(m["nranks"]), int(m["nnodes"]),
-                            opt("lranks"), opt("lrank"), opt("mnnvl"))
-    if m := _PLUGIN.match(msg):
-        return PluginLoaded(at, m["kind"].lower(), m["name"], int(m["ver"]) if m["ver"] else None)
-    if m := _CONFIG_RESET.match(msg):
-        return ConfigLine(at, m["field"], m["fval"] if m["fval"] else m["value"], m["var"], m["value"])
-    if m := _CONFIG_SET.match(msg):
-        return ConfigLine(at, m["field"], m["value"], None, None)
-    if m := _INVALID.match(msg):
-        return InvalidValue(at, m["var"], m["value"], m["default"])
-    if m := _NO_CACHE.match(msg):
-        return CacheDisabled(at, m["var"])
-    if m := _VERSION.match(msg):
-        return _version(m, at)
-    return None
+        algo = "CopyEngine" if m["kind"] == "Copy Engine" else "HierarchicalCE"
+        return Tuning(at, m["func"], int(m["bytes"]), algo, None, None, None, None) if int(m["bytes"]) < _I64 else False
+    if m := _TUNING_SYM.match(msg):
+        nch = _i32(m["nch"])
+        if nch is None or nch < 1 or int(m["bytes"]) >= _I64:
+            return False
+        return Tuning(at, m["func"], int(m["bytes"]), f"Symmetric({_clean(m['kernel'])})", None, 0, nch - 1, None)
+    return False
 
 
 def _version(m: re.Match, at: Where) -> VersionLine:
     code = int(m["maj"]) * 10000 + int(m["min"]) * 100 + int(m["pat"])
-    suffix, build = m["suffix"] or "", m["build"] or ""
+    suffix, build = _clean(m["suffix"] or ""), _clean(m["build"] or "")
     return VersionLine(at, m["ver"], code, suffix, build, "simulated" in (suffix + build).lower())
 
 
-def parse_lines(lines: Iterable[str], name: str = "<text>", log: NcclLog | None = None) -> NcclLog:
-    """Parses NCCL log text into `log` (a new one if None); returns it."""
+# ---- lines and files ----------------------------------------------------------------------------
+
+Sink = Callable[[Record], None]
+
+
+def parse_lines(lines: Iterable[str | None], name: str = "<text>", log: NcclLog | None = None,
+                sink: Sink | None = None) -> NcclLog:
+    """Parses NCCL log text into `log` (a new one if None); returns it. A None item is a line the
+    reader skipped as too long. Every record goes to `sink` too, in order, kept or not."""
     log = log if log is not None else NcclLog()
-    bare: list[int] = []      # indexes of records without a process (bare version lines)
+    bare: list[VersionLine] = []      # records without a process (bare version lines) of this input
     procs: set[tuple[str, int]] = set()
     for n, raw in enumerate(lines, 1):
         log.counts["lines"] += 1
+        if raw is None or len(raw) > MAX_LINE:
+            log.counts["too_long"] += 1
+            continue
         line = raw.rstrip("\r\n")
-        if not line.strip():
+        if not line or line.isspace():
             log.counts["blank"] += 1
             continue
-        if len(line) > MAX_LINE:
-            log.counts["unknown"] += 1
-            continue
-        source = f"{name}:{n}"
-        heads = [h.start() for h in _HEADS.finditer(line)]
+        heads = _heads(line)
         if len(heads) > 1:
             # two processes' lines glued together on a shared stream: parse each part on its own
-            parts = [line[a:b] for a, b in zip(heads, heads[1:] + [len(line)])]
             log.counts["glued"] += 1
+        for i, h in enumerate(heads):
+            end = heads[i + 1].start if i + 1 < len(heads) else len(line)
+            _one(h, line[h.body:end].rstrip(), f"{name}:{n}", log, sink, procs)
+        if heads:
+            continue
+        stripped = line.strip()
+        if stripped.startswith("NCCL version ") and (v := _VERSION.match(stripped)):
+            bare.append(_version(v, Where(f"{name}:{n}", None, None, None, None)))
         else:
-            parts = [line]
-        for part in parts:
-            _one(part, source, log, bare, procs)
-    _attribute_bare(log, bare, procs)
+            log.counts["unknown"] += 1
+    _attribute_bare(log, bare, procs, sink)
     return log
 
 
-def _one(line: str, source: str, log: NcclLog, bare: list[int], procs: set) -> None:
-    m = _PREFIX.search(line)
-    if m:
-        at = Where(source, m["host"], int(m["pid"]), int(m["tid"]),
-                   int(m["dev"]) if m["dev"] is not None else None, (m["ts"] or "").strip() or None)
-        procs.add((at.host, at.pid))
-        msg = m["msg"]
-        rec = None
-        if m["level"] == "WARN":
-            rec = Warn(at, m["file"] or "", int(m["fline"] or 0), msg)
-        elif m["level"] in ("INFO", "TRACE"):
-            rec = _message(msg, at)
-        if rec is None:
-            log.counts["malformed" if any(k in msg for k in _KEYWORDS) else "nccl_other"] += 1
-            return
-    elif line.lstrip().startswith("NCCL version") and (v := _VERSION.search(line)):
-        # bare VERSION-level line (NCCL_DEBUG=VERSION|WARN): no host/pid on it
-        rec = _version(v, Where(source, None, None, None, None))
-        bare.append(len(log.records))
-    else:
-        log.counts["unknown"] += 1
+def _one(h: _Head, msg: str, source: str, log: NcclLog, sink: Sink | None, procs: set) -> None:
+    at = Where(source, _clean(h.host), h.pid, h.tid, h.dev, h.ts)
+    procs.add((at.host, at.pid))
+    log.procs.setdefault((at.host, at.pid))
+    rec = None
+    if h.level == "WARN":
+        rec = Warn(at, _clean(h.file or ""), h.fline if h.fline is not None and h.fline < _I32 else 0, _clean(msg))
+    elif h.level in ("INFO", "TRACE"):
+        rec = _message(msg, at)
+    if not rec:
+        log.counts["malformed" if rec is False else "nccl_other"] += 1
         return
-    log.records.append(rec)
+    _keep(log, rec, sink)
+
+
+def _keep(log: NcclLog, rec, sink: Sink | None) -> None:
     log.counts["records"] += 1
     log.counts[type(rec).__name__] += 1
+    if len(log.records) < MAX_RECORDS:
+        log.records.append(rec)
+    else:
+        log.counts["records_not_kept"] += 1
+    if sink is not None:
+        sink(rec)
 
 
-def _attribute_bare(log: NcclLog, bare: list[int], procs: set) -> None:
-    if len(procs) != 1 or not bare:
-        return
+def _attribute_bare(log: NcclLog, bare: list[VersionLine], procs: set, sink: Sink | None) -> None:
     # a per-process NCCL_DEBUG_FILE (%p): its bare version lines belong to its one writer
-    host, pid = next(iter(procs))
-    for i in bare:
-        r = log.records[i]
-        log.records[i] = VersionLine(Where(r.at.source, host, pid, None, None), r.version, r.code,
-                                     r.suffix, r.build, r.simulated)
+    one = next(iter(procs)) if len(procs) == 1 else (None, None)
+    for r in bare:
+        _keep(log, VersionLine(Where(r.at.source, one[0], one[1], None, None), r.version, r.code, r.suffix,
+                               r.build, r.simulated), sink)
 
 
-def parse_files(paths: Iterable[str | os.PathLike]) -> NcclLog:
-    """Parses every file (NCCL_DEBUG_FILE outputs, captured stdout/stderr); unreadable ones are counted."""
+def read_lines(fd: int, cap: int = MAX_LINE) -> Iterator[bytes | None]:
+    """The lines of an open file, split on b"\\n" only (as NCCL writes; a '\\r' inside stays), read in
+    CHUNK-byte pieces: a line over `cap` bytes comes out as None and is never held whole."""
+    buf = b""
+    skipping = False
+    while chunk := os.read(fd, CHUNK):
+        start = 0
+        while (nl := chunk.find(b"\n", start)) >= 0:
+            piece = chunk[start:nl]
+            if skipping or len(buf) + len(piece) > cap:
+                yield None
+            else:
+                yield buf + piece
+            buf, skipping, start = b"", False, nl + 1
+        if not skipping:
+            rest = chunk[start:]
+            if len(buf) + len(rest) > cap:
+                buf, skipping = b"", True
+            else:
+                buf += rest
+    if skipping:
+        yield None
+    elif buf:
+        yield buf
+
+
+def parse_files(paths: Iterable[str | os.PathLike], sink: Sink | None = None) -> NcclLog:
+    """Parses every file (NCCL_DEBUG_FILE outputs, captured stdout/stderr); unreadable ones (missing,
+    symlinks, FIFOs and other non-regular files: never opened so that they block) are counted."""
     log = NcclLog()
     for p in paths:
-        path = Path(p)
+        path = str(Path(p))
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as exc:
             log.counts["unreadable"] += 1
+            log.unreadable[path] = exc.strerror or type(exc).__name__
             continue
-        with os.fdopen(fd, "rb") as fh:
-            log.files.append(str(path))
-            # binary iteration splits on b"\n" only, as NCCL writes; text mode would also split on '\r'
-            parse_lines((b.decode("utf-8", "replace") for b in fh), str(path), log)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                log.counts["unreadable"] += 1
+                log.unreadable[path] = "not a regular file"
+                continue
+            log.files.append(path)
+            lines = (b if b is None else b.decode("utf-8", "replace") for b in read_lines(fd))
+            try:
+                parse_lines(lines, path, log, sink)
+            except OSError as exc:  # an I/O error mid-file: what was read stands
+                log.counts["unreadable"] += 1
+                log.unreadable[path] = exc.strerror or type(exc).__name__
+        finally:
+            os.close(fd)
     return log
 
 

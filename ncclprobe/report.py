@@ -161,6 +161,9 @@ def _size(n: int) -> str:
 def _nccl_read(m: Model, c: CommView) -> str:
     """What NCCL itself read for this communicator (verdict.nccl_read), tuning variables only; where it
     read none, say so rather than imply defaults."""
+    if c.env_source == "nccl-log":  # the log's own lines, attributed to this communicator (nccllog_model)
+        return " ".join([f"{k[5:]}={v}" for k, v in sorted(c.env.items()) if inprocess.is_tuning(k)][:SHOWN_VARS_MAX]) \
+            or "all unset (NCCL's defaults)"
     p = m.processes.get((c.host, c.pid))
     if p is None or not p.reads:
         return "not witnessed (no env plugin, no NCCL log)"

@@ -88,6 +88,8 @@ def effective(m: Model, c: CommView, var: str) -> tuple[bool, str | None]:
     """(known, value) of var for communicator c: what NCCL read where the env plugin or its log saw
     it, else the environment at the communicator's creation; a variable NCCL caches per process takes
     the value at the process's first communicator."""
+    if c.env_source == "nccl-log" and c.env is not None:  # what the log says NCCL read for this one
+        return True, c.env.get(var)
     read = nccl_read(m, c, var)
     if read is not None:
         return True, read.value

@@ -128,13 +128,17 @@ def comm_tuning_divergent(m: Model) -> list[Finding]:
                     culprit = f" (set by {w.where})"
                 out.append(Finding(
                     "COMM_TUNING_DIVERGENT", "error",
-                    f"a later communicator was created with {var}={v!r}{culprit}, while an earlier one of "
-                    f"the same process got {var}={first_v!r}: their collectives run different tunings",
+                    f"a later communicator was created with {_shown(var, v)}{culprit}, while an earlier one of "
+                    f"the same process got {_shown(var, first_v)}: their collectives run different tunings",
                     pids=(pid,), var=var, evidence=ev, instances=(_at(c),),
                     culprit=_short_where(w.where) if w else "", cause=(var, first_v, v, w.where if w else None),
                     hint=(f"remove or guard the write at {w.where}, or pin it: ncclprobe run --pin {var}"
                           if w else f"set {var} once before the first communicator and leave it alone")))
     return out
+
+
+def _shown(var: str, value: str | None) -> str:
+    return f"{var} unset" if value is None else f"{var}={value!r}"
 
 
 def _realized(c: CommView) -> str:
@@ -187,6 +191,8 @@ def algo_proto_mismatch(m: Model) -> list[Finding]:
                 continue
             bad = []
             for s in c.colls.values():
+                if pick(s) not in universe:  # a copy-engine or symmetric kernel: no NCCL_ALGO/PROTO choice
+                    continue
                 allowed = tuning.allowed(wanted, s.func, universe)
                 if allowed is not None and pick(s) not in allowed and pick(s) not in ("", "None", "?"):
                     bad.append(s)
