@@ -1,7 +1,8 @@
 """A command's whole process tree, kept under one supervisor (`ncclprobe run`, the demo).
 
 The supervising process becomes a child subreaper, so a descendant that leaves CMD's process group or
-session (start_new_session, setsid, a double-forking daemon) is reparented to it when its parent dies,
+session (start_new_session, setsid, a double-forking daemon) is reparented to it when its parent dies
+(prctl(2) PR_SET_CHILD_SUBREAPER: orphans go to the nearest living subreaper ancestor, not to init),
 and stays findable through /proc ppid links; each scan also records what it found, so a process that
 left the tree anyway (no subreaper) is still known by pid and start time.
 
@@ -310,8 +311,8 @@ class Group:
             self.handled += 1
             if self.stage == RUNNING:
                 self.stage, self.deadline = FORWARDED, time.monotonic() + self.grace
-                self.say(f"{name}: forwarded to CMD (process group {self.pgid}); whatever still runs gets "
-                         f"SIGTERM in {self.grace:g} s and SIGKILL {self.grace:g} s later; {name} again to hurry")
+                self.say(f"{name}: forwarded to CMD; what still runs gets SIGTERM in {self.grace:g} s, "
+                         f"SIGKILL {self.grace:g} s later ({name} again: sooner)")
             else:
                 self._escalate(f"{name} again" if self.handled > 1 else name)
         if time.monotonic() >= self.deadline:
