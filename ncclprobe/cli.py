@@ -144,15 +144,18 @@ def run(sets, defaults, pins, log_dir, no_preload, no_plugins, no_boot, expects,
                           preload=not no_preload, plugins=not no_plugins, boot=not no_boot,
                           expect=expect, stdout_to_stderr=as_json)
     except launch.LaunchError as exc:
-        result = exc.result()
         if not as_json:
             render.error(str(exc))
             sys.exit(exc.code)
+        result, quiet = exc.result(), False  # --quiet leaves out the report, never the error
     code = result.exit_code(strict)
     if quiet or sys.stdout is None:  # None: stdout was closed when Python started (`>&-`)
         sys.exit(code)
     try:  # a reader that went away (`| head`) or a hung-up terminal must not change the exit code
-        render.render_json(result) if as_json else render.render_text(result)
+        if as_json:
+            render.render_json(result)
+        else:
+            render.render_text(result)
         sys.stdout.flush()
     except SystemExit:  # rich's Console.on_broken_pipe: stdout is /dev/null now, and exit 1 is not CMD's
         pass

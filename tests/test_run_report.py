@@ -72,6 +72,8 @@ def test_a_given_directory_keeps_the_launch_failure_in_run_json(tmp_path):
     assert r.returncode == 127 and "command not found" in r.stderr and r.stdout == ""
     meta = json.loads((d / "run.json").read_text())
     assert meta["error"]["reason"] == "command_not_found" and meta["status"].startswith("not started")
+    q = cli("run", "--dir", str(d), "--quiet", "--json", "--", "/no/such/command-xyz")  # --quiet: no report, still the error
+    assert q.returncode == 127 and json.loads(q.stdout)["error"]["reason"] == "command_not_found"
 
 
 def test_run_reports_a_crash_signal(tmp_path):
