@@ -219,6 +219,8 @@ class Group:
         self._was_subreaper = get_subreaper()
         self.outcome.subreaper = set_subreaper(1)
         for sig in STOP_SIGNALS + PASSED_SIGNALS:
+            if signal.getsignal(sig) is signal.SIG_IGN:  # nohup, `cmd &`: CMD inherits the ignoring, a handler would not survive exec
+                continue
             try:
                 self._old[sig] = signal.signal(sig, self._on_signal)
             except (ValueError, OSError):  # not the main thread

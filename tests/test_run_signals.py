@@ -273,3 +273,15 @@ def test_a_closed_stdout_keeps_cmds_exit_code(tmp_path, as_json):
     err = "".join(run.stderr)
     assert rc == 3, err
     assert "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_a_signal_ignored_when_run_starts_stays_ignored_in_cmd(tmp_path):
+    """nohup (SIGHUP) and a shell's `cmd &` (SIGINT, SIGQUIT) ignore signals for what they start: a
+    handler of run's own would be reset to the default at CMD's exec, so run leaves those alone."""
+    code = "import signal; print(signal.getsignal(signal.SIGHUP) is signal.SIG_IGN)"
+    nohup = ("import signal, subprocess, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+             "sys.exit(subprocess.run(sys.argv[1:]).returncode)")
+    r = subprocess.run([sys.executable, "-c", nohup, *NCCLPROBE, "run", "--dir", str(tmp_path / "l"), "--",
+                        sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT_S)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "True"
