@@ -285,3 +285,30 @@ def test_a_signal_ignored_when_run_starts_stays_ignored_in_cmd(tmp_path):
                         sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT_S)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[0] == "True"
+
+
+def test_a_process_seen_once_is_still_found_after_it_left_the_tree(tmp_path):
+    """Without a subreaper (this test process is none), a daemon whose parent exits goes to another
+    parent; a Tree that recorded it still lists it (by pid and start time)."""
+    from ncclprobe.supervise import Tree
+    tree = Tree()
+    pidfile, go = tmp_path / "pid", tmp_path / "go"
+    code = ("import os, pathlib, time\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n    os.setsid()\n    fd = os.open(os.devnull, os.O_RDWR)\n"
+            "    for i in (0, 1, 2): os.dup2(fd, i)\n    os.execvp('sleep', ['sleep', '600'])\n"
+            "while pathlib.Path(f'/proc/{pid}/comm').read_text() != 'sleep\\n': time.sleep(0.01)\n"
+            f"pathlib.Path({str(pidfile)!r}).write_text(str(pid))\n"
+            f"while not pathlib.Path({str(go)!r}).exists(): time.sleep(0.01)\n")
+    middle = subprocess.Popen([sys.executable, "-c", code])
+    STARTED.append(middle)
+    daemon = None
+    try:
+        daemon = identity(int(wait_for(pidfile)))
+        assert daemon[0] in {m.pid for m in tree.live()}
+        go.touch()
+        middle.wait(timeout=WAIT_S)
+        assert psutil.Process(daemon[0]).ppid() not in (middle.pid, os.getpid())  # no ppid link to us left
+        assert [(m.pid, m.name) for m in tree.live()] == [(daemon[0], "sleep")]
+    finally:
+        kill_if_running(daemon)
