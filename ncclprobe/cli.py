@@ -110,7 +110,7 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
     _emit(result, as_json, strict)
 
 
-@main.command(context_settings={**CONTEXT, "ignore_unknown_options": True, "allow_interspersed_args": False})
+@main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})  # CMD's own options stay CMD's
 @click.option("--set", "sets", multiple=True, metavar="K=V", help="Set a variable for CMD and its whole tree (repeatable).")
 @click.option("--set-default", "defaults", multiple=True, metavar="K=V", help="Set it only where it is absent (repeatable).")
 @click.option("--pin", "pins", multiple=True, metavar="K", help="Refuse in-process writes to K (the value stays).")
@@ -121,22 +121,57 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
 @click.option("--expect", "expects", multiple=True, metavar="K=V", help="Expected value, checked in the report.")
 @click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
 @json_option
+@click.option("--strict", is_flag=True, help="When CMD exits 0, exit 1 on warnings too, not only on errors.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(sets, defaults, pins, log_dir, no_preload, no_plugins, no_boot, expects, quiet, as_json, cmd):
-    """Run CMD with the probes wired in, then print the report. Exits with CMD's exit code.
+def run(sets, defaults, pins, log_dir, no_preload, no_plugins, no_boot, expects, quiet, as_json, strict, cmd):
+    """Run CMD with the probes wired in, then print the report.
+
+    \b
+    Exit code: CMD's own when it is not 0 (128+N when killed by signal N); when CMD exits 0, 1 if
+    the report has error-level findings (--strict: warnings too), else 0; 127 when CMD is not found
+    and 126 when it cannot be executed, as in a shell (no log directory is left then, unless --dir).
+    Options after CMD's first word are CMD's.
+
+    \b
+    Signals: the first SIGINT/SIGTERM/SIGHUP/SIGQUIT goes to CMD's process group; whatever of CMD's
+    tree still runs 5 s later (NCCLPROBE_RUN_GRACE_S) gets SIGTERM, then SIGKILL after 5 s more;
+    each further signal takes the next step at once. The whole tree is ended, processes that left
+    CMD's session included, and so is what CMD leaves behind when a signal kills it. After a normal
+    exit, what CMD left running stays running and is listed in the report.
 
     \b
     Example: ncclprobe run --set NCCL_PROTO=LL -- python serve.py --tp 8
     """
-    from ncclprobe import launch, profile as profile_mod
+    import errno
+    import os
+    from ncclprobe import launch, profile as profile_mod, render
     profile = _guarded("run", as_json, profile_mod.from_cli, sets, defaults, pins)
     expect = _assignments(expects, "--expect")
-    result, code = _guarded("run", as_json, launch.run_command, list(cmd), profile=profile, log_dir=log_dir,
-                            preload=not no_preload, plugins=not no_plugins, boot=not no_boot,
-                            expect=expect, stdout_to_stderr=as_json)
-    if quiet:
+    try:
+        result = _guarded("run", as_json, launch.run_command, list(cmd), profile=profile, log_dir=log_dir,
+                          preload=not no_preload, plugins=not no_plugins, boot=not no_boot,
+                          expect=expect, stdout_to_stderr=as_json)
+    except launch.LaunchError as exc:
+        if not as_json:
+            render.error(str(exc))
+            sys.exit(exc.code)
+        result, quiet = exc.result(), False  # --quiet leaves out the report, never the error
+    code = result.exit_code(strict)
+    if quiet or sys.stdout is None:  # None: stdout was closed when Python started (`>&-`)
         sys.exit(code)
-    _emit(result, as_json, code=code)
+    try:  # a reader that went away (`| head`) or a hung-up terminal must not change the exit code
+        if as_json:
+            render.render_json(result)
+        else:
+            render.render_text(result)
+        sys.stdout.flush()
+    except SystemExit:  # rich's Console.on_broken_pipe: stdout is /dev/null now, and exit 1 is not CMD's
+        pass
+    except OSError as exc:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's docs, "Note on SIGPIPE"
+        if exc.errno != errno.EPIPE:
+            click.echo(f"ncclprobe run: could not print the report: {exc.strerror or exc}", err=True)
+    sys.exit(code)
 
 
 @main.command(context_settings=CONTEXT)

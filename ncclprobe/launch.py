@@ -1,12 +1,13 @@
-"""`ncclprobe run`: start a command with the probes wired in, forward signals to its whole process
-group, and report what its communicators got."""
+"""`ncclprobe run`: start a command with the probes wired in, supervise its whole tree (supervise.py),
+and report what its communicators got."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -14,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ncclprobe import supervise
 from ncclprobe.doc import Result, Text, Unexaminable
 from ncclprobe.events import RUN_META
-
-FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
-GRACE_S = 5.0
+from ncclprobe.supervise import Group, printable
 
 
 @dataclass
@@ -104,61 +104,10 @@ def _write_meta(log_dir: Path, meta: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-class Group:
-    """The command in its own process group, with signals forwarded to the whole group."""
-
-    def __init__(self, cmd: list[str], env: dict[str, str], stdout=None, cwd=None):
-        self.proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=stdout, cwd=cwd)
-        self.pgid = self.proc.pid
-        self._old = {}
-        for sig in FORWARDED:
-            try:
-                self._old[sig] = signal.signal(sig, self._forward)
-            except (ValueError, OSError):  # not the main thread
-                pass
-
-    def _forward(self, signum, frame):
-        self.signal(signum)
-
-    def signal(self, signum: int) -> None:
-        try:
-            os.killpg(self.pgid, signum)
-        except ProcessLookupError:
-            pass
-
-    def wait(self) -> int:
-        try:
-            while True:
-                try:
-                    return self.proc.wait()
-                except KeyboardInterrupt:  # SIGINT arrived while the handler was not yet set
-                    self.signal(signal.SIGINT)
-        finally:
-            for sig, old in self._old.items():
-                signal.signal(sig, old)
-
-    def reap_group(self, grace: float = GRACE_S) -> None:
-        """After an interrupted run: TERM, then KILL whatever is left of the group."""
-        self.signal(signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and _group_alive(self.pgid):
-            time.sleep(0.05)
-        if _group_alive(self.pgid):
-            self.signal(signal.SIGKILL)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def describe_status(code: int) -> tuple[str, int]:
-    """Popen returncode -> (words, shell-style exit code)."""
+def describe_status(code: int | None) -> tuple[str, int]:
+    """Popen returncode (None: it did not end even after SIGKILL) -> (words, shell-style exit code)."""
+    if code is None:
+        return "still running after SIGKILL", 128 + signal.SIGKILL
     if code < 0:
         try:
             name = signal.Signals(-code).name
@@ -168,49 +117,133 @@ def describe_status(code: int) -> tuple[str, int]:
     return f"exited with code {code}", code
 
 
+class LaunchError(Exception):
+    """CMD could not be started: the exit code a shell gives (127 not found, 126 found but not
+    executable) and a stable snake_case reason."""
+
+    def __init__(self, message: str, reason: str, code: int, log_dir: Path | None):
+        super().__init__(message)
+        self.reason, self.code, self.log_dir = reason, code, log_dir
+
+    def result(self) -> Result:
+        return Result("run", data={"error": {"message": str(self), "reason": self.reason}, "returncode": None,
+                                   "exit_status": "not started", "log_dir": str(self.log_dir) if self.log_dir else None},
+                      code=self.code)
+
+
+def launch_error(prog: str, exc: OSError, log_dir: Path | None) -> LaunchError:
+    """What execve's error means, in a shell's words and exit codes (bash: 127 when nothing could be
+    run, 126 when the file is there but cannot be executed)."""
+    shown = printable(prog)
+    if exc.errno == errno.ENOENT:
+        interp = _interpreter(prog) if "/" in prog else None
+        if interp is not None:  # the file is there; ENOENT is for the #! interpreter (execve(2))
+            return LaunchError(f"{shown}: cannot execute: interpreter {interp} not found", "interpreter_not_found",
+                               127, log_dir)
+        return LaunchError(f"{shown}: command not found", "command_not_found", 127, log_dir)
+    if "/" in prog and os.path.isdir(prog):  # execve gives EACCES for a directory
+        return LaunchError(f"{shown}: Is a directory", "is_a_directory", 126, log_dir)
+    reason = {errno.EACCES: "permission_denied", errno.ENOTDIR: "not_a_directory",
+              errno.ENOEXEC: "exec_format_error"}.get(exc.errno, "cannot_execute")
+    return LaunchError(f"{shown}: {exc.strerror or exc}", reason, 126, log_dir)
+
+
+def _interpreter(path: str) -> str | None:
+    """The #! interpreter of an existing file, shown with its control characters (a CRLF line end)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].lstrip(b" \t").split(b" ", 1)
+    return printable(words[0].decode("utf-8", "backslashreplace"))
+
+
 def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True, plugins: bool = True,
                 boot: bool = True, expect: dict[str, str] | None = None,
-                stdout_to_stderr: bool = False) -> tuple[Result, int]:
-    """Run cmd under the probes; with stdout_to_stderr (for --json) CMD's output goes to stderr so that
-    stdout carries only the JSON document."""
+                stdout_to_stderr: bool = False) -> Result:
+    """Run cmd under the probes and return the report, with exit code CMD's own when it is not 0
+    (Result.code; None lets the findings decide). With stdout_to_stderr (for --json) CMD's output
+    goes to stderr so that stdout carries only the JSON document. A fresh log directory is removed
+    again when CMD could not be started; a given one keeps run.json with what happened."""
+    fresh = log_dir is None
     d = make_log_dir(log_dir)
-    wiring = wire(dict(os.environ), d, profile, preload, plugins, boot)
-    meta = {"command": cmd, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
-            "notes": wiring.notes, "expect": expect or {},
-            "profile": profile.to_json() if profile is not None else None, **wiring.meta}
-    _write_meta(d, meta)
+    started = False
     try:
-        group = Group(cmd, wiring.env, stdout=sys.stderr if stdout_to_stderr else None)
-    except FileNotFoundError:
-        return _launch_failed(cmd, d, f"command not found: {cmd[0]}", 127)
-    except PermissionError:
-        return _launch_failed(cmd, d, f"permission denied: {cmd[0]}", 126)
-    rc = None
+        wiring = wire(dict(os.environ), d, profile, preload, plugins, boot)
+        grace, grace_note = supervise.grace_from_env(os.environ)
+        notes = wiring.notes + ([grace_note] if grace_note else [])
+        meta = {"command": cmd, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
+                "notes": notes, "expect": expect or {},
+                "profile": profile.to_json() if profile is not None else None, **wiring.meta}
+        _write_meta(d, meta)
+        try:
+            group = Group(cmd, wiring.env, stdout=sys.stderr if stdout_to_stderr else None,
+                          grace=grace, label="ncclprobe run")
+        except OSError as exc:
+            err = launch_error(cmd[0], exc, None if fresh else d)
+            if not fresh:
+                meta.update(ended=time.time(), returncode=None, status=f"not started: {err}",
+                            error={"message": str(err), "reason": err.reason})
+                _write_meta(d, meta)
+            raise err from None
+        started = True
+    finally:
+        if fresh and not started:  # nothing ran: leave nothing behind
+            shutil.rmtree(d, ignore_errors=True)
+    rc, failed = None, True
     try:
         rc = group.wait()
+        failed = False
     finally:
-        if rc is None or rc < 0:  # interrupted, or killed: leave nothing of the group behind
+        if failed:  # ncclprobe itself failed while CMD ran: leave nothing of the tree behind
             group.reap_group()
-    words, code = describe_status(rc)
-    meta.update(ended=time.time(), returncode=rc, status=words)
-    _write_meta(d, meta)
+        words, code = ("unknown: ncclprobe run failed while CMD ran", 1) if failed else describe_status(rc)
+        meta.update(ended=time.time(), returncode=rc, status=words, **group.outcome.to_json())
+        _write_meta(d, meta)
+    return _result(cmd, d, notes, expect, rc, words, code, group.outcome)
+
+
+def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: supervise.Outcome) -> Result:
     from ncclprobe import report
     header = [Text(f"{report.one_line(' '.join(cmd), 100)}: {words}", "warn" if code else "good"),
               Text(f"log directory: {d}", "dim")]
-    header += [Text(n, "note") for n in wiring.notes]
+    header += [Text(n, "note") for n in notes]
+    header += _outcome_lines(outcome)
     try:
         result = report.build_report([d], expect=expect)
     except Unexaminable as exc:
         result = Result("run", doc=[Text(f"No probe events: {exc}", "warn")])
+    except KeyboardInterrupt:  # CMD has ended and its status is in run.json: print what is known
+        result = Result("run", doc=[Text("Report not built: interrupted", "warn")])
     result.command = "run"
+    if expect and not any(c.get("env") is not None for c in result.data.get("communicators", [])):
+        header.append(Text(f"--expect {' '.join(f'{k}={v}' for k, v in expect.items())} was not checked: "
+                           "no communicator was seen (expectations are checked at each communicator's "
+                           "creation)", "warn"))
     result.doc[:0] = header
-    result.data.update(log_dir=str(d), returncode=rc, exit_status=words)
-    result.code = code
-    return result, code
+    result.data.update(log_dir=str(d), returncode=rc, exit_status=words, **outcome.to_json())
+    result.code = code or None
+    return result
 
 
-def _launch_failed(cmd, d, message, code) -> tuple[Result, int]:
-    print(f"ncclprobe run: {message}", file=sys.stderr)
-    res = Result("run", doc=[Text(message, "bad")], data={"log_dir": str(d), "returncode": code,
-                                                           "error": {"message": message}}, code=code)
-    return res, code
+def _outcome_lines(o: supervise.Outcome) -> list[Text]:
+    """What happened to CMD's tree, as warnings: what run ended, and what still runs."""
+    lines = []
+    if o.subreaper:
+        lines.append(Text(f"Could not become a child subreaper ({o.subreaper}): a descendant that left CMD's "
+                          "tree is found only if a scan saw it first", "warn"))
+    if o.stopped:
+        by = ", ".join(f"pid {s['pid']} ({s['name']}) by {s['signal']}" for s in o.stopped[:supervise.NAMES_SHOWN])
+        more = len(o.stopped) - supervise.NAMES_SHOWN
+        lines.append(Text(f"{o.cause}: ncclprobe run ended {len(o.stopped)} process(es) of CMD's tree: {by}"
+                          + (f" and {more} more" if more > 0 else ""), "warn"))
+    if o.left_running and o.cause is None:
+        lines.append(Text(f"{len(o.left_running)} process(es) CMD started are still running; ncclprobe run "
+                          f"left them running: {supervise.labels(o.left_running)}", "warn"))
+    elif o.left_running:
+        lines.append(Text(f"Could not end {len(o.left_running)} process(es), still running: "
+                          f"{supervise.labels(o.left_running)}", "bad"))
+    return lines

@@ -34,10 +34,46 @@ def test_run_passes_the_exit_code_and_records_the_environment_write(tmp_path):
     assert meta["returncode"] == 7 and meta["boot"] is True
 
 
-def test_run_command_not_found_is_127(tmp_path):
-    r = cli("run", "--dir", str(tmp_path / "l"), "--", "/no/such/command-xyz")
-    assert r.returncode == 127
-    assert "command not found" in r.stderr
+def _launch_targets(tmp_path) -> dict[str, tuple[str, int, str, str]]:
+    """name -> (CMD, exit code, error.reason, words of the message), as bash says them."""
+    plain = tmp_path / "not-executable.sh"
+    plain.write_text("echo hi\n")
+    plain.chmod(0o644)  # no x bit at all: execve refuses even root (EACCES)
+    crlf = tmp_path / "crlf.sh"
+    crlf.write_bytes(b"#!/bin/sh\r\necho hi\r\n")  # a script saved on Windows: its interpreter is '/bin/sh\r'
+    crlf.chmod(0o755)
+    (tmp_path / "a-directory").mkdir()
+    return {"not found": ("no-such-command-xyz", 127, "command_not_found", "no-such-command-xyz: command not found"),
+            "not found by path": ("/no/such/command-xyz", 127, "command_not_found", "command not found"),
+            "not executable": (str(plain), 126, "permission_denied", "Permission denied"),
+            "directory": (str(tmp_path / "a-directory"), 126, "is_a_directory", "Is a directory"),
+            "bad interpreter": (str(crlf), 127, "interpreter_not_found", "interpreter /bin/sh\\r not found")}
+
+
+@pytest.mark.parametrize("case", ["not found", "not found by path", "not executable", "directory", "bad interpreter"])
+def test_a_command_that_cannot_start_is_one_error_and_leaves_no_directory(tmp_path, case):
+    cmd, code, reason, words = _launch_targets(tmp_path)[case]
+    tmp = tmp_path / "tmp"  # where a fresh log directory would go
+    tmp.mkdir()
+    env = {**os.environ, "TMPDIR": str(tmp)}
+    r = cli("run", "--", cmd, env=env)
+    assert r.returncode == code, r.stderr
+    assert r.stdout == "" and r.stderr.count("\n") == 1 and words in r.stderr, r.stderr
+    j = cli("run", "--json", "--", cmd, env=env)
+    assert j.returncode == code and j.stderr == ""
+    out = json.loads(j.stdout)
+    assert out["command"] == "run" and out["error"]["reason"] == reason and words in out["error"]["message"]
+    assert list(tmp.iterdir()) == []
+
+
+def test_a_given_directory_keeps_the_launch_failure_in_run_json(tmp_path):
+    d = tmp_path / "l"
+    r = cli("run", "--dir", str(d), "--", "/no/such/command-xyz")
+    assert r.returncode == 127 and "command not found" in r.stderr and r.stdout == ""
+    meta = json.loads((d / "run.json").read_text())
+    assert meta["error"]["reason"] == "command_not_found" and meta["status"].startswith("not started")
+    q = cli("run", "--dir", str(d), "--quiet", "--json", "--", "/no/such/command-xyz")  # --quiet: no report, still the error
+    assert q.returncode == 127 and json.loads(q.stdout)["error"]["reason"] == "command_not_found"
 
 
 def test_run_reports_a_crash_signal(tmp_path):
@@ -53,6 +89,66 @@ def test_run_usage_errors_exit_2(tmp_path):
     assert cli("run").returncode == 2
 
 
+def test_unknown_options_before_cmd_are_usage_errors_and_run_nothing(tmp_path):
+    ran = tmp_path / "ran"
+    r = cli("run", "--bogus", "--", "touch", str(ran))
+    assert r.returncode == 2 and "No such option '--bogus'" in r.stderr
+    r = cli("run", "--strcit", "--", "touch", str(ran))
+    assert r.returncode == 2 and "Did you mean" in r.stderr and "--strict" in r.stderr
+    assert not ran.exists()
+
+
+def test_options_after_the_first_word_of_cmd_are_cmds(tmp_path):
+    r = cli("run", "--dir", str(tmp_path / "l"), sys.executable, "-c", "import sys; print(sys.argv[1:])", "--foo", "--json")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "['--foo', '--json']"
+
+
+def _override(exit_code: int = 0) -> list[str]:
+    """CMD that overwrites the --set value in-process (ENV_OVERRIDDEN, a warning), then exits."""
+    return ["--set", "NCCL_PROTO=LL", "--", sys.executable, "-c",
+            f"import os, sys; os.environ['NCCL_PROTO'] = 'Simple'; sys.exit({exit_code})"]
+
+
+def test_strict_fails_a_successful_run_on_warnings_and_keeps_cmds_own_failure(tmp_path):
+    plain = cli("run", "--dir", str(tmp_path / "a"), *_override())
+    assert plain.returncode == 0 and "ENV_OVERRIDDEN" in plain.stdout
+    assert cli("run", "--dir", str(tmp_path / "b"), "--strict", *_override()).returncode == 1
+    assert cli("run", "--dir", str(tmp_path / "c"), "--strict", "--quiet", *_override()).returncode == 1
+    assert cli("run", "--dir", str(tmp_path / "d"), "--strict", *_override(7)).returncode == 7
+
+
+def _sim_worker(tmp_path, exit_code: int = 0) -> list[str]:
+    """A process that creates one communicator on the installed simulated NCCL, then exits."""
+    from ncclprobe._lib import lib_path
+    worker = Path(__file__).parent / "csim" / "simworker.py"
+    argv = ["simworker", "--mode", "simtorch", "--lib-dir", str(lib_path("sim")), "--out", str(tmp_path / "w.jsonl"),
+            json.dumps([["newuid"], ["init", "a", 1, 0]])]
+    code = (f"import runpy, sys; sys.argv = {argv!r}; runpy.run_path({str(worker)!r})['main'](); "
+            f"sys.exit({exit_code})")
+    return [sys.executable, "-c", code]
+
+
+def test_an_unmet_expectation_fails_a_successful_run(tmp_path):
+    env = {**os.environ, "NCCLSIM_ETC_NCCL_CONF": "/nonexistent/nccl.conf", "NCCLSIM_HOME": "/nonexistent"}
+    env.pop("NCCL_PROTO", None)
+    r = cli("run", "--dir", str(tmp_path / "a"), "--expect", "NCCL_PROTO=LL", "--json", "--", *_sim_worker(tmp_path),
+            env=env)
+    out = json.loads(r.stdout)
+    assert [f["code"] for f in out["findings"]] == ["ENV_MISSING"] and out["returncode"] == 0
+    assert r.returncode == 1
+    r = cli("run", "--dir", str(tmp_path / "b"), "--expect", "NCCL_PROTO=LL", "--", *_sim_worker(tmp_path, 5), env=env)
+    assert r.returncode == 5 and "ENV_MISSING" in r.stdout
+    r = cli("run", "--dir", str(tmp_path / "c"), "--expect", "NCCL_PROTO=LL", "--", *_sim_worker(tmp_path),
+            env={**env, "NCCL_PROTO": "LL"})
+    assert r.returncode == 0 and "ENV_MISSING" not in r.stdout
+
+
+def test_an_expectation_no_communicator_could_meet_is_reported_unchecked(tmp_path):
+    r = cli("run", "--dir", str(tmp_path / "l"), "--expect", "NCCL_PROTO=LL", "--", sys.executable, "-c", "pass")
+    assert r.returncode == 0 and "--expect NCCL_PROTO=LL was not checked: no communicator was seen" in r.stdout
+
+
 def test_ctrl_c_leaves_no_process_behind(tmp_path):
     marker = tmp_path / "started"
     script = (f"import subprocess, sys, time, pathlib; "
@@ -66,10 +162,9 @@ def test_ctrl_c_leaves_no_process_behind(tmp_path):
     assert marker.exists()
     kids = [int(x) for x in marker.read_text().split()]
     p.send_signal(signal.SIGINT)
-    p.wait(timeout=30)
-    time.sleep(0.2)
+    p.wait(timeout=60)
     alive = [k for k in kids if psutil.pid_exists(k) and psutil.Process(k).status() != psutil.STATUS_ZOMBIE]
-    assert alive == []
+    assert alive == []  # run returns only once every process of the tree is gone
 
 
 def test_report_missing_or_empty_directory_exits_3(tmp_path):
