@@ -106,6 +106,10 @@ ERROR_REASONS = {
     "nothing_measured": "bench: every configuration failed",
     "command_not_found": "run: CMD cannot be found (exit 127)",
     "permission_denied": "run: CMD cannot be executed (exit 126)",
+    "is_a_directory": "run: CMD names a directory (exit 126)",
+    "not_a_directory": "run: a part of CMD's path is not a directory (exit 126)",
+    "exec_format_error": "run: CMD is not an executable the kernel can start (exit 126)",
+    "interpreter_not_found": "run: CMD's #! interpreter does not exist (exit 127)",
     "interrupted": "stopped by a signal before it finished",
 }
 

@@ -204,6 +204,7 @@ def _tree(node: Tree, parent: RichTree | None = None) -> RichTree:
 
 def error(message: str, hint: str = "") -> None:
     con = console(sys.stderr)
-    con.print(f"error: {_t(message)}", style="bold red" if con.is_terminal else "")
+    # one line each, whatever the width: scripts grep them, terminals wrap them
+    con.print(f"error: {_t(message)}", style="bold red" if con.is_terminal else "", soft_wrap=True)
     if hint:
-        con.print(f"hint: {_t(hint)}")
+        con.print(f"hint: {_t(hint)}", soft_wrap=True)
