@@ -165,7 +165,12 @@ def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str], sets
     names = variables(expect, sets, findings, [c.env for c in comms])
     witnesses = sorted({s for p in m.processes.values() for s in p.sources} | {s for c in m.comms for s in c.seen_by})
     if not comms:
-        v = for_processes(_live_records(m) + list(processes or []), findings, expect, sets, witnesses)
+        import socket
+        live = _live_records(m)
+        here = socket.gethostname()
+        seen = {(r["host"], r["pid"]) for r in live}  # a process the probes saw: its live env, not /proc's
+        v = for_processes(live + [r for r in processes or [] if (r.get("host") or here, r["pid"]) not in seen],
+                          findings, expect, sets, witnesses + (["proc"] if processes else []), here)
         v.note = "no communicator was seen: the values are the processes' environments"
         return v
     index = _culprits(findings)
