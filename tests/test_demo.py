@@ -3,6 +3,7 @@ code and evidence, and nothing it did not plant."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -84,6 +85,39 @@ def test_demo_text_output_says_simulated():
     assert r.returncode == 0, r.stdout[-2000:]
     assert "SIMULATED NCCL" in r.stdout
     assert "Planted causes" in r.stdout and "MISSED" not in r.stdout
+
+
+def test_demo_verdict_names_each_value_and_its_culprit(demo_json):
+    rows = {r["var"]: r for r in demo_json["verdict"]["variables"]}
+    assert demo_json["verdict"]["holders"] == "communicators"
+    proto = rows["NCCL_PROTO"]
+    assert proto["reference"] == "LL" and proto["basis"] == "expected"
+    by_value = {g["value"]: g for g in proto["groups"]}
+    assert set(by_value) == {"LL", "Simple", None}
+    assert by_value["LL"]["culprit"] is None and by_value["LL"]["ranks"] == [0, 1]
+    proto_line = _engine_line('os.environ["NCCL_PROTO"]')
+    assert by_value["Simple"]["culprit"] == f"engine.py:{proto_line}"
+    assert by_value[None]["culprit"] == "curated env from ncclprobe.demo.launcher"
+    # NCCL caches NCCL_BUFFSIZE: the verify communicator runs the value NCCL read first, and says why
+    late = [g for g in rows["NCCL_BUFFSIZE"]["groups"] if g["culprit"]]
+    assert [g["value"] for g in late] == [None] and late[0]["culprit"].startswith("set late at engine.py:")
+    # the sidecar made no communicator: it is in the verdict as a process, with the shell line as culprit
+    sidecar = [g for g in rows["NCCL_P2P_LEVEL"]["groups"] if g["processes"]]
+    assert len(sidecar) == 1 and sidecar[0]["value"] is None and "prefix on `cd` only" in sidecar[0]["culprit"]
+
+
+def test_demo_opens_with_the_verdict_on_one_80_column_screen():
+    r = subprocess.run([sys.executable, "-m", "ncclprobe", "demo"], capture_output=True, text=True, timeout=180,
+                       env={**os.environ, "COLUMNS": "80"})
+    assert r.returncode == 0, r.stdout[-2000:]
+    lines = r.stdout.splitlines()
+    assert max(len(ln.rstrip()) for ln in lines) <= 80
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("Verdict:"))
+    end = next(i for i in range(start, len(lines)) if not lines[i].strip())
+    assert end - start <= 22 and start < 12  # the verdict, whole, within the first screen
+    order = [next(i for i, ln in enumerate(lines) if ln.startswith(h)) for h in ("Verdict:", "Findings", "Details")]
+    assert order == sorted(order)
+    assert "LD_PRELOAD" not in r.stdout and "NCCL_PROFILER_PLUGIN" not in r.stdout  # ncclprobe's wiring
 
 
 @pytest.mark.gpu
