@@ -61,7 +61,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 strict_option = click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
 
 
-@click.group(context_settings=CONTEXT, help=f"{toplevel.ABOUT}\n\n\b\n{toplevel.EXIT_CODES}")
+@click.group(context_settings=CONTEXT, help=f"{toplevel.ABOUT}\n\n\b\n{toplevel.EXIT_CODES}\n\n{toplevel.OUTPUT}")
 @click.version_option(version=None, package_name="ncclprobe", message="ncclprobe %(version)s")
 def main():
     pass  # the group: its help is toplevel's, which answers `ncclprobe --help` without click

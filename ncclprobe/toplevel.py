@@ -13,6 +13,8 @@ ABOUT = ("Which NCCL tuning each communicator of a running multi-process GPU ser
          "value came from, what NCCL then ran, and which setting is worth having here.")
 EXIT_CODES = ("Exit codes: 0 nothing at error level; 1 error-level findings (--strict: warnings too);\n"
               "2 usage error; 3 the target could not be examined.")
+OUTPUT = ("Output: the verdict first, then one finding per cause, then the details; as wide as the "
+          "terminal, or COLUMNS (else 100) when piped; --json on every command (schema ncclprobe/1).")
 # command -> the first sentence of its help
 COMMANDS = {
     "bench": "All-reduce latency per NCCL configuration on this machine, with nccl-tests semantics; each "
@@ -51,7 +53,9 @@ def help_text(columns: int | None = None) -> str:
     w = width(columns)
     out = ["Usage: ncclprobe [OPTIONS] COMMAND [ARGS]...", ""]
     out += [f"  {line}" for line in _wrap(ABOUT, w - 2)]
-    out += ["", *(f"  {line}" for line in EXIT_CODES.splitlines()), "", "Options:"]
+    out += ["", *(f"  {line}" for line in EXIT_CODES.splitlines()), ""]
+    out += [f"  {line}" for line in _wrap(OUTPUT, w - 2)]
+    out += ["", "Options:"]
     out += _table(OPTIONS, w)
     out += ["", "Commands:"]
     out += _table(COMMANDS.items(), w)
