@@ -182,9 +182,9 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
     try:
         group = Group(cmd, wiring.env, stdout=sys.stderr if stdout_to_stderr else None)
     except FileNotFoundError:
-        return _launch_failed(cmd, d, f"command not found: {cmd[0]}", 127)
+        return _launch_failed(cmd, d, f"command not found: {cmd[0]}", "command_not_found", 127)
     except PermissionError:
-        return _launch_failed(cmd, d, f"permission denied: {cmd[0]}", 126)
+        return _launch_failed(cmd, d, f"permission denied: {cmd[0]}", "permission_denied", 126)
     rc = None
     try:
         rc = group.wait()
@@ -209,8 +209,9 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
     return result, code
 
 
-def _launch_failed(cmd, d, message, code) -> tuple[Result, int]:
+def _launch_failed(cmd, d, message, reason, code) -> tuple[Result, int]:
     print(f"ncclprobe run: {message}", file=sys.stderr)
     res = Result("run", doc=[Text(message, "bad")], data={"log_dir": str(d), "returncode": code,
-                                                           "error": {"message": message}}, code=code)
+                                                           "error": {"message": message, "reason": reason}},
+                 code=code)
     return res, code
