@@ -351,7 +351,8 @@ def run_cli(argv: list[str] | None = None) -> None:
         if _wants_json(argv):
             from ncclprobe import render
             from ncclprobe.doc import Result
-            sub = exc.ctx.command.name if exc.ctx is not None and exc.ctx.command is not main else _command_of(argv)
+            sub = (exc.ctx.command_path.split(" ", 1)[-1] if exc.ctx is not None and exc.ctx.command is not main
+                   else _command_of(argv))  # "inject install", as the Result of that command names itself
             render.render_json(Result(sub or "ncclprobe", data={"error": {
                 "message": exc.format_message(), "reason": "usage_error"}}))
         else:
