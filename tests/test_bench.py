@@ -513,3 +513,8 @@ def test_recommendation_ignores_a_winner_that_ran_what_nccl_already_picked():
     other = [cfg("defaults", 13.3, {"1024": "RING/LL"}, {}), cfg("algo=Tree", 12.0, {"1024": "TREE/LL"}, {"NCCL_ALGO": "Tree"})]
     rec = rep.recommend(ctx, other, [1024], {})
     assert rec["config"] == "algo=Tree" and rec["export"] == "export NCCL_ALGO=Tree"
+
+
+def test_a_configuration_variable_outside_the_watched_set_is_shown_by_name_only():
+    from ncclprobe.bench.command import shown_env
+    assert shown_env({"NCCL_PROTO": "LL", "HF_TOKEN": "hf_secret"}) == {"NCCL_PROTO": "LL", "HF_TOKEN": "<redacted>"}
