@@ -6,7 +6,7 @@ import math
 
 from ncclprobe import nccllog
 from ncclprobe.tuning import canonical
-from ncclprobe.model import CollStat, CommView, Model, NcclRead, ProcessView
+from ncclprobe.model import CollStat, CommView, Model, NcclRead, ProcessView, comm_id
 
 
 def _process(m: Model, host: str | None, pid: int | None) -> ProcessView | None:
@@ -56,18 +56,17 @@ def merge(m: Model, paths) -> Model:
 
 def _comm(m: Model, p: ProcessView, rec) -> None:
     # commId in Init lines is comm->commHash from 2.26, the profiler's id: join on it or on the pointer
-    h = f"0x{rec.comm_id:x}" if rec.comm_id is not None else None
+    h, ptr = comm_id(rec.comm_id), comm_id(rec.comm)  # NCCL prints both without leading zeros (%llx, %p)
     c = next((c for c in m.comms_of(p.host, p.pid)
-              if (c.comm and c.comm == rec.comm) or (h and c.comm_hash == h)), None)
+              if (ptr and c.comm == ptr) or (h and c.comm_hash == h)), None)
     if c is None:
-        c = CommView(p.host, p.pid, math.inf, api=rec.api, comm=rec.comm, rank=rec.rank, nranks=rec.nranks,
-                     parent=rec.parent, color=rec.color, key=rec.key, dev=rec.cuda_dev)
+        c = CommView(p.host, p.pid, math.inf, api=rec.api, comm=ptr, rank=rec.rank, nranks=rec.nranks,
+                     parent=comm_id(rec.parent), color=rec.color, key=rec.key, dev=rec.cuda_dev)
         m.comms.append(c)
     c.seen_by.add("nccl-log")
     c.api = c.api or rec.api  # NCCL names the API even where no preload hook saw the call
-    c.comm = c.comm or rec.comm
-    if rec.comm_id is not None and c.comm_hash is None:
-        c.comm_hash = f"0x{rec.comm_id:x}"
+    c.comm = c.comm or ptr
+    c.comm_hash = c.comm_hash or h
     c.version = c.version or p.nccl_version
 
 

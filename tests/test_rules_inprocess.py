@@ -68,8 +68,8 @@ def test_tuning_divergent_near_miss_cached_variable_or_same_value():
 
 
 def test_ranks_divergent_one_finding_per_communicator():
-    m = build([comm(10, 1.0, LL, rank=0, uid="u1"), comm(11, 1.0, LL, rank=1, uid="u1"),
-               comm(12, 1.0, {"NCCL_ALGO": "Tree"}, rank=2, uid="u1")])
+    m = build([comm(10, 1.0, LL, rank=0, uid="0x1"), comm(11, 1.0, LL, rank=1, uid="0x1"),
+               comm(12, 1.0, {"NCCL_ALGO": "Tree"}, rank=2, uid="0x1")])
     fs = inprocess.comm_ranks_divergent(m)
     assert codes(fs) == ["COMM_RANKS_DIVERGENT"]
     assert set(fs[0].evidence["values"]) == {"NCCL_ALGO", "NCCL_PROTO"}
@@ -77,8 +77,8 @@ def test_ranks_divergent_one_finding_per_communicator():
 
 
 def test_ranks_divergent_near_miss_other_communicator_or_debug_var():
-    m = build([comm(10, 1.0, LL, uid="u1"), comm(11, 1.0, {**LL, "NCCL_DEBUG_FILE": "/x"}, uid="u1"),
-               comm(12, 1.0, SIMPLE, uid="u2")])
+    m = build([comm(10, 1.0, LL, uid="0x1"), comm(11, 1.0, {**LL, "NCCL_DEBUG_FILE": "/x"}, uid="0x1"),
+               comm(12, 1.0, SIMPLE, uid="0x2")])
     assert inprocess.comm_ranks_divergent(m) == []
 
 
@@ -101,14 +101,14 @@ def test_profiler_init_joins_preload_comm_by_call_and_colls_by_hash():
                coll(10, 3.0, "0xabc", "Ring", "LL", 2)])
     assert len(m.comms) == 1
     c = m.comms[0]
-    assert c.seen_by == {"preload", "profiler"} and c.comm_hash == "0xabc"
+    assert c.seen_by == {"preload", "profiler"} and c.comm_hash == "0x0000000000000abc"
     assert [s.count for s in c.colls.values()] == [5]
 
 
 def test_unhookable_only_when_preload_was_active():
     evs = [comm(10, 1.0, LL, call=1), pinit(10, 1.1, "0x1", LL, call=1), pinit(10, 2.0, "0x2", SIMPLE, call=None)]
     fs = inprocess.unhookable(build(evs))
-    assert codes(fs) == ["NCCL_UNHOOKABLE"] and fs[0].evidence["comm_hash"] == "0x2"
+    assert codes(fs) == ["NCCL_UNHOOKABLE"] and fs[0].evidence["comm_hash"] == "0x0000000000000002"
     no_preload = [pinit(10, 1.1, "0x1", LL), pinit(10, 2.0, "0x2", SIMPLE)]
     assert inprocess.unhookable(build(no_preload)) == []
 
