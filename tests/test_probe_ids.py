@@ -68,3 +68,11 @@ def test_nccl_log_ids_printed_without_leading_zeros_join_the_probes(tmp_path):
     # The other rank (pid 11) only NCCL's log saw: its ids, too, in the one spelling.
     other, = [c for c in m.comms if c is not joined]
     assert (other.comm, other.comm_hash) == ("0x000000001541a650", HASH)
+
+
+def test_a_name_that_is_no_hex_id_is_kept_as_written_and_still_joins():
+    """A hand-made or foreign log may name communicators ("decode"): no other spelling of it exists."""
+    evs = [ev("comm_init", 1.0, "preload", api="ncclCommInitRank", call=1, comm="comm-a", uid="decode", env={}, rc=0),
+           ev("comm_destroy", 2.0, "preload", api="ncclCommDestroy", comm="comm-a", rc=0)]
+    c, = model.build(EventLog(events=evs)).comms
+    assert (c.comm, c.uid, c.group, c.destroyed) == ("comm-a", "decode", "uid:decode", True)

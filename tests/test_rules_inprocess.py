@@ -68,8 +68,8 @@ def test_tuning_divergent_near_miss_cached_variable_or_same_value():
 
 
 def test_ranks_divergent_one_finding_per_communicator():
-    m = build([comm(10, 1.0, LL, rank=0, uid="0x1"), comm(11, 1.0, LL, rank=1, uid="0x1"),
-               comm(12, 1.0, {"NCCL_ALGO": "Tree"}, rank=2, uid="0x1")])
+    m = build([comm(10, 1.0, LL, rank=0, uid="u1"), comm(11, 1.0, LL, rank=1, uid="u1"),
+               comm(12, 1.0, {"NCCL_ALGO": "Tree"}, rank=2, uid="u1")])
     fs = inprocess.comm_ranks_divergent(m)
     assert codes(fs) == ["COMM_RANKS_DIVERGENT"]
     assert set(fs[0].evidence["values"]) == {"NCCL_ALGO", "NCCL_PROTO"}
@@ -77,8 +77,8 @@ def test_ranks_divergent_one_finding_per_communicator():
 
 
 def test_ranks_divergent_near_miss_other_communicator_or_debug_var():
-    m = build([comm(10, 1.0, LL, uid="0x1"), comm(11, 1.0, {**LL, "NCCL_DEBUG_FILE": "/x"}, uid="0x1"),
-               comm(12, 1.0, SIMPLE, uid="0x2")])
+    m = build([comm(10, 1.0, LL, uid="u1"), comm(11, 1.0, {**LL, "NCCL_DEBUG_FILE": "/x"}, uid="u1"),
+               comm(12, 1.0, SIMPLE, uid="u2")])
     assert inprocess.comm_ranks_divergent(m) == []
 
 

@@ -108,7 +108,7 @@ def test_report_merges_several_hosts(tmp_path):
         d.mkdir()
         env = {"NCCL_PROTO": "LL" if host == "a" else "Simple"}
         line = json.dumps({"ev": "comm_init", "t": 1.0, "host": host, "pid": pid, "src": "preload", "api": "ncclCommInitRank",
-                           "call": 1, "comm": "0x1", "rank": 0 if host == "a" else 1, "nranks": 2, "uid": "0x1",
+                           "call": 1, "comm": "0x1", "rank": 0 if host == "a" else 1, "nranks": 2, "uid": "u",
                            "env": env, "rc": 0})
         (d / f"{host}-{pid}.jsonl").write_text(line + "\n")
     r = cli("report", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
