@@ -25,7 +25,7 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            magic instead of version when it is wrong); null for a NULL config.
                            rank/nranks/dev: asked from the new communicator after success, else
                            the arguments
-  comm_plugin_init profiler comm_hash ("0x..."), comm_name, nnodes, nranks, rank, env, lib, call, plugin
+  comm_plugin_init profiler comm_hash, comm_name, nnodes, nranks, rank, env, lib, call, plugin
   coll_summary   profiler  comm_hash, func, algo, proto, nchannels, bytes_min, bytes_max, count,
                            rank, reason (periodic | finalize | exit). Each line covers the
                            collectives since the previous line for that communicator: sum counts,
@@ -38,8 +38,12 @@ null when NCCL ran the init on another thread, e.g. inside ncclGroupEnd or non-b
 A line whose bounded buffer could not hold every member says `"truncated": true` (members are left
 out whole; string values are cut at 2048 bytes). Strings from the C probes escape bytes that are not
 UTF-8 as JSON \\udcXX escapes: `value.encode("utf-8", "surrogateescape")` gives the bytes back.
-`uid` is a 64-bit FNV-1a hash (hex) of the ncclUniqueId bytes: equal across the ranks of one
-communicator created from one id. A log directory may also hold `run.json`, written by
+Ids: `comm_hash` (NCCL's commHash, as the profiler init receives it), `uid` (the 64-bit FNV-1a hash
+of the ncclUniqueId bytes; equal across the ranks of one communicator created from one id), `comm`
+and `parent` (ncclComm_t pointers) are strings of "0x" and 16 lowercase hex digits, leading zeros
+kept ("0x0bdba985b4a6820a"), or null. Readers normalise every id with ncclprobe.model.comm_id, so
+logs of older probes (which dropped leading zeros and wrote `uid` without "0x") still join; a string
+that is no hex number (a hand-made log's name for a communicator) is kept as written. A log directory may also hold `run.json`, written by
 `ncclprobe run` (the command, what it set, what it left alone, exit status).
 
 Readers never trust the files: torn lines, garbage and unknown kinds are skipped and counted, and

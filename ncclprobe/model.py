@@ -161,6 +161,13 @@ def comm_id(value: Any) -> str | None:
     return f"0x{value:016x}"
 
 
+def _id(value: Any) -> str | None:
+    """An id from an event as comm_id spells it. A string that is no 64-bit hex number (a hand-made or
+    foreign log's own name for a communicator) has no other spelling: it is kept as written, to join on."""
+    canon = comm_id(value)
+    return value if canon is None and isinstance(value, str) and value.strip() else canon
+
+
 def _env(obj: Any) -> dict[str, str] | None:
     """A watched-variable map from an event; anything outside the watched set is dropped, whatever
     wrote the file (the probes never log it, a foreign or hand-made file might)."""
@@ -170,6 +177,8 @@ def _env(obj: Any) -> dict[str, str] | None:
 
 
 def build(log: EventLog) -> Model:
+    """The model of one event log. Every id (comm, parent, uid, comm_hash) is read in comm_id's spelling
+    (_id), so witnesses join whatever spelling wrote them (older probes dropped leading zeros)."""
     m = Model(runs=list(log.runs), skipped={**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}},
               files=len(log.files))
     by_call: dict[tuple[str, int, int], CommView] = {}
@@ -206,9 +215,9 @@ def build(log: EventLog) -> Model:
             if key not in proc.reads:
                 proc.reads[key] = NcclRead(var, e.get("value"), lib, t, "envplugin")
         elif kind == "comm_init":
-            c = CommView(host, pid, t, api=e.get("api"), comm=e.get("comm"), call=e.get("call"),
-                         rank=e.get("rank"), nranks=e.get("nranks"), parent=e.get("parent"),
-                         color=e.get("color"), key=e.get("key"), uid=e.get("uid"), config=e.get("config"),
+            c = CommView(host, pid, t, api=e.get("api"), comm=_id(e.get("comm")), call=e.get("call"),
+                         rank=e.get("rank"), nranks=e.get("nranks"), parent=_id(e.get("parent")),
+                         color=e.get("color"), key=e.get("key"), uid=_id(e.get("uid")), config=e.get("config"),
                          env=_env(e.get("env")), env_source="preload", rc=e.get("rc"), lib=e.get("lib"),
                          version=e.get("version"), simulated=bool(e.get("simulated")), ms=e.get("ms"),
                          dev=e.get("dev"))
@@ -227,7 +236,7 @@ def build(log: EventLog) -> Model:
                 c = CommView(host, pid, t, env=_env(e.get("env")), env_source="profiler")
                 m.comms.append(c)
             c.seen_by.add("profiler")
-            c.comm_hash = e.get("comm_hash")
+            c.comm_hash = _id(e.get("comm_hash"))
             c.comm_name = e.get("comm_name")
             c.nranks = c.nranks if c.nranks is not None else e.get("nranks")
             c.rank = c.rank if c.rank is not None else e.get("rank")
@@ -239,15 +248,16 @@ def build(log: EventLog) -> Model:
             if c.comm_hash:
                 by_hash[(host, pid, c.comm_hash)] = c
         elif kind == "coll_summary":
-            c = by_hash.get((host, pid, str(e.get("comm_hash"))))
+            h = _id(e.get("comm_hash"))
+            c = by_hash.get((host, pid, h))
             if c is None:
-                c = CommView(host, pid, t, comm_hash=e.get("comm_hash"), env_source=None)
+                c = CommView(host, pid, t, comm_hash=h, env_source=None)
                 c.seen_by.add("profiler")
                 m.comms.append(c)
-                by_hash[(host, pid, str(e.get("comm_hash")))] = c
+                by_hash[(host, pid, h)] = c
             _add_coll(c, e)
         elif kind in ("comm_destroy", "comm_plugin_finalize"):
-            c = by_ptr.get((host, pid, str(e.get("comm")))) or by_hash.get((host, pid, str(e.get("comm_hash"))))
+            c = by_ptr.get((host, pid, _id(e.get("comm")))) or by_hash.get((host, pid, _id(e.get("comm_hash"))))
             if c is not None:
                 c.destroyed = True
     _label_simulated(m)

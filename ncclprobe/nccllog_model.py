@@ -94,15 +94,12 @@ class LogProcess:
 
 
 def _ptr(text: str | None) -> str | None:
-    """One spelling for a pointer printed by %p ("0x55d0..." / "(nil)")."""
+    """One spelling for a pointer printed by %p ("0x55d0..." -> model.comm_id's "0x" + 16 digits, as the
+    probes write it; "(nil)" stays)."""
     if not text:
         return None
     t = text.strip().lower()
-    try:
-        return f"0x{int(t, 16):x}" if t.startswith("0x") else t
-    except ValueError:
-        return t
-
+    return comm_id(t) or t
 
 def _add(stats: dict[tuple, CollStat], t: nccllog.Tuning) -> None:
     key = (t.func or "?", canonical(t.algo), canonical(t.proto or "?"), t.nchannels or 0)
@@ -348,14 +345,14 @@ def _comms(m: Model, p: ProcessView, lp: LogProcess) -> dict[LogComm, CommView]:
         c = _first_free(by_hash.get(h, ()) if h else (), lc, taken) or \
             _first_free(by_ptr.get(_ptr(lc.comm), ()), lc, taken)
         if c is None:
-            c = CommView(p.host, p.pid, math.inf, api=lc.api, comm=lc.comm, rank=lc.rank, nranks=lc.nranks,
-                         parent=lc.parent, color=lc.color, key=lc.key, dev=lc.dev)
+            c = CommView(p.host, p.pid, math.inf, api=lc.api, comm=_ptr(lc.comm), rank=lc.rank, nranks=lc.nranks,
+                         parent=_ptr(lc.parent), color=lc.color, key=lc.key, dev=lc.dev)
             m.comms.append(c)
         taken.add(id(c))
         views[lc] = c
         c.seen_by.add("nccl-log")
         c.api = c.api or lc.api  # NCCL names the API even where no preload hook saw the call
-        c.comm = c.comm or lc.comm
+        c.comm = c.comm or _ptr(lc.comm)
         c.rank = c.rank if c.rank is not None else lc.rank
         c.nranks = c.nranks if c.nranks is not None else lc.nranks
         # before 2.26 NCCL printed hashUniqueId() as commId, not commHash: still one value for all the

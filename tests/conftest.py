@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
 
@@ -21,3 +22,13 @@ def _installed_package_in_subprocesses(tmp_path_factory):
         os.environ.pop("PYTHONSAFEPATH", None)
     else:
         os.environ["PYTHONSAFEPATH"] = old_safe
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _sigint_as_a_terminal_gives_it():
+    """Tests Ctrl-C their children (run, bench). A pytest started as a background job (`&` without job
+    control, nohup) inherits SIGINT ignored, and exec keeps an ignored signal ignored, so every child
+    would ignore it too and those tests hang. A handled signal is reset to default at exec: handle it."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)

@@ -50,8 +50,8 @@ def test_linked_program_every_init_recorded_with_args_config_env_and_unchanged_r
     assert len({e["call"] for e in inits}) == 5
 
     assert (first["rc"], first["rank"], first["nranks"], first["dev"]) == (0, 0, 2, 0)
-    assert first["comm"].startswith("0x") and "config" not in first
-    assert first["uid"] == cfg["uid"] and len(first["uid"]) == 16
+    assert ps.ID.fullmatch(first["comm"]) and "config" not in first
+    assert first["uid"] == cfg["uid"] and ps.ID.fullmatch(first["uid"])
     # The environment as getenv saw it at each call: changed in-process between the two inits.
     assert first["env"]["NCCL_PROTO"] == "Simple" and cfg["env"]["NCCL_PROTO"] == "LL"
     assert "HOME" not in first["env"] and "PATH" not in first["env"]
@@ -233,6 +233,10 @@ def test_real_libnccl_failing_init_keeps_its_return_code(built, tmp_path):
     assert init["api"] == "ncclCommInitRank" and init["rc"] == 1 and init["comm"] is None
     assert init["lib"] == str(real) and init["version"] >= 22700 and init["simulated"] is False
     assert (init["rank"], init["nranks"], init["dev"]) == (0, 1, None)
+    # The id real NCCL made, hashed and spelled as for every other id (0x + 16 hex digits).
+    assert "uid rc=0" in r.stdout
+    raw = next(line.split()[1] for line in r.stderr.splitlines() if line.startswith("uid "))
+    assert init["uid"] == ps.uid_hash(bytes.fromhex(raw)) and ps.ID.fullmatch(init["uid"])
 
 
 def test_interposer_preloaded_ahead_of_the_probe(built, tmp_path):

@@ -26,6 +26,11 @@ def drive(built, log, version, *args, **env):
     return r
 
 
+def h(value: int) -> str:
+    """A 64-bit id as the probe writes it: "0x" and 16 lowercase hex digits, leading zeros kept."""
+    return f"0x{value:016x}"
+
+
 def totals(summaries):
     """(comm_hash, func, algo, proto, nchannels) -> [count, bytes_min, bytes_max] over all flushes."""
     acc = defaultdict(lambda: [0, None, None])
@@ -48,16 +53,17 @@ def test_collectives_summarized_per_communicator_and_shape(built, tmp_path, vers
     assert all(s["reason"] == "finalize" and s["src"] == "profiler" for s in summaries)
     assert totals(summaries) == {
         # 100 x 256 float32 + 50 x 1024 float32 + 5 x 512 bf16 (same text, other pointer)
-        ("0xabcdef", "AllReduce", "Ring", "LL", 2): (155, 1024, 4096),
-        ("0xabcdef", "AllGather", "Ring", "Simple", 4): (30, 10, 39),
-        ("0x1234", "ReduceScatter", "Tree", "LL128", 8): (10, 8 << 20, 8 << 20),
+        (h(0xabcdef), "AllReduce", "Ring", "LL", 2): (155, 1024, 4096),
+        (h(0xabcdef), "AllGather", "Ring", "Simple", 4): (30, 10, 39),
+        (h(0x1234), "ReduceScatter", "Tree", "LL128", 8): (10, 8 << 20, 8 << 20),
     }
     inits = ps.of_kind(result, "comm_plugin_init")
     assert [(i["comm_hash"], i["comm_name"], i["nranks"], i["rank"], i["nnodes"]) for i in inits] == [
-        ("0xabcdef", "tp", 2, 0, 1), ("0x1234", None, 4, 3, 1)]
+        (h(0xabcdef), "tp", 2, 0, 1), (h(0x1234), None, 4, 3, 1)]
+    assert inits[1]["comm_hash"] == "0x0000000000001234"  # leading zeros kept: one spelling with uid and comm
     assert all(i["plugin"] == f"ncclProfiler_v{version}" and i["call"] is None for i in inits)
     assert inits[0]["env"] == {"NCCLPROBE_DIR": str(log)}
-    assert [f["comm_hash"] for f in ps.of_kind(result, "comm_plugin_finalize")] == ["0xabcdef", "0x1234"]
+    assert [f["comm_hash"] for f in ps.of_kind(result, "comm_plugin_finalize")] == [h(0xabcdef), h(0x1234)]
     load, = ps.of_kind(result, "plugin_load")
     assert load["plugin"] == f"ncclProfiler_v{version}"
 
@@ -71,7 +77,7 @@ def test_many_threads_each_with_its_communicator(built, tmp_path):
     assert len(t) == 32
     for i in range(32):
         proto = "LL" if i & 1 else "Simple"
-        assert t[(hex(0x100 + i), "AllReduce", "Ring", proto, 2)] == (3000, 256, 256)
+        assert t[(h(0x100 + i), "AllReduce", "Ring", proto, 2)] == (3000, 256, 256)
 
 
 def test_periodic_flush_lines_add_up(built, tmp_path):
@@ -95,7 +101,7 @@ def test_exit_without_finalize_still_flushes(built, tmp_path):
     drive(built, log, 7, "exit")
     summaries = ps.of_kind(ps.read(log), "coll_summary")
     assert [(s["comm_hash"], s["algo"], s["proto"], s["count"], s["reason"]) for s in summaries] == [
-        ("0xe1", "Tree", "Simple", 7, "exit")]
+        (h(0xe1), "Tree", "Simple", 7, "exit")]
 
 
 def test_fork_child_reports_only_its_own_communicator(built, tmp_path):
@@ -106,8 +112,8 @@ def test_fork_child_reports_only_its_own_communicator(built, tmp_path):
     assert len(result.files) == 2
     child = totals([s for s in ps.of_kind(result, "coll_summary") if s["pid"] == child_pid])
     parent = totals([s for s in ps.of_kind(result, "coll_summary") if s["pid"] != child_pid])
-    assert child == {("0xcccc", "Broadcast", "Ring", "Simple", 1): (5, 400, 400)}
-    assert parent == {("0xaaaa", "AllReduce", "Ring", "LL", 2): (20, 400, 400)}
+    assert child == {(h(0xcccc), "Broadcast", "Ring", "Simple", 1): (5, 400, 400)}
+    assert parent == {(h(0xaaaa), "AllReduce", "Ring", "LL", 2): (20, 400, 400)}
 
 
 def test_shape_table_is_bounded(built, tmp_path):
@@ -117,6 +123,7 @@ def test_shape_table_is_bounded(built, tmp_path):
     assert len(ps.of_kind(result, "coll_summary")) == 64
     err, = ps.of_kind(result, "probe_error")
     assert "6 collectives not summarized" in err["message"] and err["part"] == "coll_summary"
+    assert err["message"].startswith(f"comm {h(0x5a)}: ")
 
 
 def test_silent_without_log_dir_requests_no_events(built, tmp_path):
@@ -152,7 +159,7 @@ def test_silent_later_communicator_keeps_the_global_mask(built, tmp_path):
     r = drive(built, log, 5, "maskkeep")
     assert "mask_a=0x2" in r.stdout and "mask_b=0x2" in r.stdout
     inits = ps.of_kind(ps.read(log), "comm_plugin_init")
-    assert [i["comm_hash"] for i in inits] == ["0xa1"]
+    assert [i["comm_hash"] for i in inits] == [h(0xa1)]
 
 
 def test_init_is_not_held_up_while_another_library_reports_its_version(built, tmp_path):

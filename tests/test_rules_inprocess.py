@@ -101,14 +101,14 @@ def test_profiler_init_joins_preload_comm_by_call_and_colls_by_hash():
                coll(10, 3.0, "0xabc", "Ring", "LL", 2)])
     assert len(m.comms) == 1
     c = m.comms[0]
-    assert c.seen_by == {"preload", "profiler"} and c.comm_hash == "0xabc"
+    assert c.seen_by == {"preload", "profiler"} and c.comm_hash == "0x0000000000000abc"
     assert [s.count for s in c.colls.values()] == [5]
 
 
 def test_unhookable_only_when_preload_was_active():
     evs = [comm(10, 1.0, LL, call=1), pinit(10, 1.1, "0x1", LL, call=1), pinit(10, 2.0, "0x2", SIMPLE, call=None)]
     fs = inprocess.unhookable(build(evs))
-    assert codes(fs) == ["NCCL_UNHOOKABLE"] and fs[0].evidence["comm_hash"] == "0x2"
+    assert codes(fs) == ["NCCL_UNHOOKABLE"] and fs[0].evidence["comm_hash"] == "0x0000000000000002"
     no_preload = [pinit(10, 1.1, "0x1", LL), pinit(10, 2.0, "0x2", SIMPLE)]
     assert inprocess.unhookable(build(no_preload)) == []
 

@@ -1,8 +1,9 @@
 """The shell-prefix pitfall: parsing, and live `bash -c` trees."""
+import os
 import shlex
+import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -59,15 +60,9 @@ def test_shell_script_detection():
     assert shells.script_file(["bash", "-e", "run.sh"]) == "run.sh"
 
 
-def _wait_children(pid, n, timeout=10.0):
-    import psutil
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        kids = psutil.Process(pid).children(recursive=True)
-        if len(kids) >= n:
-            return kids
-        time.sleep(0.05)
-    raise AssertionError("children did not start")
+# The worker says "up" once it runs: a child seen before then may still be the shell's fork, not yet
+# exec'ed into the worker (seen under load: EXEC_ENV_STALE instead of SHELL_PREFIX_SCOPE).
+WORKER = shlex.quote("import time; print('up', flush=True); time.sleep(30)")
 
 
 def _inspect(pid):
@@ -79,19 +74,22 @@ def shell_tree():
     procs = []
 
     def start(script):
-        p = subprocess.Popen(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"})
+        p = subprocess.Popen(["bash", "-c", script], env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
         procs.append(p)
+        assert p.stdout.readline() == "up\n"
         return p
     yield start
     for p in procs:
-        p.kill()
+        os.killpg(p.pid, signal.SIGKILL)  # the shell and its worker
         p.wait()
 
 
 def test_live_shell_prefix_pitfall(shell_tree, tmp_path):
+    import psutil
     py = shlex.quote(sys.executable)
-    sh = shell_tree(f"NCCL_PROTO=LL cd {tmp_path} && {py} -c 'import time; time.sleep(30)'; echo stopped")
-    (child,) = _wait_children(sh.pid, 1)
+    sh = shell_tree(f"NCCL_PROTO=LL cd {tmp_path} && {py} -c {WORKER}; echo stopped")
+    (child,) = psutil.Process(sh.pid).children()
     for target in (sh.pid, child.pid):  # from the shell, and from the worker (the shell is its ancestor)
         res = _inspect(target)
         found = [f for f in res.findings if f.code == "SHELL_PREFIX_SCOPE"]
@@ -105,8 +103,8 @@ def test_live_shell_prefix_pitfall(shell_tree, tmp_path):
 
 def test_live_exec_of_last_command_claims_nothing(shell_tree, tmp_path):
     py = shlex.quote(sys.executable)
-    sh = shell_tree(f"NCCL_PROTO=LL cd {tmp_path} && {py} -c 'import time; time.sleep(30)'")
-    time.sleep(0.5)  # bash 5 execs the last command of the list: the shell's command line is gone
+    # bash 5 execs the last command of the list: once the worker is up, the shell's command line is gone
+    sh = shell_tree(f"NCCL_PROTO=LL cd {tmp_path} && {py} -c {WORKER}")
     res = _inspect(sh.pid)
     assert res.data["processes"][0]["cmdline"][0] == sys.executable
     assert not [f for f in res.findings if f.code == "SHELL_PREFIX_SCOPE"]

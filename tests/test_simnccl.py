@@ -19,6 +19,8 @@ from ncclprobe import nccllog as nl
 ROOT = Path(__file__).resolve().parents[1]
 CSIM = Path(__file__).parent / "csim"
 WORKER = CSIM / "simworker.py"
+sys.path.insert(0, str(Path(__file__).resolve().parent / "c"))
+import probe_support as ps  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -414,8 +416,60 @@ def test_probe_library_records_the_sim_through_preload_and_both_plugins(libs, tm
     inits = [e for e in evs if e["ev"] == "comm_init"]
     assert [(e["api"], e["simulated"], e["version"]) for e in inits] == [("ncclCommInitRankConfig", True, 22809)] * 2
     hashes = {e["comm_hash"] for e in evs if e["ev"] == "comm_plugin_init"}
-    assert hashes == {"0x" + inits[0]["uid"]}  # the sim's commHash is the probe's uid hash of the same id
+    assert hashes == {inits[0]["uid"]}  # the sim's commHash is the probe's uid hash of the same id
     summaries = sorted((e["proto"], e["algo"], e["nchannels"]) for e in evs if e["ev"] == "coll_summary")
     assert summaries == [("LL", "RING", 32), ("SIMPLE", "RING", 32)]
     loads = {e["src"]: e for e in evs if e["ev"] == "plugin_load"}
     assert loads["envplugin"]["nccl_suffix"] == "-simulated" and loads["profiler"]["plugin"] == "ncclProfiler_v5"
+
+
+def uid_hashing_with_leading_zeros(zeros: int = 2) -> str:
+    """A unique id in the sim's own layout ("SIMNCCL", then 32 id bytes) whose commHash, which is the
+    probe's uid hash, starts with `zeros` zero hex digits: found by counting, never left to luck."""
+    n = 0
+    while True:
+        raw = b"SIMNCCL\0" + n.to_bytes(32, "little") + bytes(88)
+        if ps.uid_hash(raw).startswith("0x" + "0" * zeros):
+            return raw.hex()
+        n += 1
+
+
+def test_ids_with_leading_zeros_are_spelled_alike_by_every_witness(libs, tmp_path):
+    """Two ranks of one communicator whose hash starts with zeros, and a split child: the preload
+    hook (uid, comm, parent), the profiler plugin (comm_hash), the sim's NCCL log (commId and %p
+    pointers, printed without leading zeros as NCCL prints them) and report's JSON all name it alike."""
+    from ncclprobe._lib import lib_path
+    uid = uid_hashing_with_leading_zeros()
+    expected = ps.uid_hash(bytes.fromhex(uid))
+    assert expected.startswith("0x00")
+    probe = lib_path("libncclprobe.so")
+    logdir = tmp_path / "probe"
+    logdir.mkdir(mode=0o700)
+    for rank in (0, 1):
+        env = clean_env(NCCLPROBE_DIR=logdir, NCCL_PROFILER_PLUGIN=probe, NCCL_ENV_PLUGIN=probe, LD_PRELOAD=probe,
+                        NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT", NCCL_DEBUG_FILE=logdir / "nccl-debug.%h.%p.log")
+        plan = [["uid", uid], ["initcfg", "world", 2, rank, {}], ["split", "world", "spec", 5, 0],
+                ["allreduce", "world", 256], ["allreduce", "spec", 256], ["destroy", "spec"], ["destroy", "world"]]
+        res, _ = run_worker(libs, tmp_path, "simtorch", plan, env, tag=f"r{rank}")
+        assert all(r["rc"] == 0 for r in res), res
+
+    logs = sorted(logdir.glob("nccl-debug.*"))
+    assert len(logs) == 2
+    text = logs[0].read_text()
+    assert f"commId 0x{int(expected, 16):x} - Init COMPLETE" in text and f"commId {expected}" not in text
+
+    r = subprocess.run([sys.executable, "-m", "ncclprobe", "report", str(logdir), "--json"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    comms = json.loads(r.stdout)["communicators"]
+    ids = [c[k] for c in comms for k in ("comm", "comm_hash", "uid", "parent") if c[k] is not None]
+    assert ids and all(ps.ID.fullmatch(i) for i in ids), ids
+    # Each witness joined: two ranks of each communicator, no communicator seen by one witness alone.
+    assert len(comms) == 4
+    assert all(c["seen_by"] == ["nccl-log", "preload", "profiler"] for c in comms), comms
+    world = [c for c in comms if c["api"] == "ncclCommInitRankConfig"]
+    spec = [c for c in comms if c["api"] == "ncclCommSplit"]
+    assert [(c["comm_hash"], c["uid"]) for c in world] == [(expected, expected)] * 2
+    assert len({c["comm_hash"] for c in spec}) == 1 and spec[0]["comm_hash"] != expected
+    by_pid = {c["pid"]: c for c in world}
+    assert all(c["parent"] == by_pid[c["pid"]]["comm"] for c in spec)

@@ -170,9 +170,21 @@ void np_jb_hex(np_jb* jb, const char* key, unsigned long long v) {
   fmt_member(jb, key, t);
 }
 
+void np_id_text(char out[NP_ID_CHARS], uint64_t v) {
+  snprintf(out, NP_ID_CHARS, "0x%016llx", (unsigned long long)v);
+}
+
+void np_jb_id(np_jb* jb, const char* key, uint64_t v) {
+  char t[NP_ID_CHARS + 2] = "\"";
+  np_id_text(t + 1, v);
+  t[NP_ID_CHARS] = '"';
+  t[NP_ID_CHARS + 1] = 0;
+  fmt_member(jb, key, t);
+}
+
 void np_jb_ptr(np_jb* jb, const char* key, const void* p) {
   if (!p) np_jb_null(jb, key);
-  else np_jb_hex(jb, key, (unsigned long long)(uintptr_t)p);
+  else np_jb_id(jb, key, (uint64_t)(uintptr_t)p);
 }
 
 void np_jb_dbl(np_jb* jb, const char* key, double v, int decimals) {

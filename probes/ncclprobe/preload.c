@@ -177,9 +177,7 @@ static void jb_uid(np_jb* jb, const ncclUniqueId* ids, int n) {
   }
   uint64_t h = NP_FNV_OFFSET;
   for (int i = 0; i < n; i++) h = np_fnv1a(ids[i].internal, sizeof ids[i].internal, h);
-  char t[24];
-  snprintf(t, sizeof t, "%016llx", (unsigned long long)h);
-  np_jb_str(jb, "uid", t);
+  np_jb_id(jb, "uid", h);
 }
 
 /* The caller's ncclConfig_t, read the way parseCommConfig does (v2.30.7-1 src/init.cc): `size`

@@ -42,8 +42,14 @@ void np_jb_str(np_jb* jb, const char* key, const char* val); /* null when val is
 void np_jb_strn(np_jb* jb, const char* key, const char* val, size_t n);
 void np_jb_int(np_jb* jb, const char* key, long long v);
 void np_jb_uint(np_jb* jb, const char* key, unsigned long long v);
-void np_jb_hex(np_jb* jb, const char* key, unsigned long long v); /* "0x..." string */
-void np_jb_ptr(np_jb* jb, const char* key, const void* p);        /* "0x..." or null */
+/* A 64-bit id (commHash, the uid hash, a communicator pointer) has one spelling in every witness
+ * and in the reader (ncclprobe.model.comm_id): "0x" and 16 lowercase hex digits, so that ids with
+ * leading zeros still compare equal as strings. */
+#define NP_ID_CHARS 19 /* "0x", 16 digits, NUL */
+void np_id_text(char out[NP_ID_CHARS], uint64_t v);
+void np_jb_id(np_jb* jb, const char* key, uint64_t v);
+void np_jb_ptr(np_jb* jb, const char* key, const void* p); /* an id, or null */
+void np_jb_hex(np_jb* jb, const char* key, unsigned long long v); /* a value, not an id (a config's magic) */
 void np_jb_dbl(np_jb* jb, const char* key, double v, int decimals);
 void np_jb_bool(np_jb* jb, const char* key, int v);
 void np_jb_null(np_jb* jb, const char* key);

@@ -163,7 +163,7 @@ static void flush(struct pctx* c, const char* reason) {
       np_jb jb;
       np_jb_init(&jb, buf, sizeof buf);
       np_event_begin(&jb, "coll_summary", "profiler");
-      np_jb_hex(&jb, "comm_hash", c->comm_hash);
+      np_jb_id(&jb, "comm_hash", c->comm_hash);
       np_jb_int(&jb, "rank", c->rank);
       jb_nullable(&jb, "func", s->func);
       jb_nullable(&jb, "algo", s->algo);
@@ -179,9 +179,10 @@ static void flush(struct pctx* c, const char* reason) {
       s->bmax = 0;
     }
     if (c->dropped && !c->dropped_reported) {
-      char msg[200];
-      snprintf(msg, sizeof msg, "comm 0x%llx: more than %d collective shapes; %llu collectives not summarized",
-               (unsigned long long)c->comm_hash, NP_SHAPES, (unsigned long long)c->dropped);
+      char msg[200], id[NP_ID_CHARS];
+      np_id_text(id, c->comm_hash);
+      snprintf(msg, sizeof msg, "comm %s: more than %d collective shapes; %llu collectives not summarized", id,
+               NP_SHAPES, (unsigned long long)c->dropped);
       np_probe_error("profiler", "coll_summary", &c->dropped_reported, msg);
     }
   }
@@ -244,7 +245,7 @@ static ncclResult_t init_impl(void** context, int* mask, const char* commName, u
   np_jb jb;
   np_jb_init(&jb, buf, sizeof buf);
   np_event_begin(&jb, "comm_plugin_init", "profiler");
-  np_jb_hex(&jb, "comm_hash", commHash);
+  np_jb_id(&jb, "comm_hash", commHash);
   np_jb_str(&jb, "comm_name", commName);
   np_jb_int(&jb, "nnodes", nNodes);
   np_jb_int(&jb, "nranks", nranks);
@@ -301,7 +302,7 @@ static ncclResult_t finalize_impl(void* context) {
     np_jb jb;
     np_jb_init(&jb, buf, sizeof buf);
     np_event_begin(&jb, "comm_plugin_finalize", "profiler");
-    np_jb_hex(&jb, "comm_hash", c->comm_hash);
+    np_jb_id(&jb, "comm_hash", c->comm_hash);
     np_event_end(&jb);
   }
   free(c);

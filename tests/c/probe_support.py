@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -15,6 +16,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 INCLUDE = ROOT / "probes" / "include"
 FAKE_VERSION = 22809
+ID = re.compile(r"0x[0-9a-f]{16}")  # a 64-bit id as the probes write it (ncclprobe/events.py)
+
+
+def uid_hash(*ids: bytes) -> str:
+    """The `uid` the preload hook writes for these ncclUniqueIds: 64-bit FNV-1a over their bytes
+    (preload.c jb_uid), in the id spelling; the simulated NCCL's commHash of one id is the same."""
+    h = 0xcbf29ce484222325
+    for b in b"".join(ids):
+        h = ((h ^ b) * 0x100000001b3) & (1 << 64) - 1
+    return f"0x{h:016x}"
 
 
 def _probes_build():
