@@ -23,12 +23,12 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ncclprobe import __version__
+from ncclprobe import __version__, logdir
 from ncclprobe._lib import lib_path, ncclprobe_boot as _boot
 from ncclprobe.doc import Result, Table, Text, Title, Unexaminable
 from ncclprobe.events import read_dirs
 from ncclprobe.profile import Profile, parse as parse_profile
-from ncclprobe.watched import is_watched
+from ncclprobe.watched import is_watched, redact_argv
 
 BOOT_FILE = "ncclprobe_boot.py"
 MODULE = "_ncclprobe_boot"
@@ -89,7 +89,7 @@ def _boot_source() -> str:
 
 
 def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    fd = os.open(path, logdir.FILE_FLAGS, mode)  # always a new file: nothing planted at the name is opened
     with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
         fh.write(text)
 
@@ -105,11 +105,11 @@ def ephemeral_env(base_env: Mapping[str, str], log_dir: str | Path, profile: Pro
     NCCLPROBE_DIR, and NCCLPROBE_PROFILE (the profile file the probe re-applies in each interpreter,
     and which holds the pins) when the profile is not empty. Nothing else.
     """
-    log_dir = Path(log_dir).absolute()
-    log_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_dir = logdir.check(log_dir)  # logdir.Unfit if the log discipline refuses it
     boot_dir = Path(tempfile.mkdtemp(prefix="boot-", dir=log_dir))  # 0700
     _write_private(boot_dir / BOOT_FILE, _boot_source())
     _write_private(boot_dir / "sitecustomize.py", SITECUSTOMIZE)
+    os.mkdir(boot_dir / "__pycache__", 0o700)  # py_compile (and each interpreter) would make it 0755
     for name in (BOOT_FILE, "sitecustomize.py"):  # for this interpreter, even under PYTHONDONTWRITEBYTECODE
         try:
             py_compile.compile(str(boot_dir / name), doraise=True)
@@ -248,9 +248,11 @@ def install(python: str | None = None, profile: Profile | None = None, log_dir: 
         raise Unexaminable(f"cannot install into {sp}: not writable by this user; nothing was written",
                            reason="permission",
                            data={"hint": "run as the owner of that interpreter, or install into a venv"})
+    log_dir = Path(log_dir).expanduser().absolute() if log_dir else None
+    _check_log_dir(log_dir)
     previous = _installed_config(sp)
     pycache = sp / "__pycache__"
-    config = {"log_dir": str(Path(log_dir).expanduser().absolute()) if log_dir else None,
+    config = {"log_dir": str(log_dir) if log_dir else None,
               "profile": profile.to_text(), "entries": [list(e) for e in profile.entries()], "installed_at": round(time.time(), 3), "ncclprobe": __version__,
               "pycache_created": (previous or {}).get("pycache_created", not pycache.exists())}
     replaced = None
@@ -278,6 +280,20 @@ def install(python: str | None = None, profile: Profile | None = None, log_dir: 
     _atomic_write_all(sp, files, fresh=previous is None)
     compiled = _compile(info, sp / f"{MODULE}.py", sp / f"{REST}.py")
     return _install_result(info, sp, config, profile, compiled, replaced)
+
+
+def _check_log_dir(log_dir: Path | None) -> None:
+    """The log directory must be one the probe will log into, for this user (logdir): --dir is created
+    now (0700) if missing; the default one (the probe makes it) is checked if it exists already,
+    since another user may have made it first."""
+    path = log_dir or Path(_boot.default_log_dir())
+    if log_dir is None and not os.path.lexists(path):
+        return
+    try:
+        logdir.check(path, create=log_dir is not None)
+    except logdir.Unfit as exc:
+        hint = "give --dir a directory of yours that only you can write (mode 0700)"
+        raise Unexaminable(f"{exc}; nothing was installed", reason="bad log directory", data={"hint": hint}) from None
 
 
 def _atomic_write_all(sp: Path, files: list[tuple[str, str]], fresh: bool) -> None:
@@ -396,7 +412,8 @@ def status(python: str | None = None, proc_root: Path = Path("/proc")) -> Result
         starts = [e for e in log.events if e["ev"] == "process_start" and e.get("mode") == "persistent"
                   and e.get("prefix") == info["prefix"]]
     seen = [{"pid": e["pid"], "host": e.get("host"), "t": e["t"], "ppid": e.get("ppid"),
-             "forked_from": e.get("forked_from"), "argv": e.get("argv")} for e in starts[-RECENT:]]
+             "forked_from": e.get("forked_from"),  # events of older probes may hold raw argv
+             "argv": redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None} for e in starts[-RECENT:]]
     without = live_without_probe(info, starts, proc_root)
     doc = [Title(f"Boot probe installed in {info['executable']} (Python {info['version']})"),
            Table(["file"], [[str(f)] for f in _installed_files(sp)], title="files"),
@@ -406,7 +423,7 @@ def status(python: str | None = None, proc_root: Path = Path("/proc")) -> Result
     doc.append(Table(["pid", "ppid", "started", "command"],
                      [[str(s["pid"]) + (f" (fork of {s['forked_from']})" if s["forked_from"] else ""),
                        str(s["ppid"]), time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(s["t"])),
-                       " ".join(s["argv"] or [])] for s in reversed(seen)],
+                       " ".join(map(str, s["argv"] or []))] for s in reversed(seen)],
                      title=f"processes it saw (latest {len(seen)} of {len(starts)})"))
     if without:
         doc.append(Table(["pid", "why", "command"], [[str(w["pid"]), w["reason"], " ".join(w["argv"])]
@@ -482,7 +499,7 @@ def live_without_probe(info: dict, starts: list[dict], proc_root: Path = Path("/
         t = seen.get(pid)
         if t is not None and (started is None or t >= started - 1.0):
             continue
-        out.append({"pid": pid, "argv": _boot.redact_argv(argv), "started": started,
+        out.append({"pid": pid, "argv": redact_argv(argv), "started": started,
                     "reason": "site disabled (-S)" if _site_disabled(argv)
                     else "no process_start in the log directory (started before install, "
                          f"{_boot.OFF_VAR}=off, or logging elsewhere)"})

@@ -15,7 +15,7 @@ from ncclprobe import conffiles, elf, events, procaccess, procs, shells, verdict
 from ncclprobe.diagnose import exectime
 from ncclprobe.doc import FindingsHere, Result, Text, Title, Tree, Unexaminable
 from ncclprobe.findings import EXIT_UNEXAMINABLE, with_host
-from ncclprobe.watched import REDACTED, is_watched, looks_secret, select
+from ncclprobe.watched import REDACTED, is_watched, looks_secret, redact_argv, redact_text, select
 
 _ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
 # Command lines are shown on one line: a newline or tab in an argument (`python -c` scripts) is escaped.
@@ -335,13 +335,8 @@ class _Context:
         return self._users[uid]
 
     def cmdline(self, argv: list[str]) -> list[str]:
-        """Secret-looking assignments in a command line (`HF_TOKEN=... cmd`) are redacted too."""
-        if not self.redact:
-            return argv
-        def sub(m):
-            name = m.group(1)
-            return m.group(0) if is_watched(name) or not looks_secret(name) else f"{name}={REDACTED}"
-        return [_ASSIGN_WORD.sub(sub, a) if "=" in a else a for a in argv]
+        """argv as the boot probe logs it (redact_argv: `--api-key X`, `HF_TOKEN=X`, URL passwords)."""
+        return redact_argv(argv) if self.redact else argv
 
     def argv(self, p: procs.Proc) -> tuple[list[str], str]:
         """cmdline and short, once per command line (procs.ProcFS shares the lists of processes
@@ -363,8 +358,13 @@ class _Context:
         def sub(m):
             value = self.shown_value(m.group(1), m.group(2))
             return m.group(0) if value is not None else f"{m.group(1)}={REDACTED}"
-        text = one_line(" ".join(_ASSIGN_WORD.sub(sub, a) if "=" in a else a for a in shell.cmdline))
+        argv = self.cmdline(shell.cmdline)
+        text = one_line(" ".join(_ASSIGN_WORD.sub(sub, a) if "=" in a else a for a in argv))
         return text if len(text) <= limit else text[: limit - 1] + "…"
+
+    def command_text(self, text: str) -> str:
+        """Shell code of a finding's evidence (a pitfall's commands) under cmdline's rule."""
+        return redact_text(text) if self.redact else text
 
     def shown_value(self, name: str, value: str) -> str | None:
         """How an assignment word's value may appear in evidence: watched ones as they are, others
@@ -518,8 +518,9 @@ class _Context:
                     continue
                 for pf in shells.pitfalls(script, child.cmdline, is_watched, shell_env, self.shown_value):
                     out.append({"shell": shell.pid, "shell_command": self.shell_command(shell), "pids": affected,
-                                "var": pf.var, "value": one_line(pf.value), "command": one_line(pf.command),
-                                "led_to_target": one_line(pf.led_to_target), "kind": pf.kind})
+                                "var": pf.var, "value": one_line(pf.value),
+                                "command": one_line(self.command_text(pf.command)),
+                                "led_to_target": one_line(self.command_text(pf.led_to_target)), "kind": pf.kind})
         return out
 
     def _env_of(self, p: procs.Proc):

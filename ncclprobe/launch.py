@@ -9,16 +9,16 @@ import shutil
 import signal
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ncclprobe import supervise
+from ncclprobe import logdir, supervise
 from ncclprobe.doc import Result, Text, Unexaminable
 from ncclprobe.events import RUN_META
 from ncclprobe.supervise import Group, printable
+from ncclprobe.watched import REDACTED, is_watched, redact_argv, redact_text
 
 
 @dataclass
@@ -28,29 +28,28 @@ class Wiring:
     log_dir: Path
     notes: list[str] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    profile_file: Path | None = None  # the profile written for the boot probe (it may hold --set secrets)
+
+    def remove_profile(self) -> str | None:
+        """Remove the profile file (each interpreter read it at its start); what failed, if anything."""
+        if self.profile_file is None:
+            return None
+        try:
+            self.profile_file.unlink(missing_ok=True)
+        except OSError as exc:
+            return f"could not remove the profile file {self.profile_file}: {exc.strerror or exc}"
+        return None
 
 
 def make_log_dir(log_dir: str | os.PathLike | None) -> Path:
-    """A private log directory: fresh (0700) by default; a given one is created 0700 or must be a real
-    directory owned by us (never followed through a symlink)."""
-    if log_dir is None:
-        return Path(tempfile.mkdtemp(prefix="ncclprobe-"))
-    d = Path(log_dir)
+    """A private log directory under the log discipline (logdir): fresh by default; a given one is
+    used if fit, or created 0700 (its last component only)."""
     try:
-        d.mkdir(mode=0o700, parents=True)
-    except FileExistsError:
-        st = os.lstat(d)
-        import stat as stat_mod
-        if stat_mod.S_ISLNK(st.st_mode) or not stat_mod.S_ISDIR(st.st_mode):
-            raise Unexaminable(f"log directory {d} is a symlink or not a directory", "bad log directory") from None
-        if st.st_uid != os.getuid():
-            raise Unexaminable(f"log directory {d} belongs to another user", "bad log directory") from None
-        if not os.access(d, os.W_OK | os.X_OK):
-            raise Unexaminable(f"log directory {d} is not writable", "bad log directory",
-                               {"hint": "give a directory you can write, or leave --dir out for a fresh one"}) from None
-    except OSError as exc:
-        raise Unexaminable(f"cannot create log directory {d}: {exc.strerror}", "bad log directory") from None
-    return d
+        return logdir.fresh("ncclprobe-") if log_dir is None else logdir.check(log_dir)
+    except logdir.Unfit as exc:
+        raise Unexaminable(str(exc), "bad log directory",
+                           {"hint": "give a directory of yours that only you can write (mode 0700), or leave "
+                                    "--dir out for a fresh one"}) from None
 
 
 def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = True, plugins: bool = True,
@@ -80,28 +79,35 @@ def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = 
                 else:
                     env[var] = lib
                     meta["plugins"].append(role)
+    profile_file = None
     if boot:  # the profile goes into CMD's environment and is re-applied in every Python interpreter
         from ncclprobe import inject
         try:
-            env.update(inject.ephemeral_env(env, log_dir, profile))
+            changes = inject.ephemeral_env(env, log_dir, profile)
         except OSError as exc:
             raise Unexaminable(f"cannot write the boot probe into {log_dir}: {exc.strerror or exc}",
                                "bad log directory") from None
+        except logdir.Unfit as exc:
+            raise Unexaminable(str(exc), "bad log directory") from None
+        env.update(changes)
+        # ours, not the environment's: a NCCLPROBE_PROFILE of the user's own is never removed
+        profile_file = Path(changes["NCCLPROBE_PROFILE"]) if "NCCLPROBE_PROFILE" in changes else None
         meta["boot"] = True
     elif profile is not None:
         env.update(profile.env_changes(env))
         if profile.pins:
             notes.append(f"--pin {' '.join(profile.pins)} needs the boot probe: not enforced with --no-boot")
-    return Wiring(env, log_dir, notes, meta)
+    return Wiring(env, log_dir, notes, meta, profile_file)
 
 
 def _write_meta(log_dir: Path, meta: dict[str, Any]) -> None:
-    path = log_dir / RUN_META
-    tmp = log_dir / f".{RUN_META}.{os.getpid()}"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        json.dump(meta, fh, indent=1, default=str)
-    os.replace(tmp, path)
+    """run.json, replaced whole in the re-checked log directory (logdir.replace_file)."""
+    try:
+        logdir.replace_file(log_dir, RUN_META, json.dumps(meta, indent=1, default=str).encode())
+    except logdir.Unfit as exc:
+        raise Unexaminable(f"cannot write {RUN_META}: {exc}", "bad log directory") from None
+    except OSError as exc:
+        raise Unexaminable(f"cannot write {log_dir / RUN_META}: {exc.strerror or exc}", "bad log directory") from None
 
 
 def describe_status(code: int | None) -> tuple[str, int]:
@@ -134,7 +140,7 @@ class LaunchError(Exception):
 def launch_error(prog: str, exc: OSError, log_dir: Path | None) -> LaunchError:
     """What execve's error means, in a shell's words and exit codes (bash: 127 when nothing could be
     run, 126 when the file is there but cannot be executed)."""
-    shown = printable(prog)
+    shown = printable(redact_text(prog))  # `run -- HF_TOKEN=x cmd` names a program "HF_TOKEN=x"
     if exc.errno == errno.ENOENT:
         interp = _interpreter(prog) if "/" in prog else None
         if interp is not None:  # the file is there; ENOENT is for the #! interpreter (execve(2))
@@ -170,40 +176,53 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
     again when CMD could not be started; a given one keeps run.json with what happened."""
     fresh = log_dir is None
     d = make_log_dir(log_dir)
-    started = False
+    shown = redact_argv(cmd)  # as the boot probe logs it: stored and printed only so
+    started, wiring, removal = False, None, None
     try:
-        wiring = wire(dict(os.environ), d, profile, preload, plugins, boot)
-        grace, grace_note = supervise.grace_from_env(os.environ)
-        notes = wiring.notes + ([grace_note] if grace_note else [])
-        meta = {"command": cmd, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
-                "notes": notes, "expect": expect or {},
-                "profile": profile.to_json() if profile is not None else None, **wiring.meta}
-        _write_meta(d, meta)
         try:
-            group = Group(cmd, wiring.env, stdout=sys.stderr if stdout_to_stderr else None,
-                          grace=grace, label="ncclprobe run")
-        except OSError as exc:
-            err = launch_error(cmd[0], exc, None if fresh else d)
-            if not fresh:
-                meta.update(ended=time.time(), returncode=None, status=f"not started: {err}",
-                            error={"message": str(err), "reason": err.reason})
+            wiring = wire(dict(os.environ), d, profile, preload, plugins, boot)
+            grace, grace_note = supervise.grace_from_env(os.environ)
+            notes = wiring.notes + ([grace_note] if grace_note else [])
+            meta = {"command": shown, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
+                    "notes": notes, "expect": _shown_values(expect or {}),
+                    "profile": profile.to_json() if profile is not None else None, **wiring.meta}
+            _write_meta(d, meta)
+            try:
+                group = Group(cmd, wiring.env, stdout=sys.stderr if stdout_to_stderr else None,
+                              grace=grace, label="ncclprobe run")
+            except OSError as exc:
+                err = launch_error(cmd[0], exc, None if fresh else d)
+                if not fresh:
+                    meta.update(ended=time.time(), returncode=None, status=f"not started: {err}",
+                                error={"message": str(err), "reason": err.reason})
+                    _write_meta(d, meta)
+                raise err from None
+            started = True
+        finally:
+            if fresh and not started:  # nothing ran: leave nothing behind
+                shutil.rmtree(d, ignore_errors=True)
+        rc, failed = None, True
+        try:
+            rc = group.wait()
+            failed = False
+        finally:
+            if failed:  # ncclprobe itself failed while CMD ran: leave nothing of the tree behind
+                group.reap_group()
+            words, code = ("unknown: ncclprobe run failed while CMD ran", 1) if failed else describe_status(rc)
+            meta.update(ended=time.time(), returncode=rc, status=words, **group.outcome.to_json())
+            try:
                 _write_meta(d, meta)
-            raise err from None
-        started = True
+            except Unexaminable as exc:  # CMD ran: its code and report still count
+                notes = [*notes, f"{exc}; the report is built from the events alone"]
     finally:
-        if fresh and not started:  # nothing ran: leave nothing behind
-            shutil.rmtree(d, ignore_errors=True)
-    rc, failed = None, True
-    try:
-        rc = group.wait()
-        failed = False
-    finally:
-        if failed:  # ncclprobe itself failed while CMD ran: leave nothing of the tree behind
-            group.reap_group()
-        words, code = ("unknown: ncclprobe run failed while CMD ran", 1) if failed else describe_status(rc)
-        meta.update(ended=time.time(), returncode=rc, status=words, **group.outcome.to_json())
-        _write_meta(d, meta)
-    return _result(cmd, d, notes, expect, rc, words, code, group.outcome)
+        if wiring is not None:  # the profile holds the --set values, secrets too: never left behind
+            removal = wiring.remove_profile()
+    return _result(shown, d, notes + ([removal] if removal else []), expect, rc, words, code, group.outcome)
+
+
+def _shown_values(values: dict[str, str]) -> dict[str, str]:
+    """Variables with the values of those outside the watched set as <redacted>."""
+    return {k: v if is_watched(k) else REDACTED for k, v in values.items()}
 
 
 def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: supervise.Outcome) -> Result:
@@ -220,7 +239,8 @@ def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: sup
         result = Result("run", doc=[Text("Report not built: interrupted", "warn")])
     result.command = "run"
     if expect and not any(c.get("env") is not None for c in result.data.get("communicators", [])):
-        header.append(Text(f"--expect {' '.join(f'{k}={v}' for k, v in expect.items())} was not checked: "
+        given = " ".join(f"{k}={v}" for k, v in _shown_values(expect).items())
+        header.append(Text(f"--expect {given} was not checked: "
                            "no communicator was seen (expectations are checked at each communicator's "
                            "creation)", "warn"))
     result.doc[:0] = header

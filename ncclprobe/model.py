@@ -7,7 +7,7 @@ from typing import Any
 
 from ncclprobe.events import EventLog
 from ncclprobe.tuning import canonical
-from ncclprobe.watched import is_watched
+from ncclprobe.watched import is_watched, redact_argv
 
 
 @dataclass
@@ -190,7 +190,7 @@ def build(log: EventLog) -> Model:
         proc.sources.add(e["src"])
         if kind == "process_start":
             proc.ppid = e.get("ppid")
-            proc.argv = e.get("argv") if isinstance(e.get("argv"), list) else None
+            proc.argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None  # older probes: raw
             proc.exe = e.get("exe")
             proc.start_env = _env(e.get("env"))
             proc.exec_env = _env(e.get("exec_env"))

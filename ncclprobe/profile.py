@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ncclprobe._lib import ncclprobe_boot as _boot
 from ncclprobe.envfile import AssignmentError
-from ncclprobe.watched import is_watched
+from ncclprobe.watched import REDACTED, is_watched
 
 
 @dataclass(frozen=True)
@@ -80,14 +80,19 @@ def read(path: str | Path) -> Profile:
 
 
 def from_cli(sets: Iterable[str] = (), defaults: Iterable[str] = (), pins: Iterable[str] = ()) -> Profile:
-    """--set K=V, --set-default K=V and --pin K options -> Profile; AssignmentError names the option."""
+    """--set K=V, --set-default K=V and --pin K options -> Profile; AssignmentError names the option
+    and the variable, never a value of a variable outside the watched set (it may be a token)."""
     entries = []
     for option, op, items in (("--set", "set", sets), ("--set-default", "default", defaults),
                               ("--pin", "pin", pins)):
         for item in items:
-            where = f"{option} {item}"
+            where = f"{option} {_shown(item)}"
             if op != "pin" and "=" not in item:
-                raise AssignmentError(f"{where}: expected NAME=VALUE")
+                if is_watched(item.strip()):
+                    raise AssignmentError(f"{where}: expected NAME=VALUE")
+                # `--set $HF_TOKEN`: the argument may be the value itself
+                raise AssignmentError(f"{option}: expected NAME=VALUE (the argument has no '='; not shown, "
+                                      "it may be a value)")
             try:
                 entry = _boot.parse_line(f"{op} {item}", where)
             except _boot.ProfileError as exc:
@@ -99,3 +104,10 @@ def from_cli(sets: Iterable[str] = (), defaults: Iterable[str] = (), pins: Itera
         return _from_entries(_boot.check_entries(entries))
     except _boot.ProfileError as exc:
         raise AssignmentError(str(exc)) from None
+
+
+def _shown(item: str) -> str:
+    """An option's argument as an error may show it: NAME=VALUE with the value of a variable
+    outside the watched set as <redacted>."""
+    name, eq, _ = item.partition("=")
+    return item if not eq or is_watched(name.strip()) else f"{name}={REDACTED}"

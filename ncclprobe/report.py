@@ -11,6 +11,7 @@ from ncclprobe.diagnose import inprocess
 from ncclprobe.doc import FindingsHere, Records, Result, Table, Text, Title, Unexaminable
 from ncclprobe.findings import Finding, aggregate
 from ncclprobe.model import CommView, Model
+from ncclprobe.watched import redact_argv
 
 SHOWN_VARS_MAX = 8
 # witness -> its name in the processes table (one line per process at 80 columns)
@@ -295,4 +296,11 @@ def model_json(m: Model) -> dict[str, Any]:
               "comm_name": c.comm_name, "seen_by": sorted(c.seen_by), "destroyed": c.destroyed,
               "collectives": [s.__dict__ for s in c.colls.values()]} for c in m.comms]
     return {"processes": procs, "communicators": comms, "simulated": m.simulated,
-            "skipped": m.skipped, "runs": m.runs}
+            "skipped": m.skipped, "runs": [_run_json(r) for r in m.runs]}
+
+
+def _run_json(run: dict) -> dict:
+    """run.json as reported: its command redacted (redact_argv), as older versions of `run` did not."""
+    if isinstance(run, dict) and isinstance(run.get("command"), list):
+        return {**run, "command": redact_argv(run["command"])}
+    return run

@@ -1,7 +1,8 @@
 """The watched set: the only environment variables ncclprobe ever logs or prints by default.
 
 DESIGN.md §4: everything else stays out of logs and output unless the user asks (--all-vars), and
-then secret-looking names are redacted unless --no-redact.
+then secret-looking names are redacted unless --no-redact. Command lines are redacted by one rule
+everywhere, the boot probe's own (redact_argv), so the probe, inspect, run and report agree.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ WATCHED_NAMES = frozenset({
     "TORCH_DISTRIBUTED_DEBUG", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PYTHONPATH",
     "SGLANG_NCCL_SO_PATH", "VLLM_NCCL_SO_PATH",
 })
-SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+# The boot probe's list too (tests/test_secrets.py checks they are the same).
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH", "PRIVATE")
 REDACTED = "<redacted>"
 
 
@@ -22,13 +24,33 @@ def is_watched(name: str) -> bool:
 
 def looks_secret(name: str) -> bool:
     upper = name.upper()
+    if "AUTHOR" in upper:  # GIT_AUTHOR_NAME and --author hold no secret; AUTHORIZATION does
+        upper = upper.replace("AUTHORIZ", "AUTHIZ").replace("AUTHORIS", "AUTHIS").replace("AUTHOR", "/")
     return any(marker in upper for marker in SECRET_MARKERS)
 
 
+def redact_argv(argv: list) -> list:
+    """A command line as it may be shown or stored: the boot probe's redact_argv (secret-looking
+    options and assignments, URL passwords). A list holding something other than strings (a foreign
+    event) is redacted element by element."""
+    from ncclprobe._lib import ncclprobe_boot
+    if all(isinstance(a, str) for a in argv):
+        return ncclprobe_boot.redact_argv(argv)
+    return [ncclprobe_boot.redact_argv([a])[0] if isinstance(a, str) else a for a in argv]
+
+
+def redact_text(text: str) -> str:
+    """A command line or value given as one string (shell code, an environment value): redact_argv's rule."""
+    return redact_argv([text])[0]
+
+
 def select(env: Mapping[str, str] | None, all_vars: bool = False, redact: bool = True) -> dict[str, str] | None:
-    """The part of env that may be shown: the watched set, or everything with secrets redacted."""
+    """The part of env that may be shown: the watched set, or everything with secrets redacted (a
+    secret-looking name's whole value; in other values, what redact_text hides: URL passwords...)."""
     if env is None:
         return None
     if not all_vars:
         return {k: v for k, v in env.items() if is_watched(k)}
-    return {k: (REDACTED if redact and looks_secret(k) and not is_watched(k) else v) for k, v in env.items()}
+    if not redact:
+        return dict(env)
+    return {k: v if is_watched(k) else REDACTED if looks_secret(k) else redact_text(v) for k, v in env.items()}

@@ -33,11 +33,13 @@ import time
 import _weakref
 
 # Same set as ncclprobe/watched.py (tests/test_boot_profile.py checks they agree); nothing else is
-# ever logged.
+# ever logged. SECRET_MARKERS too (tests/test_secrets.py): names holding one look like secrets.
 WATCHED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "NCCLPROBE_")
 WATCHED_NAMES = frozenset(("TORCH_DISTRIBUTED_DEBUG", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PYTHONPATH",
                            "SGLANG_NCCL_SO_PATH", "VLLM_NCCL_SO_PATH"))
-SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "KEY", "CREDENTIAL")
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH", "PRIVATE")
+# What makes start() load redact_argv: a secret-looking name, or the "@" of credentials in a URL.
+_ARGV_HINTS = SECRET_MARKERS + ("@",)
 # Watched entries of an environment block (NUL first, "NAME=VALUE" entries NUL-separated, NUL last) are
 # found with bytes.find: a prefix matches at the start of an entry only, a name is followed by '='.
 # Every prefix contains "NCCL": one test rules them all out, usually. (The two lists above, as bytes.)
@@ -272,7 +274,7 @@ def start():
                 argv = list(sys.argv)
         argv = list(argv)[:512]
         upper = "\0".join(argv).upper()
-        for marker in SECRET_MARKERS:
+        for marker in _ARGV_HINTS:
             if marker in upper:  # something looks like a secret: redact_argv
                 _rest()
                 argv = redact_argv(argv)
@@ -678,31 +680,75 @@ def _getenv(name):
 
 def _secretish(name):
     upper = name.upper()
+    if "AUTHOR" in upper:  # GIT_AUTHOR_NAME and --author hold no secret; AUTHORIZATION does
+        upper = upper.replace("AUTHORIZ", "AUTHIZ").replace("AUTHORIS", "AUTHIS").replace("AUTHOR", "/")
     for marker in SECRET_MARKERS:
         if marker in upper:
             return True
     return False
 
 
+REDACTED = "<redacted>"
+# A word as a shell splits it (quotes kept); a NAME=VALUE assignment anywhere in a word (`env X=1`,
+# `--env=X=1`, `a;X=1`); the password of a URL's user:password@ (up to the authority's last '@').
+_WORD = r"""(?:[^\s"']+|"[^"]*"|'[^']*')+"""
+_ASSIGN = r"""(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=((?:[^\s"']+|"[^"]*"|'[^']*')*)"""
+_URL_PASSWORD = r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)[^\s/]*@"
+
+
 def redact_argv(argv):
-    """argv with the values of secret-looking options (--hf-token=..., --api-key X) replaced."""
-    argv = list(argv)[:512]
-    if not _secretish("\0".join(argv)):  # nothing that looks like a secret anywhere: argv as it is
+    """argv with its secrets replaced by <redacted>, the one rule of this probe and of ncclprobe's
+    inspect, run and report: the value of a secret-looking option (`--hf-token=X`, `--api-key X`)
+    or assignment (`HF_TOKEN=X`; watched variables are no secrets), also as words of a shell
+    command (`sh -c '... --api-key X'`), and the password of a URL (`postgres://user:PW@host`)."""
+    argv = list(argv)
+    joined = "\0".join(argv)
+    if "@" not in joined and not _secretish(joined):  # nothing that looks like a secret anywhere
         return argv
-    out, hide_next = [], False
+    import re  # here only: an interpreter's start never needs it
+    out, hide = [], False
     for a in argv:
-        if hide_next:
-            out.append("<redacted>")
-            hide_next = False
-        elif a.startswith("-") and _secretish(a.split("=", 1)[0]):
-            if "=" in a:
-                out.append(a.split("=", 1)[0] + "=<redacted>")
-            else:
-                out.append(a)
-                hide_next = True
-        else:
+        if hide and not _long_option(a):  # the value of `--api-key X`, whatever it holds
+            out.append(REDACTED)
+            hide = False
+        elif a.split(None, 1) == [a]:  # one word
+            a, hide = _redact_word(a, False)
             out.append(a)
+        else:  # a shell command (or a value with spaces): its words, redacted alike
+            parts, last, hide_word = [], 0, False
+            for m in re.finditer(_WORD, a):
+                word, hide_word = _redact_word(m.group(0), hide_word)
+                parts += (a[last:m.start()], word)
+                last = m.end()
+            out.append("".join(parts) + a[last:])
+            hide = False
     return out
+
+
+def _redact_word(w, hide):
+    """(w redacted, whether the next word is the value of a secret-looking option)."""
+    import re
+    if hide and not _long_option(w):
+        return REDACTED, False
+    if w.startswith("-"):
+        name, eq, _ = w.partition("=")
+        if _secretish(name):
+            return (name + "=" + REDACTED if eq else w), not eq
+    if "=" in w:
+        w = re.sub(_ASSIGN, _redact_assignment, w)
+    if "@" in w:
+        w = re.sub(_URL_PASSWORD, "\\1" + REDACTED + "@", w)
+    return w, False
+
+
+def _long_option(w):
+    # `--no-auth --port 80`: a flag, not a value (a PEM key's "-----BEGIN" is a value)
+    return w[:2] == "--" and w[2:3].isalpha()
+
+
+def _redact_assignment(m):
+    name = m.group(1)
+    return m.group(0) if is_watched(name) or not _secretish(name) else name + "=" + REDACTED
 
 
 def _process_start(extra, env, exec_env, live):

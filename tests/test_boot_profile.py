@@ -88,8 +88,8 @@ def test_from_cli():
 
 @pytest.mark.parametrize("kw, words", [
     ({"sets": ["NCCL_PROTO"]}, "--set NCCL_PROTO: expected NAME=VALUE"),
-    ({"sets": ["=LL"]}, "--set =LL: '' is not a valid"),
-    ({"defaults": ["A B=1"]}, "--set-default A B=1: 'A B' is not a valid"),
+    ({"sets": ["=LL"]}, "--set =<redacted>: '' is not a valid"),  # no watched name: its value is not shown
+    ({"defaults": ["A B=1"]}, "--set-default A B=<redacted>: 'A B' is not a valid"),
     ({"pins": ["HOME"]}, "--pin HOME: HOME is not a watched variable"),
     ({"pins": [""]}, "--pin : '' is not a valid"),
     ({"sets": ["NCCL_X=a\nset NCCL_Y=b"]}, "newline"),

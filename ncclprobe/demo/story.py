@@ -73,7 +73,13 @@ def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool, show
     env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV,TUNING", NCCL_DEBUG_FILE=str(d / "nccl-debug.%h.%p"))
     wiring = launch.wire(env, d, profile)
     cmd = selfexec.module_argv("ncclprobe.demo.launcher", "--sync", sync, "--backend", backend, "--tp", tp)
-    group = launch.Group(cmd, selfexec.module_env(wiring.env), cwd=d)
+    # NCCL opens NCCL_DEBUG_FILE with fopen(path, "w") (src/debug.cc ncclDebugInit), mode 0666 less the
+    # umask, as the simulated NCCL does: the server's umask keeps its logs private from their creation
+    old_umask = os.umask(0o077)
+    try:
+        group = launch.Group(cmd, selfexec.module_env(wiring.env), cwd=d)
+    finally:
+        os.umask(old_umask)
     rc = None
     try:
         deadline = time.monotonic() + READY_TIMEOUT_S
