@@ -15,7 +15,7 @@ from ncclprobe import conffiles, elf, events, procaccess, procs, shells, verdict
 from ncclprobe.diagnose import exectime
 from ncclprobe.doc import FindingsHere, Result, Text, Title, Tree, Unexaminable
 from ncclprobe.findings import EXIT_UNEXAMINABLE, with_host
-from ncclprobe.watched import REDACTED, is_watched, looks_secret, redact_argv, redact_text, select
+from ncclprobe.watched import REDACTED, is_watched, looks_secret, redact_argv, redact_text, select, shown_values
 
 _ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
 # Command lines are shown on one line: a newline or tab in an argument (`python -c` scripts) is escaped.
@@ -79,11 +79,11 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     findings = with_host(exectime.all_rules(recs, expect, pitfalls), socket.gethostname())
     # a PID named on the command line that is not there (or went during the walk) fails the command
     missing = sorted({s["pid"] for s in not_found} | {s["pid"] for s in tree.skipped if s["pid"] in pids})
-    data = {"roots": tree.roots, "expect": expect, "scope": scope,
+    data = {"roots": tree.roots, "expect": shown_values(expect), "scope": scope,
             "processes": _public(recs),
             "skipped": not_found + tree.skipped, "missing_pids": missing, "excluded": tree.excluded,
             "gpu_source": "nvml" if not gpu_reason else "fds", "gpu_reason": gpu_reason or None}
-    result = _InspectResult("inspect", findings, data,
+    result = _InspectResult("inspect", findings, data, expect,
                             lambda: _document(recs, tree, notes, gpu_reason, not_found, show_wiring))
     if missing:
         result.code = EXIT_UNEXAMINABLE
@@ -104,8 +104,9 @@ class _InspectResult(Result):
     """A Result whose document is built on first use: --json never draws it. Nothing changes the
     records or the tree it is drawn from once inspect_processes has returned."""
 
-    def __init__(self, command: str, findings: list, data: dict, build: Callable[[], list]):
+    def __init__(self, command: str, findings: list, data: dict, expect: dict, build: Callable[[], list]):
         super().__init__(command, findings, data)
+        self.expect = expect   # the values themselves: data["expect"] shows non-watched ones by name only
         self._build: Callable[[], list] | None = build
         self.head: list = []   # the verdict: drawn before the findings
         self.tail: list = []   # the in-process view: after the tree

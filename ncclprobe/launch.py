@@ -18,7 +18,7 @@ from ncclprobe import logdir, supervise
 from ncclprobe.doc import Result, Text, Unexaminable
 from ncclprobe.events import RUN_META
 from ncclprobe.supervise import Group, printable
-from ncclprobe.watched import REDACTED, is_watched, redact_argv, redact_text
+from ncclprobe.watched import redact_argv, redact_text, shown_values
 
 
 @dataclass
@@ -184,7 +184,7 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
             grace, grace_note = supervise.grace_from_env(os.environ)
             notes = wiring.notes + ([grace_note] if grace_note else [])
             meta = {"command": shown, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
-                    "notes": notes, "expect": _shown_values(expect or {}),
+                    "notes": notes, "expect": shown_values(expect or {}),
                     "profile": profile.to_json() if profile is not None else None, **wiring.meta}
             _write_meta(d, meta)
             try:
@@ -220,11 +220,6 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
     return _result(shown, d, notes + ([removal] if removal else []), expect, rc, words, code, group.outcome)
 
 
-def _shown_values(values: dict[str, str]) -> dict[str, str]:
-    """Variables with the values of those outside the watched set as <redacted>."""
-    return {k: v if is_watched(k) else REDACTED for k, v in values.items()}
-
-
 def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: supervise.Outcome) -> Result:
     from ncclprobe import report
     header = [Text(f"{report.one_line(' '.join(cmd), 100)}: {words}", "warn" if code else "good"),
@@ -239,7 +234,7 @@ def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: sup
         result = Result("run", doc=[Text("Report not built: interrupted", "warn")])
     result.command = "run"
     if expect and not any(c.get("env") is not None for c in result.data.get("communicators", [])):
-        given = " ".join(f"{k}={v}" for k, v in _shown_values(expect).items())
+        given = " ".join(f"{k}={v}" for k, v in shown_values(expect).items())
         header.append(Text(f"--expect {given} was not checked: "
                            "no communicator was seen (expectations are checked at each communicator's "
                            "creation)", "warn"))

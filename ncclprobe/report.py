@@ -67,7 +67,7 @@ def augment_inspection(result, log_dirs, nccl_logs=()):
         result.tail.append(Text(f"In-process view: {exc}", "warn"))
         result.data["in_process"] = {"error": str(exc)}
         return result
-    expect = result.data.get("expect") or {}
+    expect = result.expect
     result.findings = merge_witnesses(inprocess.all_rules(m, expect), result.findings)
     v = verdict.for_model(m, result.findings, expect, processes=result.data.get("processes"))
     result.data["verdict"] = v.to_json()
@@ -271,7 +271,7 @@ def _comm_records(m: Model) -> list:
     for (_, fields), b in blocks.items():
         who = (f"rank{'s' if len(b['ranks']) > 1 else ''} {verdict.ranges(b['ranks'])} of {b['nranks']}"
                if b["ranks"] else "rank ?")
-        where = f"pid {_pids(b['pids'])}" + (f" on {len(b['hosts'])} hosts" if len(b["hosts"]) > 1 else "")
+        where = f"pid {_pids(sorted(set(b['pids'])))}" + (f" on {len(b['hosts'])} hosts" if len(b["hosts"]) > 1 else "")
         name = f" {b['name']}" if b["name"] else ""
         items.append((f"{b['id']}{name}  {who}  ({where})", [(k, v) for k, v in fields]))
     return items

@@ -289,7 +289,7 @@ def ranges(nums) -> str:
 
 def short_id(ident: str) -> str:
     """A communicator's id on screen: its commHash's first hex digits, or its unique id's."""
-    return f"uid {ident[4:12]}" if ident.startswith("uid:") else ident[:SHORT_ID]
+    return f"uid {ident[4:4 + SHORT_ID]}" if ident.startswith("uid:") else ident[:SHORT_ID]
 
 
 def _who(g: Group) -> str:

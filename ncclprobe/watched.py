@@ -54,3 +54,9 @@ def select(env: Mapping[str, str] | None, all_vars: bool = False, redact: bool =
     if not redact:
         return dict(env)
     return {k: v if is_watched(k) else REDACTED if looks_secret(k) else redact_text(v) for k, v in env.items()}
+
+
+def shown_values(values: Mapping[str, str]) -> dict[str, str]:
+    """Assignments as output shows them (--expect, --set, --env): a value outside the watched set may
+    be a secret, so only its name is shown."""
+    return {k: v if is_watched(k) else REDACTED for k, v in values.items()}

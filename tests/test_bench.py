@@ -516,5 +516,5 @@ def test_recommendation_ignores_a_winner_that_ran_what_nccl_already_picked():
 
 
 def test_a_configuration_variable_outside_the_watched_set_is_shown_by_name_only():
-    from ncclprobe.bench.command import shown_env
-    assert shown_env({"NCCL_PROTO": "LL", "HF_TOKEN": "hf_secret"}) == {"NCCL_PROTO": "LL", "HF_TOKEN": "<redacted>"}
+    from ncclprobe.watched import shown_values
+    assert shown_values({"NCCL_PROTO": "LL", "HF_TOKEN": "hf_secret"}) == {"NCCL_PROTO": "LL", "HF_TOKEN": "<redacted>"}

@@ -17,7 +17,7 @@ from ncclprobe.bench.summary import BENCH_EXTRA_HINT, NOTHING_MEASURED
 from ncclprobe.doc import Result, Text, Title, Unexaminable
 from ncclprobe.envfile import AssignmentError, parse_assignments
 from ncclprobe.findings import EXIT_UNEXAMINABLE
-from ncclprobe.watched import REDACTED, is_watched
+from ncclprobe.watched import shown_values
 
 SWEEP = ("1K", "64M", 4)  # -b, -e, -f when neither they nor --hidden are given
 TOKENS = "1,2,3,4"        # --tokens for --hidden: decode and verify steps of k tokens
@@ -284,12 +284,6 @@ def _plot_caveat(ctx: Context) -> str:
     return GLOO_PLOT_CAVEAT if ctx.cpu else ONE_GPU_PLOT_CAVEAT if ctx.nranks == 1 else ""
 
 
-def shown_env(env: dict[str, str]) -> dict[str, str]:
-    """A configuration's variables as output shows them: a value outside the watched set may be a
-    secret (`--env HF_TOKEN=...`), so only its name is shown (DESIGN §4)."""
-    return {k: v if is_watched(k) else REDACTED for k, v in env.items()}
-
-
 def build_result(plan: Plan, m: drv.Matrix, d: drv.Driver, kept: bool = True) -> Result:
     ctx, runs, sizes, token_sizes = plan.ctx, m.runs, plan.sizes, plan.token_sizes
     topology = _topology(ctx)
@@ -297,7 +291,7 @@ def build_result(plan: Plan, m: drv.Matrix, d: drv.Driver, kept: bool = True) ->
     meta = next((r.meta for r in runs if r.meta), {})
     for r in runs:
         real = report.realized(ctx, r.dir, sizes, r.profiler)
-        configs.append({"name": r.config.name, "env": shown_env(r.env), "status": r.status, "reason": r.reason,
+        configs.append({"name": r.config.name, "env": shown_values(r.env), "status": r.status, "reason": r.reason,
                         "realized": real, "results": report.results(r.rows, ctx.nranks), "pids": r.pids,
                         "workers": [{k: w.get(k) for k in ("rank", "pid", "ppid", "host", "env", "state")}
                                     for w in r.workers],
