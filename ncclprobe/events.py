@@ -43,8 +43,9 @@ of the ncclUniqueId bytes; equal across the ranks of one communicator created fr
 and `parent` (ncclComm_t pointers) are strings of "0x" and 16 lowercase hex digits, leading zeros
 kept ("0x0bdba985b4a6820a"), or null. Readers normalise every id with ncclprobe.model.comm_id, so
 logs of older probes (which dropped leading zeros and wrote `uid` without "0x") still join; a string
-that is no hex number (a hand-made log's name for a communicator) is kept as written. A log directory may also hold `run.json`, written by
-`ncclprobe run` (the command, what it set, what it left alone, exit status).
+that is no hex number (a hand-made log's name for a communicator) is kept as written.
+A log directory may also hold `run.json`, written by `ncclprobe run` (the command, what it set, what
+it left alone, exit status).
 
 Readers never trust the files: torn lines, garbage and unknown kinds are skipped and counted, and
 files are opened without following symlinks.

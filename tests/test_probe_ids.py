@@ -3,10 +3,17 @@ hex digits: the reader normalises whatever wrote them (older probes dropped lead
 uid without "0x"; NCCL prints commId with %llx and pointers with %p), so witnesses still join."""
 from __future__ import annotations
 
+import ctypes
+import sys
+from pathlib import Path
+
 import pytest
 
 from ncclprobe import model, nccllog_model
 from ncclprobe.events import EventLog
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "c"))
+import probe_support as ps  # noqa: E402
 
 H = "node1"
 HASH = "0x0bdba985b4a6820a"  # the id of the flaky test: its leading zero was lost by one writer
@@ -27,6 +34,24 @@ def test_bounds(raw, want):
 @pytest.mark.parametrize("raw", [None, True, -1, 1 << 64, "", "0x", "u1", "0x" + "1" * 17, "0x-1", 1.0, [1]])
 def test_what_is_no_id_is_none(raw):
     assert model.comm_id(raw) is None
+
+
+@pytest.fixture(scope="module")
+def id_text(tmp_path_factory):
+    """The probe library's own id formatter (selfcheck.c), from a fresh build of the sources."""
+    fn = ctypes.CDLL(str(ps.build_probe(tmp_path_factory.mktemp("probe_ids")))).ncclprobe_id_text
+    fn.argtypes, fn.restype = [ctypes.c_uint64, ctypes.c_char_p], None
+
+    def text(value: int) -> str:
+        out = ctypes.create_string_buffer(19)
+        fn(value, out)
+        return out.value.decode()
+    return text
+
+
+@pytest.mark.parametrize("value", [0, 1, 0x1234, 0x0BDBA985B4A6820A, 0x00FFFFFFFFFFFFFF, 1 << 63, (1 << 64) - 1])
+def test_the_c_probes_spell_an_id_as_the_reader_does(id_text, value):
+    assert id_text(value) == model.comm_id(value) == f"0x{value:016x}"
 
 
 def ev(kind, t, src, **kw):

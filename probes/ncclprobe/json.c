@@ -175,10 +175,9 @@ void np_id_text(char out[NP_ID_CHARS], uint64_t v) {
 }
 
 void np_jb_id(np_jb* jb, const char* key, uint64_t v) {
-  char t[NP_ID_CHARS + 2] = "\"";
-  np_id_text(t + 1, v);
-  t[NP_ID_CHARS] = '"';
-  t[NP_ID_CHARS + 1] = 0;
+  char id[NP_ID_CHARS], t[NP_ID_CHARS + 2];
+  np_id_text(id, v);
+  snprintf(t, sizeof t, "\"%s\"", id);
   fmt_member(jb, key, t);
 }
 

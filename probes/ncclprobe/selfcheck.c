@@ -1,6 +1,6 @@
 /* selfcheck.c - what the Python side (ncclprobe/probelib.py) asks the library through ctypes
- * before `ncclprobe run` trusts it: its ABI version, the roles it really exports, and two pure
- * helpers that let the tests hold the C side to the Python contracts (watched set, JSON). */
+ * before `ncclprobe run` trusts it: its ABI version, the roles it really exports, and pure helpers
+ * that let the tests hold the C side to the Python contracts (watched set, JSON, id spelling). */
 #include <dlfcn.h>
 #include <string.h>
 
@@ -40,3 +40,7 @@ NP_EXPORT int ncclprobe_watched(const char* name) { return name && np_watched(na
 NP_EXPORT size_t ncclprobe_json_escape(const char* in, size_t n, char* out, size_t cap) {
   return np_json_escape(in, n, out, cap);
 }
+
+/* The spelling every probe writes for a 64-bit id (must agree with ncclprobe.model.comm_id); `out`
+ * takes NP_ID_CHARS (19) bytes. */
+NP_EXPORT void ncclprobe_id_text(uint64_t v, char* out) { np_id_text(out, v); }
