@@ -6,6 +6,8 @@ import signal
 
 import pytest
 
+from users import other_user  # noqa: F401 (a fixture: every test module may ask for it)
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _installed_package_in_subprocesses(tmp_path_factory):

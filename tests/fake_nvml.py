@@ -133,3 +133,18 @@ def nvlink_pair() -> FakeNvml:
     return FakeNvml([FakeGpu(bus_id=a, gen=(1, 5), nvlinks=[b.lower()] * 18),
                      FakeGpu(bus_id=b, numa=0, gen=(1, 5), nvlinks=[a.lower()] * 18)],
                     links={(0, 1): "NODE"})
+
+
+def lost_scenario() -> FakeNvml:
+    nv = nvlink_pair()
+    nv.gpus[1].lost = True
+    return nv
+
+
+def not_supported_scenario() -> FakeNvml:
+    nv = nvlink_pair()
+    nv.gpus[0].numa = None
+    nv.gpus[0].gen = (1, None)
+    nv.gpus[0].nvlinks = []
+    nv.gpus[1].nvlinks = []
+    return nv

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +25,15 @@ def running(script: str, env: dict[str, str] | None = None) -> Iterator[tuple[in
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         p.wait()
+
+
+def alive(pid: int) -> bool:
+    """Whether pid runs (a zombie is dead for our purposes)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False

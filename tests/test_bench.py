@@ -12,6 +12,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from livetree import alive
 from click.testing import CliRunner
 
 from ncclprobe import render
@@ -44,15 +46,6 @@ def _hang_dir(tmp_path: Path, rank: str = "1") -> Path:
     return d
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +213,7 @@ def test_hung_configuration_is_killed_and_the_rest_go_on(hang_then_corrupt):
     assert status["defaults"]["status"] == "ok" and status["bad"]["status"] == "wrong"  # it ran after
     stalled = int((tmp / "stalled.pid").read_text())
     assert stalled in status["stuck"]["pids"]
-    assert not any(_alive(p) for c in status.values() for p in c["pids"])
+    assert not any(alive(p) for c in status.values() for p in c["pids"])
     assert "hang" in _text(result)
     assert result.exit_code() == 0  # something was measured: a hang is a status, not a failure to examine
 

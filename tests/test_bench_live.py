@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from livetree import alive
 from click.testing import CliRunner
 
 from ncclprobe.bench import command, driver, live, matrix, plot, summary
@@ -26,15 +28,6 @@ BENCH = [sys.executable, "-m", "ncclprobe", "bench", "--backend", "gloo", "--ran
 ROW = re.compile(r"^\s+\d+\s+\d+\s+bfloat16\s+sum\s+-1\s+eager(\s+\S+){8}$")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is dead for our purposes
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _sitecustomize(tmp_path: Path, name: str, body: str) -> Path:
@@ -137,7 +130,7 @@ def test_ctrl_c_mid_run_writes_what_was_measured_and_leaves_no_worker(tmp_path):
     _wait_for(lambda: stalled.exists() and stalled.read_text(), proc, "rank 1 stalling")
     rank0 = json.loads((rows[0].parent / "rank0.json").read_text())["pid"]
     pids = [int(stalled.read_text()), rank0]
-    assert all(_alive(p) for p in pids)
+    assert all(alive(p) for p in pids)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -151,7 +144,7 @@ def test_ctrl_c_mid_run_writes_what_was_measured_and_leaves_no_worker(tmp_path):
     assert by["stall"]["status"] == "interrupted" and by["stall"]["reason"] == "stopped by SIGINT after 1 of 2 sizes"
     assert {r["bytes"] for r in by["stall"]["results"]} == {1024}
     assert set(by["stall"]["pids"]) >= set(pids)
-    assert not any(_alive(p) for c in doc["configs"] for p in c["pids"])
+    assert not any(alive(p) for c in doc["configs"] for p in c["pids"])
     assert list(tmp_path.glob("ncclprobe-bench-*")) == []  # the worker directory goes too
     assert ("bench: interrupted by SIGINT during configuration 2/3 (stall) after 1 of 2 sizes; not run: after; "
             "every worker was stopped") in err

@@ -8,7 +8,6 @@ host programs), not stored: each one is a shell recipe or a few lines of Python.
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import stat
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from ncclprobe.inject import ephemeral_env
+from users import made_dir
 from boot_support import PYTHON, clean_env, events, raw_log_text, starts_by_pid
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "c"))
@@ -68,49 +68,29 @@ def refused(res: subprocess.CompletedProcess, why: str) -> None:
     assert why in line and "silent" in line, res.stderr
 
 
-@pytest.fixture(scope="module")
-def other_user():
-    """uid of a throwaway user, created for this module and removed after it."""
-    if os.geteuid() != 0:
-        pytest.skip("a directory or file of another user needs root (to create a user and chown to it)")
-    useradd, userdel = shutil.which("useradd"), shutil.which("userdel")
-    if not (useradd and userdel):
-        pytest.skip("useradd/userdel not available to create a throwaway user")
-    name = f"ncpt{os.getpid()}"
-    made = subprocess.run([useradd, "--system", "--no-create-home", name], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"useradd {name} failed: {made.stderr.strip()}")
-    try:
-        yield pwd.getpwnam(name).pw_uid
-    finally:
-        subprocess.run([userdel, name], capture_output=True)
 
 
 # ---------------------------------------------------------------------------- log directory tricks
 # Each: (tmp_path, other uid) -> (NCCLPROBE_DIR, the directory that must stay empty or absent, the
 # words of the refusal).
 
-def _made(path: Path, mode: int = 0o700) -> Path:
-    path.mkdir()
-    os.chmod(path, mode)
-    return path
 
 
 def _symlink(tmp, uid):
-    real = _made(tmp / "real")
+    real = made_dir(tmp / "real")
     (tmp / "link").symlink_to(real)
     return tmp / "link", real, "symlink"
 
 
 def _other_users(tmp, uid):
-    d = _made(tmp / "theirs")
+    d = made_dir(tmp / "theirs")
     os.chown(d, uid, uid)
     return d, d, "another user"
 
 
 def _mode(mode):
     def trick(tmp, uid):
-        d = _made(tmp / "shared", mode)
+        d = made_dir(tmp / "shared", mode)
         return d, d, "group or others can write"
     return trick
 
@@ -120,7 +100,7 @@ def _missing_parents(tmp, uid):
 
 
 def _leaf_in_shared_parent(tmp, uid):
-    parent = _made(tmp / "shared", 0o777)  # others could swap our directory for theirs
+    parent = made_dir(tmp / "shared", 0o777)  # others could swap our directory for theirs
     return parent / "log", parent / "log", "others can write to its parent"
 
 
@@ -325,14 +305,14 @@ def test_c_probe_never_creates_a_directory_in_a_system_directory(c_probe):
 
 
 def test_c_probe_names_a_symlinked_directory(c_probe, tmp_path):
-    real = _made(tmp_path / "real")
+    real = made_dir(tmp_path / "real")
     (tmp_path / "link").symlink_to(real)
     c_refused(c_host(c_probe, tmp_path / "link"), "it is a symlink")
     assert list(real.iterdir()) == []
 
 
 def test_c_probe_refuses_a_leaf_in_a_shared_parent(c_probe, tmp_path):
-    parent = _made(tmp_path / "shared", 0o777)
+    parent = made_dir(tmp_path / "shared", 0o777)
     c_refused(c_host(c_probe, parent / "log"), "others can write to its parent")
     assert not (parent / "log").exists()
 

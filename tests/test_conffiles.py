@@ -1,8 +1,5 @@
 """nccl.conf resolution and parsing, as NCCL's initEnv does it, inside the process's own root."""
 from io import StringIO
-from pathlib import Path
-
-import pytest
 
 from ncclprobe import conffiles, render
 from ncclprobe.inspection import inspect_processes

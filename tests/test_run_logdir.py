@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import pwd
 import shutil
 import stat
 import subprocess
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from users import made_dir
 from boot_support import PYTHON, make_venv, site_packages
 
 NCCLPROBE = [sys.executable, "-m", "ncclprobe"]
@@ -34,28 +34,8 @@ def refused(r: subprocess.CompletedProcess, why: str) -> None:
     assert why in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
-@pytest.fixture(scope="module")
-def other_user():
-    """uid of a throwaway user, created for this module and removed after it."""
-    if os.geteuid() != 0:
-        pytest.skip("a directory of another user needs root (to create a user and chown to it)")
-    useradd, userdel = shutil.which("useradd"), shutil.which("userdel")
-    if not (useradd and userdel):
-        pytest.skip("useradd/userdel not available to create a throwaway user")
-    name = f"ncpl{os.getpid()}"
-    made = subprocess.run([useradd, "--system", "--no-create-home", name], capture_output=True, text=True)
-    if made.returncode != 0:
-        pytest.skip(f"useradd {name} failed: {made.stderr.strip()}")
-    try:
-        yield pwd.getpwnam(name).pw_uid
-    finally:
-        subprocess.run([userdel, name], capture_output=True)
 
 
-def _made(path: Path, mode: int = 0o700) -> Path:
-    path.mkdir()
-    os.chmod(path, mode)
-    return path
 
 
 # ---------------------------------------------------------------------------- --dir tricks
@@ -63,13 +43,13 @@ def _made(path: Path, mode: int = 0o700) -> Path:
 
 def _mode(mode):
     def trick(tmp, uid):
-        d = _made(tmp / "shared", mode)
+        d = made_dir(tmp / "shared", mode)
         return d, d, "group or others can write to it"
     return trick
 
 
 def _symlink(tmp, uid):
-    real = _made(tmp / "real")
+    real = made_dir(tmp / "real")
     (tmp / "link").symlink_to(real)
     return tmp / "link", real, "it is a symlink"
 
@@ -79,12 +59,12 @@ def _missing_parents(tmp, uid):
 
 
 def _leaf_in_shared_parent(tmp, uid):
-    parent = _made(tmp / "shared", 0o777)  # others could swap our directory for theirs
+    parent = made_dir(tmp / "shared", 0o777)  # others could swap our directory for theirs
     return parent / "log", parent / "log", "others can write to its parent"
 
 
 def _other_users(tmp, uid):
-    d = _made(tmp / "theirs")
+    d = made_dir(tmp / "theirs")
     os.chown(d, uid, uid)
     return d, d, "it belongs to another user"
 
@@ -153,7 +133,7 @@ def test_run_uses_the_effective_uid(tmp_path, other_user):
     parent = Path(tempfile.mkdtemp(prefix="ncclprobe-euid-"))
     try:
         os.chmod(parent, 0o711)  # the other user reaches its directory inside
-        d = _made(parent / "theirs")
+        d = made_dir(parent / "theirs")
         os.chown(d, other_user, other_user)
         code = ("import os, sys; from ncclprobe import launch\n"
                 f"os.setresuid(0, {other_user}, 0)\n"
@@ -167,7 +147,7 @@ def test_run_uses_the_effective_uid(tmp_path, other_user):
 # ---------------------------------------------------------------------------- the default fresh directory
 
 def test_default_directory_refuses_a_tmpdir_others_can_write(tmp_path):
-    shared = _made(tmp_path / "shared", 0o777)  # not sticky: anyone may rename our directory away
+    shared = made_dir(tmp_path / "shared", 0o777)  # not sticky: anyone may rename our directory away
     refused(cli("run", "--", PYTHON, "-c", "pass", env={**os.environ, "TMPDIR": str(shared)}),
             "others can write to its parent")
     assert list(shared.iterdir()) == []
@@ -187,7 +167,7 @@ def test_default_directory_refuses_a_system_tmpdir_as_root():
 
 
 def test_default_directory_in_a_sticky_tmpdir_is_fresh_and_private(tmp_path):
-    sticky = _made(tmp_path / "tmp", 0o1777)  # like /tmp
+    sticky = made_dir(tmp_path / "tmp", 0o1777)  # like /tmp
     r = cli("run", "--json", "--", PYTHON, "-c", "pass", env={**os.environ, "TMPDIR": str(sticky)})
     assert r.returncode == 0, r.stderr
     d = Path(json.loads(r.stdout)["log_dir"])
@@ -206,7 +186,7 @@ def _run_with_fifo_at_its_temp_name(d: Path) -> subprocess.CompletedProcess:
 
 
 def test_a_fifo_at_the_temporary_name_never_blocks_run(tmp_path):
-    d = _made(tmp_path / "log")
+    d = made_dir(tmp_path / "log")
     r = _run_with_fifo_at_its_temp_name(d)
     assert r.returncode == 0, r.stderr
     assert stat.S_ISREG(os.lstat(d / "run.json").st_mode)
@@ -216,13 +196,13 @@ def test_a_fifo_at_the_temporary_name_never_blocks_run(tmp_path):
 
 
 def test_a_fifo_in_a_shared_directory_is_refused_at_once(tmp_path):
-    d = _made(tmp_path / "shared", 0o1777)
+    d = made_dir(tmp_path / "shared", 0o1777)
     r = _run_with_fifo_at_its_temp_name(d)
     refused(r, "group or others can write to it")
 
 
 def test_run_json_is_never_written_through_a_symlink(tmp_path):
-    d = _made(tmp_path / "log")
+    d = made_dir(tmp_path / "log")
     victim = tmp_path / "victim"
     victim.write_text("the user's file\n")
     (d / "run.json").symlink_to(victim)

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from boot_support import clean_env, make_venv, run as run_python
-from fake_nvml import LIBRARY_NOT_FOUND, FakeNvml, nvlink_pair, pcie_box
+from fake_nvml import LIBRARY_NOT_FOUND, FakeNvml, lost_scenario, not_supported_scenario, nvlink_pair, pcie_box
 from livetree import running
 from ncclprobe import schemas, topo
 from ncclprobe.cli import main
@@ -311,23 +311,10 @@ def test_topo_on_this_machine():
     assert "topology" in doc or doc["error"]["reason"] in ("no_nvml", "no_gpu")
 
 
-def _lost() -> FakeNvml:
-    nv = nvlink_pair()
-    nv.gpus[1].lost = True
-    return nv
-
-
-def _not_supported() -> FakeNvml:
-    nv = nvlink_pair()
-    nv.gpus[0].numa = None
-    nv.gpus[0].gen = (1, None)
-    nv.gpus[0].nvlinks = []
-    nv.gpus[1].nvlinks = []
-    return nv
 
 
 @pytest.mark.parametrize("scenario,code", [
-    (pcie_box, 0), (nvlink_pair, 0), (_lost, 0), (_not_supported, 0),
+    (pcie_box, 0), (nvlink_pair, 0), (lost_scenario, 0), (not_supported_scenario, 0),
     (lambda: FakeNvml([], init_error=LIBRARY_NOT_FOUND), 3), (lambda: FakeNvml([]), 3),
 ], ids=["pcie_box", "nvlink_pair", "gpu_lost", "not_supported", "no_nvml", "no_gpu"])
 def test_topo_on_fake_nvml(monkeypatch, scenario, code):

@@ -6,7 +6,6 @@ import ctypes
 import json
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from fake_nvml import LIBRARY_NOT_FOUND, FakeNvml, nvlink_pair, pcie_box
+from fake_nvml import LIBRARY_NOT_FOUND, FakeNvml, lost_scenario, not_supported_scenario, nvlink_pair, pcie_box
 from ncclprobe import render, topo
 from ncclprobe.cli import main
 from ncclprobe.diagnose import topology as rules
@@ -23,19 +23,6 @@ def rendered(nvml, env=None, sys_root=Path("/nonexistent")) -> str:
     return "\n".join(line.rstrip() for line in out.getvalue().splitlines()) + "\n"
 
 
-def lost_scenario() -> FakeNvml:
-    nv = nvlink_pair()
-    nv.gpus[1].lost = True
-    return nv
-
-
-def not_supported_scenario() -> FakeNvml:
-    nv = nvlink_pair()
-    nv.gpus[0].numa = None
-    nv.gpus[0].gen = (1, None)
-    nv.gpus[0].nvlinks = []
-    nv.gpus[1].nvlinks = []
-    return nv
 
 
 GOLDEN_OK = """\
