@@ -6,6 +6,9 @@ applies per collective (e.g. `allreduce:tree,ring;allgather:ring`), and function
 """
 from __future__ import annotations
 
+# NCCL_* names NCCL never reads (container image labels): losing one at a spawn loses nothing
+NOT_READ_BY_NCCL = frozenset({"NCCL_VERSION"})
+
 PROTOS = ("LL", "LL128", "Simple")
 ALGOS = ("Tree", "Ring", "CollNetDirect", "CollNetChain", "NVLS", "NVLSTree", "PAT")
 _CANON = {n.lower(): n for n in PROTOS + ALGOS}

@@ -210,3 +210,11 @@ def test_multiple_libs_in_one_process():
                                              lib="/other/libnccl.so.2")])
     assert codes(inprocess.multiple_libs(m)) == ["NCCL_MULTIPLE_LIBS"]
     assert inprocess.multiple_libs(build([comm(10, 1.0, LL)])) == []
+
+
+def test_an_image_label_dropped_at_a_spawn_is_no_lost_setting():
+    # seen on a GPU image: NCCL_VERSION=2.28.3-1 is a label NCCL never reads
+    m = build([start(1, 0, {"NCCL_PROTO": "LL", "NCCL_VERSION": "2.28.3-1"}), start(10, 1, {})])
+    fs = inprocess.env_vs_parent(m)
+    assert [f.all_vars for f in fs] == [("NCCL_PROTO",)]
+    assert inprocess.env_vs_parent(build([start(1, 0, {"NCCL_VERSION": "2.28.3-1"}), start(10, 1, {})])) == []

@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Mapping
 
 from ncclprobe import wiring
+from ncclprobe.tuning import NOT_READ_BY_NCCL
 from ncclprobe.findings import Finding
 from ncclprobe.watched import is_watched
 
@@ -196,7 +197,7 @@ def _watched_diff(mine: Mapping[str, str], theirs: Mapping[str, str],
     changed: dict[str, tuple] = {}
     mine, theirs = wiring.job_env(mine) or {}, wiring.job_env(theirs) or {}  # ncclprobe's wiring is not the job's
     for var, old in theirs.items():
-        if var in expect:
+        if var in expect or var in NOT_READ_BY_NCCL:
             continue
         new = mine.get(var)
         if new == old:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ncclprobe import tuning, wiring
+from ncclprobe.tuning import NOT_READ_BY_NCCL
 from ncclprobe.findings import Finding, at
 from ncclprobe.model import CommView, Model, ProcessView
 from ncclprobe.watched import is_watched
@@ -15,6 +16,7 @@ from ncclprobe.watched import is_watched
 NOT_TUNING_PREFIXES = ("NCCL_DEBUG", "NCCLPROBE_", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN",
                        "NCCL_TUNER_PLUGIN", "NCCL_COMM_ID", "NCCL_HOSTID", "NCCL_LOCAL_RANK", "NCCL_INSPECTOR",
                        "NCCL_VERSION")  # NCCL_VERSION: a container image label, never read by NCCL
+
 
 
 def is_probe_wiring(value: str) -> bool:
@@ -366,7 +368,7 @@ def _spawn_edges(m: Model):
         theirs = wiring.job_env(env_at(parent, p.t_start)) or {}
         mine = wiring.job_env(p.start_env) or {}
         edge = {v: (theirs[v], mine.get(v)) for v in sorted(theirs)
-                if v.startswith("NCCL_") and mine.get(v) != theirs[v]}
+                if v.startswith("NCCL_") and v not in NOT_READ_BY_NCCL and mine.get(v) != theirs[v]}
         if edge:
             yield p, parent, edge
 
