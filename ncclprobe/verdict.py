@@ -120,10 +120,7 @@ def variables(expect: Mapping[str, str], sets: Mapping[str, str], findings: list
 def _culprits(findings: list[Finding]) -> dict[tuple, list[tuple[Finding, str | None]]]:
     """(host, pid, var) -> [(finding, the communicator its instance names or None)], most severe first."""
     out: dict[tuple, list] = {}
-    for f in sorted(findings, key=lambda f: ("error", "warning").index(f.severity)
-                    if f.severity != "info" else 2):
-        if f.severity == "info":
-            continue
+    for f in sorted((f for f in findings if f.severity != "info"), key=lambda f: f.severity != "error"):
         for i in f.instances:
             for var in f.all_vars:
                 out.setdefault((i.get("host"), i.get("pid"), var), []).append((f, i.get("comm")))
@@ -151,8 +148,10 @@ def _group(groups: dict, value, culprit) -> Group:
 
 
 def _ordered(groups: dict, reference: str | None) -> list[Group]:
-    return sorted(groups.values(), key=lambda g: (g.value != reference or reference is None and g.culprit != "",
-                                                  -(len(g.comms) + len(g.processes)), str(g.value)))
+    """The reference value without a culprit first, then the most held, then by value."""
+    def key(g: Group):
+        return (g.value != reference or bool(g.culprit), -(len(g.comms) + len(g.processes)), str(g.value))
+    return sorted(groups.values(), key=key)
 
 
 def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str], sets: Mapping[str, str] | None = None,
@@ -181,19 +180,15 @@ def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str], sets
     for var in shown:
         reference, basis = _reference(var, expect, sets, root_env)
         groups: dict = {}
-        seen: set[tuple] = set()
         for c in sorted(comms, key=lambda c: (c.rank is None, c.rank or 0, c.host, c.pid)):
             known, value = effective(m, c, var)
             value = value if known else "?"
-            ident = c.group or c.ident
-            culprit = _culprit_of(index, c.host, c.pid, var, ident, value != reference)
-            g = _group(groups, value, culprit)
-            if (ident, value, culprit) not in seen:
-                seen.add((ident, value, culprit))
-                if ident not in g.comms:
-                    g.comms.append(ident)
-                    if c.comm_name:
-                        g.names.append(c.comm_name)
+            ident = c.group or c.ident  # one communicator, all its ranks
+            g = _group(groups, value, _culprit_of(index, c.host, c.pid, var, ident, value != reference))
+            if ident not in g.comms:
+                g.comms.append(ident)
+                if c.comm_name:
+                    g.names.append(c.comm_name)
             if c.rank is not None:
                 g.ranks.add(c.rank)
             if c.nranks is not None:
