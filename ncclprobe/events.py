@@ -86,7 +86,7 @@ def _int(lo: int, hi: int) -> Callable[[Any], Any]:
 
 def _num(lo: float, hi: float) -> Callable[[Any], Any]:
     """A finite number (json.loads gives inf for 1e400 and accepts NaN/Infinity)."""
-    return lambda v: v if type(v) in (int, float) and math.isfinite(v) and lo <= v <= hi else BAD
+    return lambda v: v if (type(v) is int or (type(v) is float and math.isfinite(v))) and lo <= v <= hi else BAD
 
 
 def _str(cap: int) -> Callable[[Any], Any]:
@@ -169,7 +169,7 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
                   "rank": (OI32, "drop"), "parent": (OID, "drop"), "color": (OI32, "drop"), "key": (OI32, "drop"),
                   "uid": (OID, "drop"), "config": (_null(_obj), "drop"), "env": (ENV, "drop"),
                   "rc": (OI32, "drop"), "lib": (OT, "drop"), "version": (OI32, "drop"), "simulated": (OB, "drop"),
-                  "ms": (_null(_num(-1e15, 1e15)), "drop"), "dev": (OI32, "drop"), "ndev": (OI32, "drop"),
+                  "ms": (_null(_num(0, 1e15)), "drop"), "dev": (OI32, "drop"), "ndev": (OI32, "drop"),
                   "devlist": (_null(INTS), "drop"), "nid": (OI32, "drop"), "exclude": (_null(INTS), "drop"),
                   "flags": (OI32, "drop")},
     "comm_plugin_init": {"comm_hash": (OID, "drop"), "comm_name": (OS, "drop"), "nnodes": (OI32, "drop"),
@@ -180,7 +180,7 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
                      "count": (OU64, "drop"), "rank": (OI32, "drop"), "reason": (OS, "drop")},
     "comm_plugin_finalize": {"comm_hash": (OID, "drop")},
     "comm_destroy": {"comm": (OID, "drop"), "api": (OS, "drop"), "rc": (OI32, "drop"), "call": (OU64, "drop"),
-                     "ms": (_null(_num(-1e15, 1e15)), "drop"), "lib": (OT, "drop")},
+                     "ms": (_null(_num(0, 1e15)), "drop"), "lib": (OT, "drop")},
 }
 KINDS = tuple(FIELDS)
 # run.json as `ncclprobe run` writes it (launch.py); an open object in the JSON, but only these are kept
