@@ -47,31 +47,161 @@ that is no hex number (a hand-made log's name for a communicator) is kept as wri
 A log directory may also hold `run.json`, written by `ncclprobe run` (the command, what it set, what
 it left alone, exit status).
 
-Readers never trust the files: torn lines, garbage and unknown kinds are skipped and counted, and
-files are opened without following symlinks.
+Readers never trust the files. Every field of every kind (and of run.json) is checked against FIELDS
+(RUN_FIELDS) on read, here and nowhere else: a field of the wrong type, out of range or too big is
+dropped (treated as absent; counted in EventLog.dropped) or, where the table says "skip", the whole
+line is skipped and counted with its reason; fields the table does not know are dropped. Torn,
+malformed, too deeply nested and oversized lines and unknown kinds are skipped and counted. Files are
+read in bounded chunks (a line over MAX_LINE is never held whole) and opened without following
+symlinks; stream_dirs merges the files lazily, so memory is bounded by what the model keeps.
 """
 from __future__ import annotations
 
+import errno
+import heapq
 import json
+import math
 import os
+import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable, Iterator
 
 SOURCES = ("preload", "profiler", "envplugin", "boot")
-KINDS = ("process_start", "env_write", "probe_error", "plugin_load", "nccl_getenv", "comm_init",
-         "comm_plugin_init", "coll_summary", "comm_plugin_finalize", "comm_destroy")
 RUN_META = "run.json"
-MAX_LINE = 1 << 20  # a longer line is not ours (the probes bound every field)
+MAX_LINE = 1 << 20   # a longer line is not ours (the probes bound every field)
+MAX_RUN_META = 1 << 20
+CHUNK = 1 << 16      # bytes read at a time
+NAME, TEXT = 4096, 65536   # caps: a name or path (PATH_MAX), any other string
+ITEMS = 4096         # cap on the entries of a list or map
+NODES, DEPTH = 1024, 6  # caps on a nested object (config, profile): values in all, levels
+INT32, UINT64 = (-(1 << 31), (1 << 31) - 1), (0, (1 << 64) - 1)
+BAD = object()       # what a check returns for a value it refuses
+
+
+def _int(lo: int, hi: int) -> Callable[[Any], Any]:
+    return lambda v: v if type(v) is int and lo <= v <= hi else BAD
+
+
+def _num(lo: float, hi: float) -> Callable[[Any], Any]:
+    """A finite number (json.loads gives inf for 1e400 and accepts NaN/Infinity)."""
+    return lambda v: v if (type(v) is int or (type(v) is float and math.isfinite(v))) and lo <= v <= hi else BAD
+
+
+def _str(cap: int) -> Callable[[Any], Any]:
+    return lambda v: v if type(v) is str and len(v) <= cap else BAD
+
+
+def _bool(v: Any) -> Any:
+    return v if type(v) is bool else BAD
+
+
+def _null(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda v: None if v is None else check(v)
+
+
+def _list(item: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    return lambda v: v if type(v) is list and len(v) <= ITEMS and all(item(x) is not BAD for x in v) else BAD
+
+
+def _map(value: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """{name: value}: an environment, the pinned variables."""
+    return lambda v: (v if type(v) is dict and len(v) <= ITEMS and
+                      all(len(k) <= NAME and value(x) is not BAD for k, x in v.items()) else BAD)
+
+
+def _tree(v: Any) -> Any:
+    """A small JSON object of scalars, lists and objects (config, profile entries): DEPTH levels and
+    NODES values at most, strings capped, numbers finite."""
+    budget = [NODES]
+
+    def ok(x: Any, depth: int) -> bool:
+        budget[0] -= 1
+        if budget[0] < 0 or depth > DEPTH:
+            return False
+        if x is None or type(x) in (bool, int):
+            return True
+        if type(x) is float:
+            return math.isfinite(x)
+        if type(x) is str:
+            return len(x) <= TEXT
+        if type(x) is list:
+            return all(ok(y, depth + 1) for y in x)
+        return type(x) is dict and all(len(k) <= NAME and ok(y, depth + 1) for k, y in x.items())
+    return v if ok(v, 0) else BAD
+
+
+def _obj(v: Any) -> Any:
+    return v if type(v) is dict and _tree(v) is not BAD else BAD
+
+
+def _id(v: Any) -> Any:
+    """A communicator id as written (model.comm_id normalises it): int, hex or a foreign name."""
+    return v if (type(v) is int and UINT64[0] <= v <= UINT64[1]) or (type(v) is str and len(v) <= 64) else BAD
+
+
+PID = _int(0, (1 << 31) - 1)
+S, T = _str(NAME), _str(TEXT)
+OS, OT, OI32, OU64, OB, OID = _null(S), _null(T), _null(_int(*INT32)), _null(_int(*UINT64)), _null(_bool), _null(_id)
+ENV = _null(_map(_null(_str(TEXT))))
+INTS = _list(_int(*INT32))
+
+# Every field a reader uses, per kind: (check, what a refused value costs). "drop": the field is
+# treated as absent; "skip": the line is skipped ("bad <field>"); "need": skipped also when absent.
+# Checks of optional fields let null through (the probes write null for NULL/unknown).
+COMMON = {"ev": (S, "need"), "t": (_num(0, 1e12), "need"), "pid": (PID, "need"),
+          "src": (lambda v: v if v in SOURCES else BAD, "need"), "host": (_str(255), "skip"),
+          "truncated": (_bool, "drop")}
+FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
+    "process_start": {"ppid": (_null(PID), "drop"), "argv": (_null(_list(T)), "drop"), "exe": (OT, "drop"),
+                      "env": (ENV, "drop"), "exec_env_differs": (OB, "drop"), "exec_env": (ENV, "drop"),
+                      "python": (OS, "drop"), "mode": (OS, "drop"), "forked_from": (_null(PID), "drop"),
+                      "profile": (_null(_list(_obj)), "drop"), "profile_unwatched": (OI32, "drop"),
+                      "pinned": (_null(_map(OT)), "drop"), "prefix": (OT, "drop")},
+    "env_write": {"var": (S, "need"), "old": (OT, "drop"), "new": (OT, "drop"), "where": (OT, "drop"),
+                  "op": (OS, "drop"), "blocked": (OB, "drop")},
+    "probe_error": {"message": (OT, "drop"), "part": (OS, "drop")},
+    "plugin_load": {"plugin": (OS, "drop"), "nccl_version": (OI32, "drop"), "lib": (OT, "drop"),
+                    "nccl_suffix": (OS, "drop")},
+    "nccl_getenv": {"var": (S, "need"), "value": (OT, "drop"), "lib": (OT, "drop")},
+    "comm_init": {"api": (OS, "drop"), "call": (OU64, "drop"), "comm": (OID, "drop"), "nranks": (OI32, "drop"),
+                  "rank": (OI32, "drop"), "parent": (OID, "drop"), "color": (OI32, "drop"), "key": (OI32, "drop"),
+                  "uid": (OID, "drop"), "config": (_null(_obj), "drop"), "env": (ENV, "drop"),
+                  "rc": (OI32, "drop"), "lib": (OT, "drop"), "version": (OI32, "drop"), "simulated": (OB, "drop"),
+                  "ms": (_null(_num(0, 1e15)), "drop"), "dev": (OI32, "drop"), "ndev": (OI32, "drop"),
+                  "devlist": (_null(INTS), "drop"), "nid": (OI32, "drop"), "exclude": (_null(INTS), "drop"),
+                  "flags": (OI32, "drop")},
+    "comm_plugin_init": {"comm_hash": (OID, "drop"), "comm_name": (OS, "drop"), "nnodes": (OI32, "drop"),
+                         "nranks": (OI32, "drop"), "rank": (OI32, "drop"), "env": (ENV, "drop"),
+                         "lib": (OT, "drop"), "call": (OU64, "drop"), "plugin": (OS, "drop")},
+    "coll_summary": {"comm_hash": (OID, "drop"), "func": (OS, "drop"), "algo": (OS, "drop"), "proto": (OS, "drop"),
+                     "nchannels": (OI32, "drop"), "bytes_min": (OU64, "drop"), "bytes_max": (OU64, "drop"),
+                     "count": (OU64, "drop"), "rank": (OI32, "drop"), "reason": (OS, "drop")},
+    "comm_plugin_finalize": {"comm_hash": (OID, "drop")},
+    "comm_destroy": {"comm": (OID, "drop"), "api": (OS, "drop"), "rc": (OI32, "drop"), "call": (OU64, "drop"),
+                     "ms": (_null(_num(0, 1e15)), "drop"), "lib": (OT, "drop")},
+}
+KINDS = tuple(FIELDS)
+# run.json as `ncclprobe run` writes it (launch.py); an open object in the JSON, but only these are kept
+RUN_FIELDS = {"command": (_list(T), "drop"), "host": (S, "drop"), "started": (_num(0, 1e12), "drop"),
+              "ended": (_num(0, 1e12), "drop"), "log_dir": (T, "drop"), "notes": (_list(T), "drop"),
+              "expect": (_map(T), "drop"),
+              "profile": (_null(lambda v: v if type(v) is dict and set(v) == {"set", "default", "pin"} and
+                                _map(T)(v["set"]) is not BAD and _map(T)(v["default"]) is not BAD and
+                                _list(S)(v["pin"]) is not BAD else BAD), "drop"),
+              "preload": (_bool, "drop"), "plugins": (_list(S), "drop"), "boot": (_bool, "drop"),
+              "returncode": (OI32, "drop"), "status": (T, "drop")}
 
 
 @dataclass
 class EventLog:
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: Iterable[dict[str, Any]] = field(default_factory=list)  # time order; an iterator from stream_dirs
     files: list[str] = field(default_factory=list)
-    skipped: Counter = field(default_factory=Counter)   # reason -> lines
+    skipped: Counter = field(default_factory=Counter)   # reason -> lines (complete once events is consumed)
     unknown: Counter = field(default_factory=Counter)   # unknown kind -> lines
+    dropped: Counter = field(default_factory=Counter)   # "kind.field" -> values refused, line kept
+    resorted: list[str] = field(default_factory=list)   # files not in time order, sorted whole
     runs: list[dict[str, Any]] = field(default_factory=list)  # run.json of each directory
     dirs: list[str] = field(default_factory=list)
 
@@ -98,55 +228,170 @@ def check_sources(dirs, nccl_logs=()) -> None:
                                {"hint": "give a readable file written with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE)"})
 
 
+OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO planted later never blocks
+
+
 def _open_nofollow(path: Path):
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    return os.fdopen(fd, "rb")
+    return os.fdopen(os.open(path, OPEN_FLAGS), "rb", buffering=0)
 
 
-def _valid(obj: Any) -> str:
-    """'' if obj is a well-formed event, else the reason it is not."""
-    if not isinstance(obj, dict):
-        return "not an object"
-    if not isinstance(obj.get("ev"), str):
-        return "no event kind"
-    if not isinstance(obj.get("pid"), int) or not isinstance(obj.get("t"), (int, float)):
-        return "no pid or time"
-    if obj.get("src") not in SOURCES:
-        return "unknown source"
-    return ""
+class _Chunks:
+    """A regular file read CHUNK bytes at a time, opened for each read and checked to be the same file:
+    a merge of thousands of files holds no descriptor between reads (RLIMIT_NOFILE)."""
+
+    def __init__(self, path: Path):
+        with _open_nofollow(path) as fh:
+            st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file")
+        self.path, self.ident, self.offset = path, (st.st_dev, st.st_ino), 0
+
+    def read(self, size: int) -> bytes:
+        try:
+            fd = os.open(self.path, OPEN_FLAGS)
+        except OSError:
+            return b""
+        try:
+            st = os.fstat(fd)
+            data = os.pread(fd, size, self.offset) if (st.st_dev, st.st_ino) == self.ident else b""
+        except OSError:
+            data = b""
+        finally:
+            os.close(fd)
+        self.offset += len(data)
+        return data
 
 
-def read_file(path: Path, log: EventLog) -> None:
+def checked(obj: dict[str, Any], table: dict, prefix: str, dropped: Counter) -> tuple[dict[str, Any], str]:
+    """(the fields of obj that pass table, '') or ({}, the reason the whole object is refused)."""
+    out = {}
+    for name, (check, cost) in table.items():
+        if name not in obj:
+            if cost == "need":
+                return {}, f"no {name}"
+            continue
+        value = check(obj[name])
+        if value is BAD:
+            if cost != "drop":
+                return {}, f"bad {name}"
+            dropped[prefix + name] += 1
+        else:
+            out[name] = value
+    return out, ""
+
+
+def _parse(raw: bytes) -> tuple[Any, str]:
     try:
-        fh = _open_nofollow(path)
+        return json.loads(raw.decode("utf-8", errors="surrogateescape")), ""
+    except RecursionError:  # json's C scanner recurses per nesting level
+        return None, "nesting too deep"
+    except (ValueError, UnicodeError):  # also ints past sys.get_int_max_str_digits (3.11+)
+        return None, "malformed line"
+
+
+def _lines(fh, skipped: Counter) -> Iterator[bytes]:
+    """The complete lines of fh, CHUNK bytes at a time: a line over MAX_LINE is counted and discarded up
+    to its newline without being held; a last line without a newline is torn (a writer died mid-line)."""
+    buf, discarding = b"", False
+    while chunk := fh.read(CHUNK):
+        start = 0
+        while (nl := chunk.find(b"\n", start)) >= 0:
+            if discarding:
+                discarding = False
+            elif len(buf) + nl + 1 - start > MAX_LINE:
+                skipped["torn or oversized line"] += 1
+            else:
+                yield buf + chunk[start:nl + 1]
+            buf, start = b"", nl + 1
+        if not discarding and len(buf) + len(chunk) - start > MAX_LINE:
+            skipped["torn or oversized line"] += 1
+            buf, discarding = b"", True
+        elif not discarding:
+            buf += chunk[start:]
+    if buf:
+        skipped["torn or oversized line"] += 1
+
+
+def _sort_key(e: dict[str, Any]) -> tuple:
+    return (e["t"], e["host"], e["pid"])
+
+
+def read_file(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
+    """The checked events of one file, in its order."""
+    try:
+        fh = _Chunks(path)
     except OSError as exc:
         log.skipped[f"unreadable file ({exc.strerror})"] += 1
         return
-    log.files.append(str(path))
-    with fh:
-        for raw in fh:
-            if len(raw) > MAX_LINE or not raw.endswith(b"\n"):
-                log.skipped["torn or oversized line"] += 1
-                continue
-            try:
-                obj = json.loads(raw.decode("utf-8", errors="surrogateescape"))
-            except (ValueError, UnicodeError):
-                log.skipped["malformed line"] += 1
-                continue
-            reason = _valid(obj)
-            if reason:
-                log.skipped[reason] += 1
-                continue
-            if obj["ev"] not in KINDS:
-                log.unknown[obj["ev"]] += 1
-                continue
-            obj.setdefault("host", "?")
-            log.events.append(obj)
+    for raw in _lines(fh, log.skipped):
+        obj, reason = _parse(raw)
+        if not reason and not isinstance(obj, dict):
+            reason = "not an object"
+        if not reason:
+            ev, reason = checked(obj, COMMON, "", log.dropped)
+        if reason:
+            log.skipped[reason] += 1
+            continue
+        table = FIELDS.get(ev["ev"])
+        if table is None:
+            log.unknown[ev["ev"][:64]] += 1
+            continue
+        fields, reason = checked(obj, table, ev["ev"] + ".", log.dropped)
+        if reason:
+            log.skipped[f"{ev['ev']}: {reason}"] += 1
+            continue
+        ev.setdefault("host", "?")
+        yield {**ev, **fields}
 
 
-def read_dirs(dirs) -> EventLog:
-    """Merge every *.jsonl file of each directory (several hosts' directories may be given)."""
+def _in_order(path: Path) -> bool:
+    """Whether a file's events are in time order (one writer appending; a foreign writer may not be)."""
+    last = None
+    for e in read_file(path, EventLog()):
+        key = _sort_key(e)
+        if last is not None and key < last:
+            return False
+        last = key
+    return True
+
+
+def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
+    """One file's events in time order: streamed where the file is in order, else that file sorted."""
+    if not _in_order(path):
+        log.resorted.append(str(path))
+        yield from sorted(read_file(path, log), key=_sort_key)
+        return
+    last = None
+    for e in read_file(path, log):
+        key = _sort_key(e)
+        if last is not None and key < last:  # appended out of order since _in_order looked
+            log.skipped["line out of time order"] += 1
+            continue
+        last = key
+        yield e
+
+
+def _read_run(path: Path, log: EventLog) -> dict[str, Any] | None:
+    try:
+        with _open_nofollow(path) as fh:
+            data = fh.read(MAX_RUN_META + 1)
+    except OSError:
+        log.skipped["unreadable run.json"] += 1
+        return None
+    run, reason = (None, "oversized") if len(data) > MAX_RUN_META else _parse(data)
+    if not reason and not isinstance(run, dict):
+        reason = "not an object"
+    if reason:
+        log.skipped[f"malformed run.json ({reason})"] += 1
+        return None
+    return checked(run, RUN_FIELDS, "run.json.", log.dropped)[0]
+
+
+def stream_dirs(dirs) -> EventLog:
+    """Every *.jsonl file of each directory (several hosts' directories may be given), merged in time
+    order as an iterator: events, skipped and dropped are complete once it has been consumed."""
     log = EventLog()
+    paths = []
     for d in dirs:
         d = Path(d)
         log.dirs.append(str(d))
@@ -154,16 +399,19 @@ def read_dirs(dirs) -> EventLog:
             if path.is_symlink() or not path.is_file():
                 log.skipped["symlink or special file"] += 1
                 continue
-            read_file(path, log)
+            paths.append(path)
+            log.files.append(str(path))
         meta = d / RUN_META
         if meta.is_file() and not meta.is_symlink():
-            try:
-                with _open_nofollow(meta) as fh:
-                    run = json.loads(fh.read().decode("utf-8"))
-                if isinstance(run, dict):
-                    run["dir"] = str(d)
-                    log.runs.append(run)
-            except (OSError, ValueError, UnicodeError):
-                log.skipped["malformed run.json"] += 1
-    log.events.sort(key=lambda e: (e["t"], e.get("host", ""), e["pid"]))
+            run = _read_run(meta, log)
+            if run is not None:
+                log.runs.append({**run, "dir": str(d)})
+    log.events = heapq.merge(*(_file_events(p, log) for p in paths), key=_sort_key)
+    return log
+
+
+def read_dirs(dirs) -> EventLog:
+    """stream_dirs with the events in one list (for readers that look at them more than once)."""
+    log = stream_dirs(dirs)
+    log.events = list(log.events)
     return log

@@ -177,10 +177,11 @@ def _env(obj: Any) -> dict[str, str] | None:
 
 
 def build(log: EventLog) -> Model:
-    """The model of one event log. Every id (comm, parent, uid, comm_hash) is read in comm_id's spelling
-    (_id), so witnesses join whatever spelling wrote them (older probes dropped leading zeros)."""
-    m = Model(runs=list(log.runs), skipped={**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}},
-              files=len(log.files))
+    """The model of one event log, iterating its events once, in time order (events.stream_dirs gives
+    them as an iterator, checked against events.FIELDS). Every id (comm, parent, uid, comm_hash) is read
+    in comm_id's spelling (_id), so witnesses join whatever spelling wrote them (older probes dropped
+    leading zeros)."""
+    m = Model(runs=list(log.runs), files=len(log.files))
     by_call: dict[tuple[str, int, int], CommView] = {}
     by_ptr: dict[tuple[str, int, str], CommView] = {}
     by_hash: dict[tuple[str, int, str], CommView] = {}
@@ -260,6 +261,8 @@ def build(log: EventLog) -> Model:
             c = by_ptr.get((host, pid, _id(e.get("comm")))) or by_hash.get((host, pid, _id(e.get("comm_hash"))))
             if c is not None:
                 c.destroyed = True
+    # a stream's counts are complete only once it has been consumed
+    m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}}
     _label_simulated(m)
     return m
 

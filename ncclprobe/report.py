@@ -24,7 +24,7 @@ def load(dirs, nccl_logs=()) -> Model:
     if not dirs and not nccl_logs:
         raise Unexaminable("give a log directory or --nccl-log FILE", "nothing to read")
     events.check_sources(dirs, nccl_logs)
-    log = events.read_dirs(dirs)  # may be empty: NCCL logs alone still tell what NCCL read and ran
+    log = events.stream_dirs(dirs)  # may be empty: NCCL logs alone still tell what NCCL read and ran
     m = model_mod.build(log)
     if nccl_logs:
         from ncclprobe import nccllog_model

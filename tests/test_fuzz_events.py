@@ -1,0 +1,347 @@
+"""Readers never traceback: a generated corpus of malformed event logs and run.json files (every kind,
+every field, every wrong type; torn, non-UTF-8, deeply nested, huge and out-of-order lines). `report
+--json` exits 0, 1 or 3 with a document valid against the shipped schema, and what it skipped says why.
+The corpus is generated here (seeded), never stored; most cases run the CLI in-process (CliRunner),
+a few as real processes."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ncclprobe import events, model, schemas
+from ncclprobe.cli import main
+
+pytest.importorskip("jsonschema")  # the test extra
+
+LIB = "/opt/nccl/lib/libnccl.so.2"
+COMM, HASH, UID = "0x000000000000abcd", "0x00000000000000ff", "0x0000000000001234"
+
+
+def deep(n: int) -> list:
+    node: list = []
+    for _ in range(n):
+        node = [node]
+    return node
+
+
+# (name, value): wrong for some field of every kind; raw text where json.dumps cannot write it
+WRONG = [("null", None), ("true", True), ("zero", 0), ("int", 7), ("negative", -5), ("huge_int", 10 ** 30),
+         ("digits_400", 10 ** 400), ("nan", math.nan), ("inf", math.inf), ("float", 1.5), ("str", "zero"),
+         ("long_str", "x" * 100_001), ("list", [1, 2]), ("dict", {"a": 1}), ("empty_list", []),
+         ("empty_dict", {}), ("deep", deep(60)), ("missing", KeyError)]
+
+
+def base_events(pid: int, host: str = "h") -> list[dict]:
+    """One valid process log with every kind and every documented field, in time order."""
+    env = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
+    evs = [
+        {"ev": "process_start", "src": "boot", "ppid": 1, "argv": ["python", "train.py"], "exe": "/usr/bin/python3",
+         "env": env, "exec_env": env, "exec_env_differs": False, "python": "3.12.1", "mode": "ephemeral",
+         "forked_from": 1, "profile": [{"op": "set", "var": "NCCL_PROTO", "value": "LL", "previous": None,
+                                        "applied": True}],
+         "profile_unwatched": 0, "pinned": {"NCCL_ALGO": "Ring"}, "prefix": "/usr"},
+        {"ev": "env_write", "src": "boot", "var": "NCCL_ALGO", "old": "Ring", "new": "Tree",
+         "where": "train.py:3 main", "op": "set", "blocked": False},
+        {"ev": "probe_error", "src": "boot", "message": "OSError: gone", "part": "guard"},
+        {"ev": "plugin_load", "src": "envplugin", "plugin": "ncclEnv_v1", "nccl_version": 22809, "lib": LIB,
+         "nccl_suffix": ".2"},
+        {"ev": "nccl_getenv", "src": "envplugin", "var": "NCCL_PROTO", "value": "LL", "lib": LIB},
+        {"ev": "comm_init", "src": "preload", "api": "ncclCommInitRank", "call": 1, "comm": COMM, "nranks": 2,
+         "rank": 0, "parent": COMM, "color": 0, "key": 0, "uid": UID, "config": {"size": 48, "valid": True,
+                                                                               "version": 22809},
+         "env": env, "rc": 0, "lib": LIB, "version": 22809, "simulated": False, "ms": 1.5, "dev": 0, "ndev": 2,
+         "devlist": [0, 1], "nid": 1, "exclude": [1], "flags": 0},
+        {"ev": "comm_plugin_init", "src": "profiler", "comm_hash": HASH, "comm_name": "tp", "nnodes": 1,
+         "nranks": 2, "rank": 0, "env": env, "lib": LIB, "call": 1, "plugin": "ncclProfiler_v5"},
+        {"ev": "coll_summary", "src": "profiler", "comm_hash": HASH, "func": "AllReduce", "algo": "Ring",
+         "proto": "LL", "nchannels": 2, "bytes_min": 8, "bytes_max": 1024, "count": 3, "rank": 0,
+         "reason": "finalize"},
+        {"ev": "comm_plugin_finalize", "src": "profiler", "comm_hash": HASH},
+        {"ev": "comm_destroy", "src": "preload", "comm": COMM, "api": "ncclCommDestroy", "rc": 0, "call": 2,
+         "ms": 0.1, "lib": LIB},
+    ]
+    return [{"t": 1000.0 + pid + i / 100, "host": host, "pid": pid, **e} for i, e in enumerate(evs)]
+
+
+KINDS = [e["ev"] for e in base_events(1)]
+
+
+def line(obj) -> bytes:
+    return (json.dumps(obj) + "\n").encode()
+
+
+def write_log(d: Path, evs: list[dict]) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"h-{len(list(d.iterdir()))}.jsonl"
+    path.write_bytes(b"".join(line(e) for e in evs))
+    return path
+
+
+IDS = ("comm", "parent", "uid", "comm_hash")  # an id is hex text or its 64-bit number (model.comm_id)
+
+
+def same_class(value, like, fld: str) -> bool:
+    """Whether value is of the JSON type the valid base value has (int/float alike for a float field)."""
+    if like is None or value is None:  # every field but the common ones may be null
+        return True
+    if fld in IDS and type(value) is int:
+        return 0 <= value < 1 << 64
+    if isinstance(like, bool) or isinstance(value, bool):
+        return type(value) is type(like)
+    if isinstance(like, float):
+        return isinstance(value, (int, float)) and math.isfinite(value) and value >= 0
+    return type(value) is type(like)
+
+
+def in_range(value) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) < 1 << 64
+    if isinstance(value, str):
+        return len(value) <= 65536
+    if isinstance(value, list):
+        return all(in_range(v) for v in value) and len(json.dumps(value)) < 2000 and "[[[[[[[[" not in json.dumps(value)
+    return True
+
+
+RUNNER = CliRunner()
+
+
+def report_json(dirs) -> tuple[int, dict]:
+    """`ncclprobe report DIRS --json`, in-process: its exit code and its document, validated."""
+    r = RUNNER.invoke(main, ["report", *map(str, dirs), "--json"], catch_exceptions=True)
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        raise AssertionError(f"traceback: {type(r.exception).__name__}: {str(r.exception)[:200]}")
+    assert r.exit_code in (0, 1, 3), r.exit_code
+    doc = json.loads(r.stdout)
+    schemas.validate(doc)
+    assert ("error" in doc) == (r.exit_code == 3)
+    return r.exit_code, doc
+
+
+def check(failures: list, name: str, fn) -> None:
+    """Run one case; collect its failure (the suite reports them all, counted)."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - a case's failure of any kind is what is collected
+        failures.append(f"{name}: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def finish(failures: list, cases: int) -> None:
+    assert not failures, f"{len(failures)} of {cases} cases failed:\n" + "\n".join(failures[:40])
+
+
+def one_field_case(d: Path, kind: str, fld: str, value) -> None:
+    """The event of `kind` with `fld` set to value (or removed): its file reads without a traceback, the
+    line is either kept with the field as valid as the base's (or absent) or skipped for a reason that
+    names the field; every other line is kept."""
+    evs = base_events(10)
+    target = next(e for e in evs if e["ev"] == kind)
+    like = target.get(fld)
+    if value is KeyError:
+        target.pop(fld, None)
+    else:
+        target[fld] = copy.deepcopy(value)
+    write_log(d, evs)
+    log = events.read_dirs([d])
+    got = list(log.events)
+    skipped = {**log.skipped, **{f"unknown {k}": v for k, v in log.unknown.items()}}
+    assert len(got) + sum(skipped.values()) == len(evs), (len(got), skipped)
+    assert len(got) >= len(evs) - 1, skipped
+    kept = [e for e in got if e["ev"] == kind and e.get("pid") == target.get("pid")]
+    if len(got) < len(evs):
+        assert any(fld in reason or (fld == "ev" and reason.startswith("unknown")) for reason in skipped), skipped
+    elif kept and value is not KeyError and fld in kept[0]:
+        assert same_class(kept[0][fld], like, fld) and in_range(kept[0][fld]), (fld, repr(kept[0][fld])[:80])
+    m = model.build(events.stream_dirs([d]))
+    assert m.processes
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_field_of_every_kind_with_every_wrong_type(tmp_path, kind):
+    failures: list[str] = []
+    cases = 0
+    target = next(e for e in base_events(10) if e["ev"] == kind)
+    for wname, value in WRONG:
+        dirs = []
+        for fld in target:
+            cases += 1
+            d = tmp_path / wname / fld
+            dirs.append(d)
+            check(failures, f"{kind}.{fld}={wname}", lambda: one_field_case(d, kind, fld, value))
+        cases += 1
+        check(failures, f"{kind}=*{wname} report", lambda: report_json(dirs))
+    finish(failures, cases)
+
+
+def garbage_cases(rng: random.Random) -> dict[str, bytes]:
+    """Whole files that are not logs, or logs around lines no reader should hold or trust."""
+    good = b"".join(line(e) for e in base_events(20))
+    nest = b'{"ev": "comm_init", "t": 1.0, "host": "h", "pid": 20, "src": "preload", "config": ' + \
+        b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+    return {
+        "torn_last": good + line(base_events(20)[0])[:-20],
+        "torn_middle": good[:100] + b"\n" + good,
+        "non_utf8": good + b'{"ev": "\xff\xfe", "t": 1.0, "host": "h\xc3", "pid": 20, "src": "boot"}\n' + b"\xff" * 50 + b"\n",
+        "non_utf8_value": good + line(base_events(20)[4])[:-2].replace(b'"LL"', b'"L\xffL"') + b"}\n",
+        "nesting_100k_line": nest + good,
+        "nesting_100k_bare": b"[" * 100_000 + b"\n" + b"{" * 100_000 + b"\n" + good,
+        "digits_5000": good + b'{"ev": "process_start", "t": ' + b"9" * 5000 + b', "host": "h", "pid": 21, "src": "boot"}\n',
+        "float_overflow": good + b'{"ev": "process_start", "t": 1e400, "host": "h", "pid": 21, "src": "boot"}\n',
+        "nan_literals": good + b'{"ev": "process_start", "t": NaN, "host": "h", "pid": NaN, "src": "boot"}\n',
+        "huge_line": good + b'{"ev": "probe_error", "message": "' + b"x" * (3 << 20) + b'"}\n' + good,
+        "huge_unterminated": good + b"y" * (5 << 20),
+        "random_bytes": bytes(rng.randrange(256) for _ in range(4096)) + b"\n" + good,
+        "not_objects": b"[]\n1\n\"s\"\nnull\ntrue\n" + good,
+        "empty": b"",
+    }
+
+
+def random_mutations(rng: random.Random, n: int) -> bytes:
+    """n lines: base events with a random field set to a random wrong value, or cut at a random byte."""
+    out = []
+    for i in range(n):
+        e = rng.choice(base_events(30 + i % 5))
+        fld = rng.choice(list(e))
+        value = rng.choice(WRONG)[1]
+        if value is KeyError:
+            e.pop(fld)
+        else:
+            e[fld] = value
+        raw = line(e)
+        out.append(raw[: rng.randrange(1, len(raw))] + b"\n" if rng.random() < 0.1 else raw)
+    return b"".join(out)
+
+
+@pytest.mark.timeout(120)
+def test_garbage_and_huge_lines_are_skipped_and_counted(tmp_path):
+    rng = random.Random(12)
+    failures: list[str] = []
+    cases = garbage_cases(rng)
+    cases["random_mutations"] = random_mutations(rng, 400)
+    for name, data in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / "h-20.jsonl").write_bytes(data)
+
+        def case(d=d, name=name):
+            code, doc = report_json([d])
+            if name not in ("empty",):
+                assert code in (0, 1), (code, doc.get("error"))
+                assert 20 in [p["pid"] for p in doc["processes"]] or name == "random_mutations"
+            if name not in ("empty", "not_objects", "non_utf8_value"):
+                assert doc.get("skipped") or doc["error"]["skipped"], doc.get("skipped")
+        check(failures, name, case)
+    finish(failures, len(cases))
+
+
+def test_a_huge_line_is_skipped_and_the_next_line_kept(tmp_path):
+    big = b'{"ev": "probe_error", "t": 1.0, "host": "h", "pid": 5, "src": "boot", "message": "' + b"x" * (3 << 20)
+    (tmp_path / "h-5.jsonl").write_bytes(big + b'"}\n' + line(base_events(5)[0]) + b"z" * (2 << 20))
+    log = events.read_dirs([tmp_path])
+    assert [e["ev"] for e in log.events] == ["process_start"]
+    assert log.skipped == {"torn or oversized line": 2}
+
+
+RUN_VARIANTS = {
+    "notes_int": b'{"notes": 5}', "notes_ints": b'{"notes": [1, 2]}', "command_str": b'{"command": "rm -rf /"}',
+    "command_ints": b'{"command": [1, 2]}', "list": b"[1, 2]", "string": b'"run"', "null": b"null",
+    "deep": b'{"notes": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "digits": b'{"started": ' + b"9" * 400 + b"}",
+    "digits_5000": b'{"returncode": ' + b"9" * 5000 + b"}", "overflow": b'{"returncode": 1e400, "ended": 1e400}',
+    "preload_str": b'{"preload": "yes", "boot": 1, "plugins": "profiler"}', "profile_int": b'{"profile": {"set": 5}}',
+    "profile_list": b'{"profile": [1]}', "expect_ints": b'{"expect": {"NCCL_PROTO": 5}}',
+    "non_utf8": b'{"notes": ["\xff\xfe"]}', "torn": b'{"notes": ["a"', "huge": b'{"status": "' + b"s" * (2 << 20) + b'"}',
+    "nested_note": b'{"notes": [{"a": [1]}], "status": {"x": 1}, "host": 5, "log_dir": []}',
+}
+
+
+@pytest.mark.timeout(120)
+def test_run_json_variants_never_traceback(tmp_path):
+    failures: list[str] = []
+    for name, data in RUN_VARIANTS.items():
+        d = tmp_path / name
+        write_log(d, base_events(40))
+        (d / "run.json").write_bytes(data)
+
+        def case(d=d):
+            code, doc = report_json([d])
+            assert code in (0, 1), doc.get("error")
+            for run in doc["runs"]:
+                assert all(isinstance(n, str) for n in run.get("notes", []))
+            assert doc["runs"] or any("run.json" in k for k in doc["skipped"]), doc["skipped"]
+        check(failures, name, case)
+        # text output reads the same runs (header_doc's notes)
+        r = RUNNER.invoke(main, ["report", str(d)])
+        if r.exception is not None and not isinstance(r.exception, SystemExit):
+            failures.append(f"{name} (text): {type(r.exception).__name__}: {r.exception}")
+    finish(failures, 2 * len(RUN_VARIANTS))
+
+
+def model_of(dirs) -> dict:
+    from ncclprobe import report
+    return report.model_json(model.build(events.stream_dirs(dirs)))
+
+
+def test_a_file_out_of_time_order_reads_as_if_sorted(tmp_path):
+    rng = random.Random(3)
+    evs = base_events(50) + base_events(51)
+    write_log(tmp_path / "sorted", sorted(evs, key=lambda e: e["t"]))
+    shuffled = evs[:]
+    rng.shuffle(shuffled)
+    write_log(tmp_path / "shuffled", shuffled)
+    assert model_of([tmp_path / "shuffled"]) == model_of([tmp_path / "sorted"])
+    log = events.stream_dirs([tmp_path / "shuffled"])
+    list(log.events)
+    assert len(log.resorted) == 1 and not log.skipped
+
+
+def test_files_merge_in_time_order_and_build_iterates_once(tmp_path):
+    for pid in (60, 61, 62):
+        write_log(tmp_path, base_events(pid))
+    log = events.stream_dirs([tmp_path])
+    assert not isinstance(log.events, list)
+    once = iter(log.events)
+    seen: list[float] = []
+
+    def tap():
+        for e in once:
+            seen.append(e["t"])
+            yield e
+    log.events = tap()
+    m = model.build(log)
+    assert seen == sorted(seen) and len(seen) == 30 and len(m.processes) == 3
+    assert next(once, None) is None
+
+
+# A few cases through the real CLI: a real process, its stdout and its exit code
+CLI_CASES = ["nesting_100k_line", "digits_5000", "huge_unterminated"]
+
+
+@pytest.mark.timeout(120)
+def test_the_cli_never_tracebacks_on_hostile_logs(tmp_path):
+    cases = garbage_cases(random.Random(12))
+    for name in CLI_CASES:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "h-20.jsonl").write_bytes(cases[name])
+        pid_list = base_events(21)
+        pid_list[0]["pid"] = [1, 2]
+        pid_list[5]["comm"] = {"a": 1}
+        pid_list[0]["argv"] = [1, 2]
+        write_log(d, pid_list)
+        (d / "run.json").write_bytes(RUN_VARIANTS["notes_int"])
+        r = subprocess.run([sys.executable, "-m", "ncclprobe", "report", str(d), "--json"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode in (0, 1), (name, r.returncode, r.stderr[-2000:])
+        assert "Traceback" not in r.stderr, r.stderr[-2000:]
+        doc = json.loads(r.stdout)
+        schemas.validate(doc)
+        assert sum(doc["skipped"].values()) >= 1
