@@ -10,6 +10,7 @@ Signals: the first INT/TERM/HUP/QUIT goes to CMD's process group, as a terminal 
 still runs after the grace gets SIGTERM, then SIGKILL after the grace again; each further signal takes
 the next step at once. USR1/USR2 are passed on. After a normal exit of CMD the rest of its tree is left
 running and listed; after a stop request, or when CMD was killed by a signal, all of it is ended.
+Should this process be killed outright, its keeper (keeper.py) ends the tree instead.
 """
 from __future__ import annotations
 
@@ -104,6 +105,7 @@ class Tree:
         self.popen_pid: int | None = None  # Popen reaps CMD itself; reaping it here would lose its code
         self.seen: dict[int, Member] = {}
         self.foreign = {(st.pid, st.start_ticks) for st in self._stats() if st.ppid == self.me}
+        self.on_scan = None  # called with each scan's members (the keeper)
 
     def _stats(self) -> list[Stat]:
         out = []
@@ -147,7 +149,16 @@ class Tree:
                 continue
             out.append(Member(st.pid, st.start_ticks, printable(st.comm)))
         self.seen = {m.pid: m for m in out}
+        if self.on_scan is not None:
+            self.on_scan(out)
         return out
+
+    def adopt_foreign(self, pid: int) -> None:
+        """A child of ours that is not part of the tree (the keeper)."""
+        try:
+            self.foreign.add((pid, self.fs.stat(pid).start_ticks))
+        except OSError:
+            pass
 
     def send(self, m: Member, sig: int) -> bool:
         """sig to m if the pid still is m (through a pidfd where the kernel has them, so the pid
@@ -231,6 +242,10 @@ class Group:
             self._restore()
             raise
         self.tree.popen_pid = self.pgid = self.proc.pid
+        self.keeper = _keeper(grace, label)
+        if self.keeper is not None:
+            self.tree.adopt_foreign(self.keeper.pid)
+            self.tree.on_scan = self.keeper.update
         if self.requests:  # a signal came while CMD was being started
             self._killpg(self.requests[0])
 
@@ -359,6 +374,18 @@ class Group:
             signal.signal(sig, old)
         self._old = {}
         set_subreaper(self._was_subreaper)
+        if getattr(self, "keeper", None) is not None:
+            self.keeper.close()
+            self.keeper = None
+
+
+def _keeper(grace: float, label: str):
+    """The keeper that ends the tree should this process be killed (keeper.py); None where none can start."""
+    from ncclprobe.keeper import Keeper
+    try:
+        return Keeper(grace, label)
+    except OSError:
+        return None
 
 
 def _signame(num: int) -> str:

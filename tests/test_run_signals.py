@@ -312,3 +312,39 @@ def test_a_process_seen_once_is_still_found_after_it_left_the_tree(tmp_path):
         assert [(m.pid, m.name) for m in tree.live()] == [(daemon[0], "sleep")]
     finally:
         kill_if_running(daemon)
+
+
+def test_sigkill_of_run_itself_still_ends_its_tree(tmp_path):
+    """The keeper (ncclprobe/keeper.py) ends CMD and a grandchild in a session of its own when run
+    is killed outright; SIGKILL leaves run no chance to do it."""
+    ready, pidfile = tmp_path / "ready", tmp_path / "pid"
+    run = Run(tmp_path, "--", *grandchild_cmd("new session", ready, pidfile), grace=1)
+    deadline = time.monotonic() + WAIT_S
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.stderr
+        time.sleep(0.02)
+    grandchild = int(pidfile.read_text().split()[0])
+    cmd = psutil.Process(run.proc.pid).children()
+    tree = [psutil.Process(grandchild), *cmd]
+    assert any(p.name() == "sleep" for p in tree) and psutil.Process(grandchild).ppid() != run.proc.pid
+    run.proc.kill()
+    run.expect_line("the supervisor is gone; ending the")
+    gone, alive = psutil.wait_procs(tree, timeout=WAIT_S)
+    assert not alive, [p.pid for p in alive]
+
+
+def test_a_daemon_left_after_a_normal_exit_outlives_the_keeper(tmp_path):
+    pidfile = tmp_path / "pid"
+    code = (f"import subprocess, pathlib; d = subprocess.DEVNULL; "
+            f"g = subprocess.Popen(['sleep', '600'], start_new_session=True, stdin=d, stdout=d, stderr=d); "
+            f"pathlib.Path({str(pidfile)!r}).write_text(str(g.pid))")
+    run = Run(tmp_path, "--", sys.executable, "-c", code, grace=1)
+    rc, _ = run.finish()
+    daemon = psutil.Process(int(pidfile.read_text()))
+    try:
+        # run waits for its keeper to go before it exits: a keeper that had missed "done" would have
+        # signalled the daemon by now
+        assert rc == 0 and daemon.is_running() and daemon.status() != psutil.STATUS_ZOMBIE
+        assert not any("supervisor is gone" in line for line in run.stderr)
+    finally:
+        daemon.kill()
