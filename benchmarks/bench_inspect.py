@@ -24,8 +24,8 @@ try:
 except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ncclprobe import elf, procread  # noqa: E402
-from ncclprobe.inspection import inspect_processes  # noqa: E402
+from ncclprobe.witnesses import elf, procread  # noqa: E402
+from ncclprobe.commands.inspection import inspect_processes  # noqa: E402
 
 CHILD = "import sys, time; sys.stdout.write('x'); sys.stdout.flush(); time.sleep(600)"
 # A parent that starts N-1 sleeping children by fork+exec of a tiny interpreter (python -S -c).

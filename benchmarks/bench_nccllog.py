@@ -1,4 +1,4 @@
-"""Cost of reading NCCL INFO logs (`ncclprobe.nccllog.parse_files`, what `report --nccl-log` and the
+"""Cost of reading NCCL INFO logs (`ncclprobe.witnesses.nccllog.parse_files`, what `report --nccl-log` and the
 automatic merge of a log directory's `nccl-debug*` files run), per MB and as a ratio against a baseline
 measured in the same run on the same bytes: a plain `for line in open(path, "rb"): pass`.
 
@@ -73,7 +73,7 @@ def _measure(case: str, path: str) -> dict:
                 pass
         dt = time.perf_counter() - t0
     else:
-        from ncclprobe import nccllog
+        from ncclprobe.witnesses import nccllog
         t0 = time.perf_counter()
         log = nccllog.parse_files([path])
         dt = time.perf_counter() - t0

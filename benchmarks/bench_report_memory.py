@@ -22,7 +22,7 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 REPORT = """
 import resource, sys
-from ncclprobe import report
+from ncclprobe.commands import report
 report.build_report([sys.argv[1]])
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """

@@ -29,7 +29,7 @@ def _emit(result, as_json: bool, strict: bool = False, code: int | None = None):
 def _unexaminable(exc, command: str, as_json: bool):
     from ncclprobe import render
     from ncclprobe.doc import Result
-    from ncclprobe.findings import EXIT_UNEXAMINABLE  # findings (dataclasses) stays off the --help path
+    from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE  # findings (dataclasses) stays off the --help path
     if as_json:
         res = Result(command, data={"error": {"message": str(exc), "reason": exc.reason, **exc.data}})
         render.render_json(res)
@@ -39,7 +39,7 @@ def _unexaminable(exc, command: str, as_json: bool):
 
 
 def _assignments(items, what: str) -> dict[str, str]:
-    from ncclprobe.envfile import AssignmentError, parse_assignments
+    from ncclprobe.commands.envfile import AssignmentError, parse_assignments
     try:
         return parse_assignments(items, what)
     except AssignmentError as exc:
@@ -48,7 +48,7 @@ def _assignments(items, what: str) -> dict[str, str]:
 
 def _guarded(command: str, as_json: bool, fn, *args, **kwargs):
     from ncclprobe.doc import Unexaminable
-    from ncclprobe.envfile import AssignmentError
+    from ncclprobe.commands.envfile import AssignmentError
     try:
         return fn(*args, **kwargs)
     except Unexaminable as exc:
@@ -95,12 +95,12 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
     if no_redact and not all_vars:
         raise click.UsageError("--no-redact needs --all-vars: without it only watched variables are shown, "
                                "and none of them is redacted")
-    from ncclprobe.envfile import read_env_file
+    from ncclprobe.commands.envfile import read_env_file
     expect = {}
     if expect_file:
         expect.update(_guarded("inspect", as_json, read_env_file, expect_file))
     expect.update(_assignments(expects, "--expect"))
-    from ncclprobe import inspection
+    from ncclprobe.commands import inspection
     try:
         result = _guarded("inspect", as_json, inspection.inspect_processes, list(pids), pgrep=pgrep,
                           expect=expect, scope=scope, all_vars=all_vars, redact=not no_redact,
@@ -144,7 +144,8 @@ def run(sets, defaults, pins, log_dir, no_preload, no_plugins, no_boot, expects,
     """
     import errno
     import os
-    from ncclprobe import launch, profile as profile_mod, render
+    from ncclprobe.commands import launch, profile as profile_mod
+    from ncclprobe import render
     profile = _guarded("run", as_json, profile_mod.from_cli, sets, defaults, pins)
     expect = _assignments(expects, "--expect")
     try:
@@ -185,7 +186,7 @@ def report(dirs, nccl_logs, expects, as_json, strict):
     directories (several hosts' directories merge)."""
     if not dirs and not nccl_logs:
         raise click.UsageError("give at least one log directory, or --nccl-log FILE")
-    from ncclprobe import report as report_mod
+    from ncclprobe.commands import report as report_mod
     result = _guarded("report", as_json, report_mod.build_report, list(dirs), nccl_logs=list(nccl_logs),
                       expect=_assignments(expects, "--expect"))
     _emit(result, as_json, strict)
@@ -212,7 +213,7 @@ def inject_install(python, sets, defaults, pins, log_dir, replace, as_json):
     directory is left as it is and the command fails (exit 2), naming the installed variables;
     --replace installs this profile in its place (profiles are not merged). The same profile and
     directory again just rewrite the probe's files."""
-    from ncclprobe import inject as inject_mod, profile as profile_mod
+    from ncclprobe.commands import inject as inject_mod, profile as profile_mod
     profile = _guarded("inject install", as_json, profile_mod.from_cli, sets, defaults, pins)
     try:
         result = _guarded("inject install", as_json, inject_mod.install, python, profile=profile,
@@ -227,7 +228,7 @@ def inject_install(python, sets, defaults, pins, log_dir, replace, as_json):
 @json_option
 def inject_status(python, as_json):
     """Where the boot probe is installed, its profile and log directory, and what it saw."""
-    from ncclprobe import inject as inject_mod
+    from ncclprobe.commands import inject as inject_mod
     _emit(_guarded("inject status", as_json, inject_mod.status, python), as_json)
 
 
@@ -236,7 +237,7 @@ def inject_status(python, as_json):
 @json_option
 def inject_uninstall(python, as_json):
     """Remove the boot probe, restoring site-packages exactly (idempotent)."""
-    from ncclprobe import inject as inject_mod
+    from ncclprobe.commands import inject as inject_mod
     _emit(_guarded("inject uninstall", as_json, inject_mod.uninstall, python), as_json)
 
 
@@ -248,7 +249,7 @@ def explain(var, list_all, as_json):
     """What NCCL does with VAR: cached per process or re-read per communicator, default, values.
 
     A VAR the catalog does not know is a usage error (exit 2), with the nearest known names."""
-    from ncclprobe import catalog
+    from ncclprobe.model import catalog
     if not var and not list_all:
         raise click.UsageError("give a variable name or --list")
     if var and list_all:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from ncclprobe import SCHEMA
-from ncclprobe.findings import Finding, exit_code, sort_findings
+from ncclprobe.diagnose.findings import Finding, exit_code, sort_findings
 
 
 @dataclass

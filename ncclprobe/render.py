@@ -14,7 +14,7 @@ from rich.table import Table as RichTable
 from rich.tree import Tree as RichTree
 
 from ncclprobe.doc import FindingsHere, Grid, Records, Result, Table, Text, Title, Tree
-from ncclprobe.findings import sort_findings
+from ncclprobe.diagnose.findings import sort_findings
 
 PIPE_WIDTH = 100  # piped output: COLUMNS if set, else this (README, "Output")
 DIAGNOSING = {"inspect", "report", "run", "topo", "bench", "demo"}  # commands whose silence means "all clear"
@@ -141,7 +141,7 @@ def shorten_paths(text: str) -> str:
 
 def scope_line(f) -> str:
     """Everything a finding covers, in one line: pids, ranks, communicators, hosts."""
-    from ncclprobe.verdict import ranges
+    from ncclprobe.diagnose.verdict import ranges
     insts = f.instances
     pids = sorted({i["pid"] for i in insts if isinstance(i.get("pid"), int)}) or list(f.pids)
     parts = []

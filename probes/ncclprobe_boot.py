@@ -16,7 +16,7 @@ into a private directory of its euid (no symlink; for root, no system directory)
 fstat that its fd still names that file (a host may close any fd and reuse the number), and an fd
 that does not is the host's: never written to, never closed. A refused or unusable log directory
 costs one line on stderr, then silence. The profile file is read once, at start. Importing this
-module has no side effects; ncclprobe.profile imports it for the profile parser.
+module has no side effects; ncclprobe.commands.profile imports it for the profile parser.
 
 Start-up cost (issue 4: `python -c pass` at most 1.10x with the probe). Everything above the line
 "# ncclprobe: the rest of the probe" runs in every interpreter: it imports nothing the interpreter
@@ -32,7 +32,7 @@ import sys
 import time
 import _weakref
 
-# Same set as ncclprobe/watched.py (tests/test_boot_profile.py checks they agree); nothing else is
+# Same set as ncclprobe/model/watched.py (tests/test_boot_profile.py checks they agree); nothing else is
 # ever logged. SECRET_MARKERS too (tests/test_secrets.py): names holding one look like secrets.
 WATCHED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "NCCLPROBE_")
 WATCHED_NAMES = frozenset(("TORCH_DISTRIBUTED_DEBUG", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PYTHONPATH",

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ncclprobe.events import read_dirs
+from ncclprobe.witnesses.events import read_dirs
 
 PYTHON = sys.executable
 

@@ -6,7 +6,7 @@ import errno
 import os
 from pathlib import Path
 
-from ncclprobe.procs import Reader
+from ncclprobe.witnesses.procs import Reader
 
 BTIME = 1_700_000_000
 

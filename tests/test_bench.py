@@ -21,7 +21,7 @@ from ncclprobe.cli import main
 from ncclprobe.bench import allreduce, command, driver, matrix, plot, report, summary
 from ncclprobe.bench.report import Context
 from ncclprobe.doc import Unexaminable
-from ncclprobe.envfile import AssignmentError
+from ncclprobe.commands.envfile import AssignmentError
 
 SMALL = dict(backend="gloo", ranks=2, minbytes="1K", maxbytes="4K", stepfactor=4, iters=2, warmup=1,
              timeout=60.0)
@@ -509,5 +509,5 @@ def test_recommendation_ignores_a_winner_that_ran_what_nccl_already_picked():
 
 
 def test_a_configuration_variable_outside_the_watched_set_is_shown_by_name_only():
-    from ncclprobe.watched import shown_values
+    from ncclprobe.model.watched import shown_values
     assert shown_values({"NCCL_PROTO": "LL", "HF_TOKEN": "hf_secret"}) == {"NCCL_PROTO": "LL", "HF_TOKEN": "<redacted>"}

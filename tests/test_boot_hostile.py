@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe.inject import ephemeral_env
+from ncclprobe.commands.inject import ephemeral_env
 from users import made_dir
 from boot_support import PYTHON, clean_env, events, raw_log_text, starts_by_pid
 
@@ -344,7 +344,7 @@ sys.exit(%d)
 
 
 def test_profile_file_is_not_needed_after_start(tmp_path):
-    from ncclprobe import profile
+    from ncclprobe.commands import profile
     env = clean_env()
     env.update(ephemeral_env(env, tmp_path / "log", profile.from_cli(["NCCL_PROTO=LL", "HF_TOKEN=hunter2"], [],
                                                                      ["NCCL_PROTO"])))

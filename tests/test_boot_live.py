@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe import profile
-from ncclprobe.inject import ephemeral_env
+from ncclprobe.commands import profile
+from ncclprobe.commands.inject import ephemeral_env
 from boot_support import PYTHON, clean_env, events, make_venv, raw_log_text, run, site_packages, starts_by_pid
 
 FRAMEWORK = """\

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe import profile, watched
+from ncclprobe.commands import profile
+
+from ncclprobe.model import watched
 from ncclprobe._lib import ncclprobe_boot as boot
-from ncclprobe.envfile import AssignmentError
+from ncclprobe.commands.envfile import AssignmentError
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from ncclprobe import catalog
-from ncclprobe.catalog import COMM, MODES, PROCESS_APPLIED
+from ncclprobe.model import catalog
+from ncclprobe.model.catalog import COMM, MODES, PROCESS_APPLIED
 
 BRIEF = ["PROTO", "ALGO", "MIN_NCHANNELS", "MAX_NCHANNELS", "MIN_CTAS", "MAX_CTAS", "BUFFSIZE", "LL_BUFFSIZE",
          "LL128_BUFFSIZE", "NTHREADS", "LL128_NTHREADS", "P2P_LEVEL", "P2P_DISABLE", "SHM_DISABLE", "IB_DISABLE",

@@ -1,8 +1,10 @@
 """nccl.conf resolution and parsing, as NCCL's initEnv does it, inside the process's own root."""
 from io import StringIO
 
-from ncclprobe import conffiles, render
-from ncclprobe.inspection import inspect_processes
+from ncclprobe.witnesses import conffiles
+
+from ncclprobe import render
+from ncclprobe.commands.inspection import inspect_processes
 from fakeproc import FailingReader, FakeProc
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe import elf
+from ncclprobe.witnesses import elf
 
 CC = shutil.which("cc") or shutil.which("gcc")
 needs_cc = pytest.mark.skipif(not CC or not shutil.which("ar"), reason="needs a C compiler and ar")
@@ -158,7 +158,7 @@ def test_interposer_is_not_a_static_nccl(tmp_path):
 
 @needs_cc
 def test_live_dynamic_and_static_callers(built):
-    from ncclprobe.inspection import inspect_processes
+    from ncclprobe.commands.inspection import inspect_processes
     procs = {name: subprocess.Popen([str(built / name), "30"]) for name in ("dyn", "static")}
     try:
         import time

@@ -16,7 +16,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ncclprobe import events, model, schemas
+from ncclprobe.witnesses import events
+
+from ncclprobe import model, schemas
 from ncclprobe.cli import main
 
 pytest.importorskip("jsonschema")  # the test extra
@@ -286,7 +288,7 @@ def test_run_json_variants_never_traceback(tmp_path):
 
 
 def model_of(dirs) -> dict:
-    from ncclprobe import report
+    from ncclprobe.commands import report
     return report.model_json(model.build(events.stream_dirs(dirs)))
 
 

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe import render, report
+from ncclprobe import render
+
+from ncclprobe.commands import report
 
 HERE = Path(__file__).resolve().parent
 DATA = HERE / "data" / "demo-run"

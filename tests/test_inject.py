@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe import inject, profile
+from ncclprobe.commands import inject, profile
 from ncclprobe.doc import Unexaminable
 from boot_support import clean_env, events, make_venv, run, site_packages, snapshot, starts_by_pid
 

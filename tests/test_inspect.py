@@ -10,7 +10,7 @@ import time
 import pytest
 
 from ncclprobe.doc import Unexaminable
-from ncclprobe.inspection import inspect_processes
+from ncclprobe.commands.inspection import inspect_processes
 from fakeproc import FailingReader, FakeProc
 
 NO_NVML = lambda: ({}, "no NVML in this test")  # noqa: E731
@@ -251,7 +251,7 @@ def test_live_real_libnccl_through_ctypes(tmp_path):
         res = inspect_processes([p.pid], gpu_lookup=NO_NVML)
         (row,) = res.data["processes"]
         (libinfo,) = row["nccl_libs"]
-        from ncclprobe import elf
+        from ncclprobe.witnesses import elf
         assert libinfo["path"] == lib and libinfo["version_source"] == "rodata"
         assert libinfo["version"] == elf.scan(lib).version and libinfo["kind"] == "shared"
         assert libinfo["reached_by"].startswith("dlopen")  # ctypes: no object imports nccl symbols

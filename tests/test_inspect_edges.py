@@ -16,7 +16,7 @@ import pytest
 
 from ncclprobe import render
 from ncclprobe.doc import Unexaminable
-from ncclprobe.inspection import UsageError, inspect_processes
+from ncclprobe.commands.inspection import UsageError, inspect_processes
 from fakeproc import FakeProc
 
 NO_NVML = lambda: ({}, "no NVML in this test")  # noqa: E731

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from ncclprobe import model as model_mod
-from ncclprobe import nccllog as nl
-from ncclprobe import nccllog_model as nm
-from ncclprobe import report
+from ncclprobe.witnesses import nccllog as nl
+from ncclprobe.witnesses import nccllog_model as nm
+from ncclprobe.commands import report
 
 DATA = Path(__file__).parent / "data" / "nccllog"
 

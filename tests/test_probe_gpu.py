@@ -21,7 +21,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "c"))
 import probe_support as ps  # noqa: E402
 
-from ncclprobe import events, probelib  # noqa: E402
+from ncclprobe.witnesses import events, probelib  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe import model, nccllog_model
-from ncclprobe.events import EventLog
+from ncclprobe import model
+
+from ncclprobe.witnesses import nccllog_model
+from ncclprobe.witnesses.events import EventLog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "c"))
 import probe_support as ps  # noqa: E402

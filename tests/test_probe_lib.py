@@ -15,7 +15,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent / "c"))
 import probe_support as ps  # noqa: E402
 
-from ncclprobe import probelib, watched  # noqa: E402
+from ncclprobe.witnesses import probelib
+
+from ncclprobe.model import watched  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """Why /proc/<pid>/environ was refused, on a fake /proc (the kernel's checks are read from status and
 the files' owners, as procaccess reads them on a real one)."""
-from ncclprobe import procaccess, procs
-from ncclprobe.procaccess import Viewer
+from ncclprobe.witnesses import procaccess, procs
+from ncclprobe.witnesses.procaccess import Viewer
 from fakeproc import FakeProc
 
 PTRACE = 1 << procaccess.CAP_SYS_PTRACE

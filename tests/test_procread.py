@@ -1,4 +1,4 @@
-"""The native /proc reader (native/procread.c through ncclprobe.procread) against the Python reader it
+"""The native /proc reader (native/procread.c through ncclprobe.witnesses.procread) against the Python reader it
 stands in for: the same processes with the same fields, on live trees and on a fake /proc, including
 the cases it handles itself (children of every thread, zombies, buffers that must grow, maps rows
 normalised for sharing)."""
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from ncclprobe import procread, procs
+from ncclprobe.witnesses import procread, procs
 import livetree
 from fakeproc import FakeProc
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe import procs
+from ncclprobe.witnesses import procs
 from fakeproc import BTIME, FailingReader, FakeProc, esrch
 
 

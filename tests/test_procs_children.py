@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe import procs
+from ncclprobe.witnesses import procs
 import livetree
 from fakeproc import FakeProc
 

@@ -11,7 +11,7 @@ import time
 
 from ncclprobe import render
 from ncclprobe.doc import Result, Text
-from ncclprobe.findings import Finding
+from ncclprobe.diagnose.findings import Finding
 
 CLEAR = "\x1b[2J"
 LINK = "\x1b]8;;http://attacker.example/\x07click\x1b]8;;\x07"

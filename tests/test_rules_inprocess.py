@@ -5,7 +5,7 @@ import pytest
 
 from ncclprobe import model
 from ncclprobe.diagnose import inprocess
-from ncclprobe.events import EventLog
+from ncclprobe.witnesses.events import EventLog
 
 H = "node1"
 
@@ -158,7 +158,7 @@ def test_a_parent_write_before_the_child_started_is_what_the_child_should_have_h
 
 
 def test_one_cause_on_many_ranks_and_hosts_is_one_finding_naming_every_host():
-    from ncclprobe.findings import aggregate
+    from ncclprobe.diagnose.findings import aggregate
     events = []
     for i in range(64):
         host = f"node{i:02d}"

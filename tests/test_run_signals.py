@@ -290,7 +290,7 @@ def test_a_signal_ignored_when_run_starts_stays_ignored_in_cmd(tmp_path):
 def test_a_process_seen_once_is_still_found_after_it_left_the_tree(tmp_path):
     """Without a subreaper (this test process is none), a daemon whose parent exits goes to another
     parent; a Tree that recorded it still lists it (by pid and start time)."""
-    from ncclprobe.supervise import Tree
+    from ncclprobe.commands.supervise import Tree
     tree = Tree()
     pidfile, go = tmp_path / "pid", tmp_path / "go"
     code = ("import os, pathlib, time\n"
@@ -315,7 +315,7 @@ def test_a_process_seen_once_is_still_found_after_it_left_the_tree(tmp_path):
 
 
 def test_sigkill_of_run_itself_still_ends_its_tree(tmp_path):
-    """The keeper (ncclprobe/keeper.py) ends CMD and a grandchild in a session of its own when run
+    """The keeper (ncclprobe/commands/keeper.py) ends CMD and a grandchild in a session of its own when run
     is killed outright; SIGKILL leaves run no chance to do it."""
     ready, pidfile = tmp_path / "ready", tmp_path / "pid"
     run = Run(tmp_path, "--", *grandchild_cmd("new session", ready, pidfile), grace=1)

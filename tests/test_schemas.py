@@ -21,7 +21,7 @@ from livetree import running
 from ncclprobe import schemas, topo
 from ncclprobe.cli import main
 from ncclprobe.doc import ERROR_REASONS
-from ncclprobe.findings import CODES, SEVERITIES
+from ncclprobe.diagnose.findings import CODES, SEVERITIES
 
 jsonschema = pytest.importorskip("jsonschema")  # the test extra
 

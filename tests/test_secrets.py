@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe import watched
+from ncclprobe.model import watched
 from ncclprobe._lib import ncclprobe_boot as boot
-from ncclprobe.inject import ephemeral_env
+from ncclprobe.commands.inject import ephemeral_env
 from boot_support import PYTHON, clean_env, starts_by_pid
 
 NCCLPROBE = [sys.executable, "-m", "ncclprobe"]

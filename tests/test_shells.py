@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from ncclprobe import shells
-from ncclprobe.inspection import inspect_processes
-from ncclprobe.watched import is_watched
+from ncclprobe.witnesses import shells
+from ncclprobe.commands.inspection import inspect_processes
+from ncclprobe.model.watched import is_watched
 
 
 def kinds(script, child, env=None):

@@ -1,5 +1,5 @@
 """The simulated NCCL: both ways of calling it, NCCL's environment semantics, conf files, the env
-and profiler plugin ABIs, odd input, and its NCCL_DEBUG output read back by ncclprobe.nccllog."""
+and profiler plugin ABIs, odd input, and its NCCL_DEBUG output read back by ncclprobe.witnesses.nccllog."""
 from __future__ import annotations
 
 import ctypes
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ncclprobe import nccllog as nl
+from ncclprobe.witnesses import nccllog as nl
 
 ROOT = Path(__file__).resolve().parents[1]
 CSIM = Path(__file__).parent / "csim"
@@ -399,7 +399,7 @@ def test_version_level_prints_the_bare_simulated_version_on_rank_0_only(libs, tm
 # ------------------------------------------------------------------ with the real probe library (installed)
 
 def test_probe_library_records_the_sim_through_preload_and_both_plugins(libs, tmp_path, uid):
-    from ncclprobe import events
+    from ncclprobe.witnesses import events
     from ncclprobe._lib import lib_path
     probe = lib_path("libncclprobe.so")  # built by the install, like the sim the fixture builds
     logdir = tmp_path / "probe"

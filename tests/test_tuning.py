@@ -1,4 +1,4 @@
-from ncclprobe import tuning
+from ncclprobe.model import tuning
 
 
 def test_proto_selector_forms():

@@ -15,9 +15,9 @@ from ncclprobe.bench import driver as drv, live, matrix, plot as plot_mod, repor
 from ncclprobe.bench.report import Context
 from ncclprobe.bench.summary import BENCH_EXTRA_HINT, NOTHING_MEASURED
 from ncclprobe.doc import Result, Text, Title, Unexaminable
-from ncclprobe.envfile import AssignmentError, parse_assignments
-from ncclprobe.findings import EXIT_UNEXAMINABLE
-from ncclprobe.watched import shown_values
+from ncclprobe.commands.envfile import AssignmentError, parse_assignments
+from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE
+from ncclprobe.model.watched import shown_values
 
 SWEEP = ("1K", "64M", 4)  # -b, -e, -f when neither they nor --hidden are given
 TOKENS = "1,2,3,4"        # --tokens for --hidden: decode and verify steps of k tokens

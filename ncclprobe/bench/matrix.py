@@ -4,8 +4,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ncclprobe import tuning
-from ncclprobe.envfile import AssignmentError, parse_assignment
+from ncclprobe.model import tuning
+from ncclprobe.commands.envfile import AssignmentError, parse_assignment
 
 DTYPE_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 _SUFFIX = {"": 1, "K": 1024, "M": 1024 ** 2, "G": 1024 ** 3}  # powers of 1024, as nccl-tests parses

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ncclprobe.envfile import AssignmentError
+from ncclprobe.commands.envfile import AssignmentError
 
 INSTALL_HINT = "pip install 'ncclprobe[plot]' (or pip install matplotlib)"
 

@@ -10,9 +10,9 @@ from typing import Any
 from ncclprobe.bench import allreduce
 from ncclprobe.bench.matrix import DEFAULTS, export_line
 from ncclprobe.diagnose import topology as topo_rules
-from ncclprobe.events import read_dirs
-from ncclprobe import tuning
-from ncclprobe.findings import Finding
+from ncclprobe.witnesses.events import read_dirs
+from ncclprobe.model import tuning
+from ncclprobe.diagnose.findings import Finding
 
 MIN_GAIN = 1.02  # below this a configuration is noise against the defaults, not a recommendation
 SINGLE_RANK = ("single rank: NCCL short-cuts the all-reduce (no algorithm or protocol is chosen, no "

@@ -256,7 +256,7 @@ def main(argv: list[str]) -> int:
     rank, nranks = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     out = Path(spec["out"])
-    from ncclprobe.watched import select
+    from ncclprobe.model.watched import select
     info = {"rank": rank, "pid": os.getpid(), "ppid": os.getppid(), "host": os.uname().nodename,
             "env": select(dict(os.environ)), "state": "started"}
     _write(out / f"rank{rank}.json", info)  # before torch loads: the driver sees who started

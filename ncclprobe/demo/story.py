@@ -9,9 +9,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from ncclprobe import launch, report, selfexec
+from ncclprobe.commands import launch, report
+
+from ncclprobe import selfexec
 from ncclprobe.doc import FindingsHere, Result, Table, Text, Title, Unexaminable
-from ncclprobe.findings import sort_findings
+from ncclprobe.diagnose.findings import sort_findings
 
 TUNING = {"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring", "NCCL_MAX_NCHANNELS": "16"}
 # code -> the cause planted for it
@@ -67,7 +69,7 @@ def _split_at_findings(doc: list) -> tuple[list, list]:
 
 
 def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool, show_wiring: bool = False) -> Result:
-    from ncclprobe import inspection, profile as profile_mod
+    from ncclprobe.commands import inspection, profile as profile_mod
     profile = profile_mod.from_cli([f"{k}={v}" for k, v in TUNING.items()], [], [])
     env = dict(os.environ)
     env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV,TUNING", NCCL_DEBUG_FILE=str(d / "nccl-debug.%h.%p"))

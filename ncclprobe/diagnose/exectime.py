@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-from ncclprobe import wiring
-from ncclprobe.tuning import NOT_READ_BY_NCCL
-from ncclprobe.findings import Finding
-from ncclprobe.watched import is_watched
+from ncclprobe.model import wiring
+from ncclprobe.model.tuning import NOT_READ_BY_NCCL
+from ncclprobe.diagnose.findings import Finding
+from ncclprobe.model.watched import is_watched
 
 Kinds = list[tuple[Mapping, list[int]]]  # kinds_of: a group's first record, the pids of all
 LIVE_VIEW = ("`ncclprobe run -- CMD` (or `ncclprobe inject install`) records the live environment "

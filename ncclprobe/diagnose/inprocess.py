@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ncclprobe import tuning, wiring
-from ncclprobe.tuning import NOT_READ_BY_NCCL
-from ncclprobe.findings import Finding, at
+from ncclprobe.model import tuning, wiring
+from ncclprobe.model.tuning import NOT_READ_BY_NCCL
+from ncclprobe.diagnose.findings import Finding, at
 from ncclprobe.model import CommView, Model, ProcessView
-from ncclprobe.watched import is_watched
+from ncclprobe.model.watched import is_watched
 
 # Variables that legitimately differ between processes or communicators, or only steer diagnostics.
 NOT_TUNING_PREFIXES = ("NCCL_DEBUG", "NCCLPROBE_", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN",
@@ -31,7 +31,7 @@ def is_tuning(var: str) -> bool:
 def process_cached(var: str, version: int | None = None) -> bool:
     """Whether NCCL caches var per process at first read (NCCL_PARAM); unknown NCCL_* count as cached,
     which is what NCCL does with every NCCL_PARAM (src/include/param.h)."""
-    from ncclprobe import catalog
+    from ncclprobe.model import catalog
     cached = catalog.is_process_cached(var, version)
     return True if cached is None else bool(cached)
 

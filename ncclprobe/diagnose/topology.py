@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 
-from ncclprobe.findings import Finding
+from ncclprobe.diagnose.findings import Finding
 
 # Link types from closest to farthest. NV# (any NVLink count) is closest. nvidia-smi's NODE (across
 # host bridges of one NUMA node) is what NCCL calls PATH_PHB; SYS crosses the inter-socket link.

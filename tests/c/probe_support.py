@@ -10,13 +10,13 @@ import re
 import subprocess
 from pathlib import Path
 
-from ncclprobe import events
+from ncclprobe.witnesses import events
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 INCLUDE = ROOT / "probes" / "include"
 FAKE_VERSION = 22809
-ID = re.compile(r"0x[0-9a-f]{16}")  # a 64-bit id as the probes write it (ncclprobe/events.py)
+ID = re.compile(r"0x[0-9a-f]{16}")  # a 64-bit id as the probes write it (ncclprobe/witnesses/events.py)
 
 
 def uid_hash(*ids: bytes) -> str:

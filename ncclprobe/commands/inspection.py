@@ -11,11 +11,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ncclprobe import conffiles, elf, events, procaccess, procs, shells, verdict, wiring
+from ncclprobe.witnesses import conffiles, elf, events, procaccess, procs, shells
+
+from ncclprobe.diagnose import verdict
+
+from ncclprobe.model import wiring
 from ncclprobe.diagnose import exectime
 from ncclprobe.doc import FindingsHere, Result, Text, Title, Tree, Unexaminable
-from ncclprobe.findings import EXIT_UNEXAMINABLE, with_host
-from ncclprobe.watched import REDACTED, is_watched, looks_secret, redact_argv, redact_text, select, shown_values
+from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE, with_host
+from ncclprobe.model.watched import REDACTED, is_watched, looks_secret, redact_argv, redact_text, select, shown_values
 
 _ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
 # Command lines are shown on one line: a newline or tab in an argument (`python -c` scripts) is escaped.
@@ -91,7 +95,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
                                             for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
                                     if merge_probe_dirs else [])
     if dirs or nccl_logs:
-        from ncclprobe.report import augment_inspection  # the model costs ~27 ms: only when merging
+        from ncclprobe.commands.report import augment_inspection  # the model costs ~27 ms: only when merging
         result = augment_inspection(result, dirs, list(nccl_logs or []))
     else:
         v = verdict.for_processes(data["processes"], findings, expect)

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ncclprobe import procs
+from ncclprobe.witnesses import procs
 
 OTHER_USER = "other user"
 OTHER_GROUP = "other group"

@@ -6,12 +6,16 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ncclprobe import events, model as model_mod, verdict
+from ncclprobe.witnesses import events
+
+from ncclprobe import model as model_mod
+
+from ncclprobe.diagnose import verdict
 from ncclprobe.diagnose import inprocess
 from ncclprobe.doc import FindingsHere, Records, Result, Table, Text, Title, Unexaminable
-from ncclprobe.findings import Finding, aggregate
+from ncclprobe.diagnose.findings import Finding, aggregate
 from ncclprobe.model import CommView, Model
-from ncclprobe.watched import redact_argv
+from ncclprobe.model.watched import redact_argv
 
 SHOWN_VARS_MAX = 8
 # witness -> its name in the processes table (one line per process at 80 columns)
@@ -27,12 +31,12 @@ def load(dirs, nccl_logs=()) -> Model:
     log = events.stream_dirs(dirs)  # may be empty: NCCL logs alone still tell what NCCL read and ran
     m = model_mod.build(log)
     if nccl_logs:
-        from ncclprobe import nccllog_model
+        from ncclprobe.witnesses import nccllog_model
         nccllog_model.merge(m, nccl_logs)
     else:
         debug_files = [p for d in dirs for p in sorted(Path(d).glob("nccl-debug*")) if p.is_file() and not p.is_symlink()]
         if debug_files:
-            from ncclprobe import nccllog_model
+            from ncclprobe.witnesses import nccllog_model
             nccllog_model.merge(m, debug_files)
     if not m.processes and not m.comms:
         unreadable_files = sum(v for k, v in log.skipped.items() if k.startswith("unreadable file"))

@@ -29,11 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Union
 
-from ncclprobe import tuning
+from ncclprobe.model import tuning
 
 # Numeric ids in pre-2.24 TUNING lines index these (src/include/devcomm.h: NCCL_ALGO_*, NCCL_PROTO_*);
 # 2.24+ lines print ncclAlgoToString names ("RING", "COLLNET_DIRECT"). Records carry the NCCL_ALGO /
-# NCCL_PROTO spelling, as ncclprobe.tuning defines it.
+# NCCL_PROTO spelling, as ncclprobe.model.tuning defines it.
 ALGO_IDS = tuning.ALGOS
 PROTO_IDS = tuning.PROTOS
 

@@ -23,12 +23,14 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ncclprobe import __version__, logdir
+from ncclprobe import __version__
+
+from ncclprobe.commands import logdir
 from ncclprobe._lib import lib_path, ncclprobe_boot as _boot
 from ncclprobe.doc import Result, Table, Text, Title, Unexaminable
-from ncclprobe.events import read_dirs
-from ncclprobe.profile import Profile, parse as parse_profile
-from ncclprobe.watched import is_watched, redact_argv
+from ncclprobe.witnesses.events import read_dirs
+from ncclprobe.commands.profile import Profile, parse as parse_profile
+from ncclprobe.model.watched import is_watched, redact_argv
 
 BOOT_FILE = "ncclprobe_boot.py"
 MODULE = "_ncclprobe_boot"

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ncclprobe._lib import ncclprobe_boot as _boot
-from ncclprobe.envfile import AssignmentError
-from ncclprobe.watched import REDACTED, is_watched
+from ncclprobe.commands.envfile import AssignmentError
+from ncclprobe.model.watched import REDACTED, is_watched
 
 
 @dataclass(frozen=True)

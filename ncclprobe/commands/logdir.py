@@ -2,7 +2,7 @@
 run.json, the boot probe's directory in it, `inject install --dir`.
 
 The rules are the boot probe's own functions (probes/ncclprobe_boot.py, installed as
-ncclprobe._lib.ncclprobe_boot, which ncclprobe.profile imports already: stdlib only, no side effects
+ncclprobe._lib.ncclprobe_boot, which ncclprobe.commands.profile imports already: stdlib only, no side effects
 on import), so the tool cannot accept a directory the probes would then refuse, and one fix fixes
 all writers. A log directory is a real directory (never reached through a symlink) of this euid that
 group and others cannot write to and, for root, no system directory (/etc, /usr, /var but /var/tmp,

@@ -23,9 +23,11 @@ import math
 from collections import Counter, defaultdict, deque
 from dataclasses import dataclass, field
 
-from ncclprobe import catalog, nccllog, tuning
+from ncclprobe.model import catalog, tuning
+
+from ncclprobe.witnesses import nccllog
 from ncclprobe.model import CollStat, CommView, Model, NcclRead, ProcessView, comm_id
-from ncclprobe.tuning import canonical
+from ncclprobe.model.tuning import canonical
 
 # "set by environment" lines printed at NCCL_ALL whatever NCCL_DEBUG_SUBSYS says (ncclGetLevel in
 # src/graph/paths.cc; NCCL_COLLNET_ENABLE in src/init.cc before 2.28): no proof the ENV subsystem was on.

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclprobe.events import EventLog
-from ncclprobe.tuning import canonical
-from ncclprobe.watched import is_watched, redact_argv
+from ncclprobe.witnesses.events import EventLog
+from ncclprobe.model.tuning import canonical
+from ncclprobe.model.watched import is_watched, redact_argv
 
 
 @dataclass

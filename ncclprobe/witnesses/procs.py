@@ -14,7 +14,7 @@ import re
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
-from ncclprobe import procread
+from ncclprobe.witnesses import procread
 
 DEFAULT_PROC = Path("/proc")
 PF_KTHREAD = 0x00200000  # include/linux/sched.h: kernel threads have no mm, so no environ

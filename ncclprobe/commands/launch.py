@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ncclprobe import logdir, supervise
+from ncclprobe.commands import logdir, supervise
 from ncclprobe.doc import Result, Text, Unexaminable
-from ncclprobe.events import RUN_META
-from ncclprobe.supervise import Group, printable
-from ncclprobe.watched import redact_argv, redact_text, shown_values
+from ncclprobe.witnesses.events import RUN_META
+from ncclprobe.commands.supervise import Group, printable
+from ncclprobe.model.watched import redact_argv, redact_text, shown_values
 
 
 @dataclass
@@ -60,7 +60,7 @@ def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = 
     meta: dict[str, Any] = {"preload": False, "plugins": [], "boot": False}
     env["NCCLPROBE_DIR"] = str(log_dir)
     if preload or plugins:
-        from ncclprobe import probelib
+        from ncclprobe.witnesses import probelib
         check = probelib.self_check()
         if not check.ok:
             raise Unexaminable(f"the probe library failed its self-check: {check.reason}", "probe library",
@@ -81,7 +81,7 @@ def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = 
                     meta["plugins"].append(role)
     profile_file = None
     if boot:  # the profile goes into CMD's environment and is re-applied in every Python interpreter
-        from ncclprobe import inject
+        from ncclprobe.commands import inject
         try:
             changes = inject.ephemeral_env(env, log_dir, profile)
         except OSError as exc:
@@ -221,7 +221,7 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
 
 
 def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: supervise.Outcome) -> Result:
-    from ncclprobe import report
+    from ncclprobe.commands import report
     header = [Text(f"{report.one_line(' '.join(cmd), 100)}: {words}", "warn" if code else "good"),
               Text(f"log directory: {d}", "dim")]
     header += [Text(n, "note") for n in notes]

@@ -8,11 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclprobe import wiring
+from ncclprobe.model import wiring
 from ncclprobe.doc import Grid, Text, Title
-from ncclprobe.findings import Finding
+from ncclprobe.diagnose.findings import Finding
 from ncclprobe.model import CommView, Model, NcclRead
-from ncclprobe.watched import is_watched
+from ncclprobe.model.watched import is_watched
 
 MAX_VARS = 8
 SHORT_ID = 10  # "0x716f11d6": enough to tell a job's communicators apart on screen (JSON has the whole id)

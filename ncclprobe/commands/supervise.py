@@ -21,7 +21,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from ncclprobe.procs import ProcFS, Stat
+from ncclprobe.witnesses.procs import ProcFS, Stat
 
 PR_SET_CHILD_SUBREAPER, PR_GET_CHILD_SUBREAPER = 36, 37  # include/uapi/linux/prctl.h (Linux >= 3.4)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -381,7 +381,7 @@ class Group:
 
 def _keeper(grace: float, label: str):
     """The keeper that ends the tree should this process be killed (keeper.py); None where none can start."""
-    from ncclprobe.keeper import Keeper
+    from ncclprobe.commands.keeper import Keeper
     try:
         return Keeper(grace, label)
     except OSError:
