@@ -111,8 +111,14 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
 
 
 @main.command(context_settings={**CONTEXT, "allow_interspersed_args": False})  # CMD's own options stay CMD's
-@click.option("--set", "sets", multiple=True, metavar="K=V", help="Set a variable for CMD and its whole tree (repeatable).")
-@click.option("--set-default", "defaults", multiple=True, metavar="K=V", help="Set it only where it is absent (repeatable).")
+@click.option("--set", "sets", multiple=True, metavar="K=V",
+              help="Put K=V in CMD's environment, exactly as `env K=V CMD` (repeatable); what CMD's tree does "
+                   "with it is what the report shows.")
+@click.option("--set-default", "defaults", multiple=True, metavar="K=V",
+              help="As --set, only when K is not already in the environment (repeatable).")
+@click.option("--enforce", "enforces", multiple=True, metavar="K=V",
+              help="Also re-apply K=V inside every Python interpreter of the tree that the boot probe reaches, "
+                   "even one started without it (repeatable); the report lists it as injected.")
 @click.option("--pin", "pins", multiple=True, metavar="K", help="Refuse in-process writes to K (the value stays).")
 @click.option("--dir", "log_dir", type=click.Path(file_okay=False), help="Log directory (default: a fresh private one).")
 @click.option("--no-preload", is_flag=True, help="Do not LD_PRELOAD the probe library.")
@@ -123,7 +129,8 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
 @json_option
 @click.option("--strict", is_flag=True, help="When CMD exits 0, exit 1 on warnings too, not only on errors.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(sets, defaults, pins, log_dir, no_preload, no_plugins, no_boot, expects, quiet, as_json, strict, cmd):
+def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot, expects, quiet, as_json, strict,
+        cmd):
     """Run CMD with the probes wired in, then print the report.
 
     \b
@@ -146,10 +153,12 @@ def run(sets, defaults, pins, log_dir, no_preload, no_plugins, no_boot, expects,
     import os
     from ncclprobe.commands import launch, profile as profile_mod
     from ncclprobe import render
-    profile = _guarded("run", as_json, profile_mod.from_cli, sets, defaults, pins)
+    given = _guarded("run", as_json, profile_mod.from_cli, sets, defaults, [])
+    profile = _guarded("run", as_json, profile_mod.from_cli, enforces, [], pins, set_option="--enforce")
     expect = _assignments(expects, "--expect")
     try:
-        result = _guarded("run", as_json, launch.run_command, list(cmd), profile=profile, log_dir=log_dir,
+        result = _guarded("run", as_json, launch.run_command, list(cmd), profile=profile, given=given,
+                          log_dir=log_dir,
                           preload=not no_preload, plugins=not no_plugins, boot=not no_boot,
                           expect=expect, stdout_to_stderr=as_json)
     except launch.LaunchError as exc:

@@ -75,7 +75,8 @@ _start = {}  # process_start fields shared with fork children (and the parts who
 
 # The fields of process_start, as _json in the rest writes them.
 _START_FIELDS = (',"ppid":%d,"argv":[%s],"exe":%s,"prefix":%s,"python":"%d.%d.%d","mode":"%s","env":{%s},'
-                 '"exec_env":%s,"exec_env_differs":%s,"profile":[%s],"profile_unwatched":%d,"pinned":{%s}')
+                 '"exec_env":%s,"exec_env_differs":%s,"profile":[%s],"profile_unwatched":%d,"pinned":{%s},'
+                 '"start":%s')
 
 
 # ---------------------------------------------------------------------------- log writer
@@ -378,7 +379,7 @@ def start():
                 "null" if exec_env is None else
                 "{" + ",".join(map("%s:%s".__mod__, zip(map(q, exec_env), map(q, exec_env.values())))) + "}",
                 "null" if exec_env is None else "false" if exec_env == before else "true",
-                ",".join(texts), unwatched, ",".join(pinned)))
+                ",".join(texts), unwatched, ",".join(pinned), _kernel_start()))
     except Exception as exc:
         _emit("probe_error", ("start", exc))
         return
@@ -651,6 +652,22 @@ def _watched_now():
     return _find_watched(b"\0" + b"\0".join(map(b"=".join, os.environ._data.items())) + b"\0")
 
 
+def _kernel_start():
+    """When the kernel started this process (the fork), in unix seconds to the clock tick, as JSON (the
+    boot probe runs later: a parent's write in between would look earlier than the start): "null"
+    where /proc/self/stat cannot tell."""
+    try:
+        fd = os.open("/proc/self/stat", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            raw = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        ticks = int(raw[raw.rindex(b")") + 2:].split()[19])  # field 22, starttime, in ticks since boot
+        return "%.3f" % (time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + ticks / os.sysconf("SC_CLK_TCK"))
+    except Exception:
+        return "null"
+
+
 def _exec_env():
     """Watched part of /proc/self/environ (the environment at execve), None if unreadable."""
     try:
@@ -760,8 +777,11 @@ def _process_start(extra, env, exec_env, live):
               "prefix": sys.prefix, "python": "%d.%d.%d" % sys.version_info[:3], "mode": _start.get("mode"),
               "env": env, "exec_env": exec_env, "exec_env_differs": None if exec_env is None else exec_env != live,
               "profile": profile if "profile" in _start else None,
-              "profile_unwatched": _start.get("profile_unwatched", 0), "pinned": dict(_pins)}
+              "profile_unwatched": _start.get("profile_unwatched", 0), "pinned": dict(_pins),
+              "start": None}
     fields.update(extra)
+    start = _kernel_start()
+    fields["start"] = None if start == "null" else float(start)
     return fields
 
 

@@ -138,7 +138,7 @@ def test_run_uses_the_effective_uid(tmp_path, other_user):
         os.chmod(parent, 0o711)  # the other user reaches its directory inside
         d = made_dir(parent / "theirs")
         os.chown(d, other_user, other_user)
-        code = ("import os, sys; from ncclprobe import launch\n"
+        code = ("import os, sys; from ncclprobe.commands import launch\n"
                 f"os.setresuid(0, {other_user}, 0)\n"
                 f"print(launch.make_log_dir({str(d)!r}))")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TIMEOUT)

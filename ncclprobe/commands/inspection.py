@@ -13,12 +13,13 @@ from pathlib import Path
 
 from ncclprobe.witnesses import conffiles, elf, events, procaccess, procs, shells
 
+from ncclprobe import diagnose, model as model_mod
 from ncclprobe.diagnose import verdict
 
 from ncclprobe.model import wiring
 from ncclprobe.diagnose import exectime
 from ncclprobe.doc import FindingsHere, Result, Text, Title, Tree, Unexaminable
-from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE, with_host
+from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE
 from ncclprobe.model.watched import REDACTED, is_watched, looks_secret, redact_argv, redact_text, select, shown_values
 
 _ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
@@ -79,8 +80,20 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
         if r["in_scope"] or scope == "all":
             r["conf_files"] = ctx.conf(tree.procs[r["pid"]], r)
     _refuse_if_blind(recs, roots)
-    pitfalls = ctx.shell_pitfalls()
-    findings = with_host(exectime.all_rules(recs, expect, pitfalls), socket.gethostname())
+    host = socket.gethostname()
+    dirs = list(log_dirs or []) or (sorted({d for p in tree.procs.values() if p.env and p.env.env
+                                            for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
+                                    if merge_probe_dirs else [])
+    m, in_process_error = model_mod.Model(), None
+    if dirs or nccl_logs:  # the probes' witnesses of the same processes: one model with /proc's
+        from ncclprobe.commands.report import load  # the event reader costs ~27 ms: only when merging
+        try:
+            m = load(dirs, list(nccl_logs or []))
+        except Unexaminable as exc:
+            in_process_error = exc
+    model_mod.add_records(m, recs, host)
+    m.shell_pitfalls = ctx.shell_pitfalls()
+    findings = diagnose.rules(m, expect, recs=recs, host=host)
     # a PID named on the command line that is not there (or went during the walk) fails the command
     missing = sorted({s["pid"] for s in not_found} | {s["pid"] for s in tree.skipped if s["pid"] in pids})
     data = {"roots": tree.roots, "expect": shown_values(expect), "scope": scope,
@@ -89,18 +102,15 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
             "gpu_source": "nvml" if not gpu_reason else "fds", "gpu_reason": gpu_reason or None}
     result = _InspectResult("inspect", findings, data, expect,
                             lambda: _document(recs, tree, notes, gpu_reason, not_found, show_wiring))
+    result.model = m
     if missing:
         result.code = EXIT_UNEXAMINABLE
-    dirs = list(log_dirs or []) or (sorted({d for p in tree.procs.values() if p.env and p.env.env
-                                            for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
-                                    if merge_probe_dirs else [])
     if dirs or nccl_logs:
-        from ncclprobe.commands.report import augment_inspection  # the model costs ~27 ms: only when merging
-        result = augment_inspection(result, dirs, list(nccl_logs or []))
-    else:
-        v = verdict.for_processes(data["processes"], findings, expect)
-        data["verdict"] = v.to_json()
-        result.head = verdict.doc(v)
+        from ncclprobe.commands.report import augment_inspection
+        return augment_inspection(result, m, dirs, in_process_error)
+    v = verdict.for_processes(data["processes"], findings, expect)
+    data["verdict"] = v.to_json()
+    result.head = verdict.doc(v)
     return result
 
 

@@ -100,6 +100,14 @@ def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = 
     return Wiring(env, log_dir, notes, meta, profile_file)
 
 
+def _watched_job_env(env: dict[str, str]) -> dict[str, str]:
+    """The watched part of the environment CMD was given, less ncclprobe's own wiring: what the root of
+    CMD's tree should start with (the propagation rules' reference above the root)."""
+    from ncclprobe.model import wiring as wiring_mod
+    from ncclprobe.model.watched import is_watched
+    return wiring_mod.job_env({k: v for k, v in env.items() if is_watched(k)}) or {}
+
+
 def _write_meta(log_dir: Path, meta: dict[str, Any]) -> None:
     """run.json, replaced whole in the re-checked log directory (logdir.replace_file)."""
     try:
@@ -169,23 +177,31 @@ def _interpreter(path: str) -> str | None:
 
 def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True, plugins: bool = True,
                 boot: bool = True, expect: dict[str, str] | None = None,
-                stdout_to_stderr: bool = False) -> Result:
+                stdout_to_stderr: bool = False, given=None) -> Result:
     """Run cmd under the probes and return the report, with exit code CMD's own when it is not 0
     (Result.code; None lets the findings decide). With stdout_to_stderr (for --json) CMD's output
     goes to stderr so that stdout carries only the JSON document. A fresh log directory is removed
-    again when CMD could not be started; a given one keeps run.json with what happened."""
+    again when CMD could not be started; a given one keeps run.json with what happened.
+    given: the --set/--set-default values (a Profile), put into CMD's environment exactly as
+    `env K=V CMD` would; profile: what the boot probe re-applies in every interpreter (--enforce, --pin)."""
     fresh = log_dir is None
     d = make_log_dir(log_dir)
     shown = redact_argv(cmd)  # as the boot probe logs it: stored and printed only so
     started, wiring, removal = False, None, None
     try:
         try:
-            wiring = wire(dict(os.environ), d, profile, preload, plugins, boot)
+            base = dict(os.environ)
+            set_env = given.env_changes(base) if given is not None else {}
+            base.update(set_env)  # `env K=V CMD`
+            wiring = wire(base, d, profile, preload, plugins, boot)
             grace, grace_note = supervise.grace_from_env(os.environ)
             notes = wiring.notes + ([grace_note] if grace_note else [])
             meta = {"command": shown, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
                     "notes": notes, "expect": shown_values(expect or {}),
-                    "profile": profile.to_json() if profile is not None else None, **wiring.meta}
+                    "profile": profile.to_json() if profile is not None else None,
+                    "run_pid": os.getpid(), "set": shown_values(set_env),
+                    "enforced": shown_values(dict(profile.sets)) if profile is not None else {},
+                    "given_env": _watched_job_env(wiring.env), **wiring.meta}
             _write_meta(d, meta)
             try:
                 group = Group(cmd, wiring.env, stdout=sys.stderr if stdout_to_stderr else None,
@@ -217,14 +233,40 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
     finally:
         if wiring is not None:  # the profile holds the --set values, secrets too: never left behind
             removal = wiring.remove_profile()
-    return _result(shown, d, notes + ([removal] if removal else []), expect, rc, words, code, group.outcome)
+    return _result(shown, d, notes + ([removal] if removal else []), expect, rc, words, code, group.outcome, meta)
 
 
-def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: supervise.Outcome) -> Result:
+def injected(meta: dict[str, Any]) -> dict[str, Any]:
+    """Every value ncclprobe put into CMD's tree, and how (run.json's record of it)."""
+    pins = list((meta.get("profile") or {}).get("pin") or [])
+    wiring_names = [n for n, on in (("LD_PRELOAD", meta.get("preload")), ("NCCL_PROFILER_PLUGIN", "profiler" in
+                    (meta.get("plugins") or [])), ("NCCL_ENV_PLUGIN", "env" in (meta.get("plugins") or [])),
+                    ("PYTHONPATH", meta.get("boot")), ("NCCLPROBE_DIR", True)) if on]
+    return {"set": dict(meta.get("set") or {}), "enforced": dict(meta.get("enforced") or {}), "pinned": pins,
+            "wiring": wiring_names}
+
+
+def injected_lines(meta: dict[str, Any]) -> list[str]:
+    inj = injected(meta)
+    lines = []
+    if inj["set"]:
+        lines.append("ncclprobe put into CMD's environment (--set, as `env K=V CMD`): "
+                     + " ".join(f"{k}={v}" for k, v in inj["set"].items()))
+    if inj["enforced"]:
+        lines.append("ncclprobe re-applies in every Python interpreter it reaches (--enforce), even one started "
+                     "without it: " + " ".join(f"{k}={v}" for k, v in inj["enforced"].items()))
+    if inj["pinned"]:
+        lines.append("ncclprobe refuses in-process writes to (--pin): " + " ".join(inj["pinned"]))
+    return lines
+
+
+def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: supervise.Outcome,
+            meta: dict[str, Any] | None = None) -> Result:
     from ncclprobe.commands import report
     header = [Text(f"{report.one_line(' '.join(cmd), 100)}: {words}", "warn" if code else "good"),
               Text(f"log directory: {d}", "dim")]
     header += [Text(n, "note") for n in notes]
+    header += [Text(line, "note") for line in injected_lines(meta or {})]
     header += _outcome_lines(outcome)
     try:
         result = report.build_report([d], expect=expect)
@@ -235,11 +277,12 @@ def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: sup
     result.command = "run"
     if expect and not any(c.get("env") is not None for c in result.data.get("communicators", [])):
         given = " ".join(f"{k}={v}" for k, v in shown_values(expect).items())
-        header.append(Text(f"--expect {given} was not checked: "
-                           "no communicator was seen (expectations are checked at each communicator's "
-                           "creation)", "warn"))
+        header.append(Text(f"No communicator was seen: --expect {given} was checked on each process's own "
+                           "environment (the boot probe's and /proc's witnesses), not at communicator creation",
+                           "warn"))
     result.doc[:0] = header
-    result.data.update(log_dir=str(d), returncode=rc, exit_status=words, **outcome.to_json())
+    result.data.update(log_dir=str(d), returncode=rc, exit_status=words, injected=injected(meta or {}),
+                       **outcome.to_json())
     result.code = code or None
     return result
 

@@ -79,11 +79,13 @@ def read(path: str | Path) -> Profile:
     return parse(text, str(p))
 
 
-def from_cli(sets: Iterable[str] = (), defaults: Iterable[str] = (), pins: Iterable[str] = ()) -> Profile:
-    """--set K=V, --set-default K=V and --pin K options -> Profile; AssignmentError names the option
-    and the variable, never a value of a variable outside the watched set (it may be a token)."""
+def from_cli(sets: Iterable[str] = (), defaults: Iterable[str] = (), pins: Iterable[str] = (),
+             set_option: str = "--set") -> Profile:
+    """--set K=V (or set_option: --enforce), --set-default K=V and --pin K options -> Profile;
+    AssignmentError names the option and the variable, never a value of a variable outside the watched
+    set (it may be a token)."""
     entries = []
-    for option, op, items in (("--set", "set", sets), ("--set-default", "default", defaults),
+    for option, op, items in ((set_option, "set", sets), ("--set-default", "default", defaults),
                               ("--pin", "pin", pins)):
         for item in items:
             where = f"{option} {_shown(item)}"

@@ -6,14 +6,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+from ncclprobe import diagnose, model as model_mod
+from ncclprobe.diagnose import inprocess, verdict
 from ncclprobe.witnesses import events
-
-from ncclprobe import model as model_mod
-
-from ncclprobe.diagnose import verdict
-from ncclprobe.diagnose import inprocess
 from ncclprobe.doc import FindingsHere, Records, Result, Table, Text, Title, Unexaminable
-from ncclprobe.diagnose.findings import Finding, aggregate
 from ncclprobe.model import CommView, Model
 from ncclprobe.model.watched import redact_argv
 
@@ -51,61 +47,38 @@ def load(dirs, nccl_logs=()) -> Model:
     return m
 
 
-def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, exec_time=()) -> Result:
-    """The report of log directories (and NCCL logs); exec_time: findings of a /proc view of the same
-    job (the demo's live inspect), merged as a second witness of the same causes."""
+def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_view=None) -> Result:
+    """The report of log directories (and NCCL logs); proc_view: a model holding a /proc view of the same
+    job (the demo's live inspect), whose /proc witness joins the model before the rules run."""
     m = load(dirs, nccl_logs)
-    findings = merge_witnesses(inprocess.all_rules(m, expect or {}), list(exec_time))
+    if proc_view is not None:
+        model_mod.add_proc_view(m, proc_view)
+    findings = diagnose.rules(m, expect or {})
     v = verdict.for_model(m, findings, expect or {})
     data = {**model_json(m), "verdict": v.to_json()}
     doc = [*header_doc(m, [*dirs, *nccl_logs]), *verdict.doc(v), FindingsHere(), *model_doc(m)]
     return Result("report", findings=findings, data=data, doc=doc)
 
 
-def augment_inspection(result, log_dirs, nccl_logs=()):
-    """Merge the in-process witnesses of log_dirs into an `inspect` result (same pids): one set of
-    findings, the verdict over the model's communicators, the model's tables after the tree."""
-    try:
-        m = load(log_dirs, nccl_logs)
-    except Unexaminable as exc:
-        result.tail.append(Text(f"In-process view: {exc}", "warn"))
-        result.data["in_process"] = {"error": str(exc)}
+def augment_inspection(result, m: Model, log_dirs, error: Unexaminable | None = None):
+    """An `inspect` result whose model also holds the in-process witnesses of log_dirs (same pids; the
+    rules already ran on it): the verdict over the model's communicators, its tables after the tree."""
+    if error is not None:
+        result.tail.append(Text(f"In-process view: {error}", "warn"))
+        result.data["in_process"] = {"error": str(error)}
+        v = verdict.for_processes(result.data.get("processes"), result.findings, result.expect)
+        result.data["verdict"] = v.to_json()
+        result.head = verdict.doc(v)
         return result
     expect = result.expect
-    result.findings = merge_witnesses(inprocess.all_rules(m, expect), result.findings)
     v = verdict.for_model(m, result.findings, expect, processes=result.data.get("processes"))
     result.data["verdict"] = v.to_json()
     result.head = verdict.doc(v)
     result.data["communicators"] = model_json(m)["communicators"]
-    result.data["in_process"] = {"dirs": [str(d) for d in log_dirs], "processes": len(m.processes)}
+    result.data["in_process"] = {"dirs": [str(d) for d in log_dirs],
+                                 "processes": sum(1 for p in m.processes.values() if p.sources - {"proc"})}
     result.tail.extend([Title("In-process view (probes)"), *header_doc(m, log_dirs, title=False), *model_doc(m)])
     return result
-
-
-def merge_witnesses(in_process: list[Finding], exec_time: list[Finding]) -> list[Finding]:
-    """Findings of both views, one per cause: in-process first (more evidence); an exec-time finding
-    whose every process and variable an in-process finding of the same code already covers is the
-    same cause seen by a second witness, and is left out."""
-    return aggregate(dedupe([*in_process, *exec_time]))
-
-
-def _covers(f: Finding) -> set[tuple]:
-    where = [(i.get("host"), i.get("pid")) for i in f.instances] or [(None, p) for p in f.pids]
-    return {(f.code, host, pid, var) for host, pid in where for var in (f.all_vars or (None,))}
-
-
-def dedupe(findings: list[Finding]) -> list[Finding]:
-    """Where two witnesses say the same thing (same code, processes and variables), the first one given
-    stays (callers put the in-process witnesses first: they carry more evidence)."""
-    seen: set[tuple] = set()
-    out = []
-    for f in findings:
-        cover = _covers(f)
-        if cover and cover <= seen:
-            continue
-        seen |= cover
-        out.append(f)
-    return out
 
 
 # ---- presentation ---------------------------------------------------------------------------------

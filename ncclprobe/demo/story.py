@@ -69,11 +69,11 @@ def _split_at_findings(doc: list) -> tuple[list, list]:
 
 
 def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool, show_wiring: bool = False) -> Result:
-    from ncclprobe.commands import inspection, profile as profile_mod
-    profile = profile_mod.from_cli([f"{k}={v}" for k, v in TUNING.items()], [], [])
+    from ncclprobe.commands import inspection
     env = dict(os.environ)
+    env.update(TUNING)  # the operator exports the tuning (as `env K=V CMD`)
     env.update(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV,TUNING", NCCL_DEBUG_FILE=str(d / "nccl-debug.%h.%p"))
-    wiring = launch.wire(env, d, profile)
+    wiring = launch.wire(env, d)
     cmd = selfexec.module_argv("ncclprobe.demo.launcher", "--sync", sync, "--backend", backend, "--tp", tp)
     # NCCL opens NCCL_DEBUG_FILE with fopen(path, "w") (src/debug.cc ncclDebugInit), mode 0666 less the
     # umask, as the simulated NCCL does: the server's umask keeps its logs private from their creation
@@ -99,7 +99,7 @@ def _run(d: Path, sync: Path, backend: str, tp: int, t0: float, keep: bool, show
     finally:
         if rc is None:
             group.reap_group()
-    inproc = report.build_report([d], expect=dict(TUNING), exec_time=live.findings)
+    inproc = report.build_report([d], expect=dict(TUNING), proc_view=live.model)
     findings = inproc.findings
     found = {f.code for f in findings}
     unplanted = sorted({f.code for f in findings if f.severity != "info"} - set(PLANTED) - CONSEQUENCES)

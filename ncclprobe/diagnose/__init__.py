@@ -1,0 +1,41 @@
+"""The one rule set over the model of a job: propagation (diagnose/propagation), communicators and
+NCCL's reads (diagnose/inprocess), and what /proc alone shows of libraries and conf files
+(diagnose/exectime); every command runs it (`rules`), whichever witnesses fed the model."""
+from __future__ import annotations
+
+from ncclprobe.diagnose.findings import Finding, aggregate
+
+
+def rules(m, expect: dict[str, str] | None = None, recs=None, host: str | None = None) -> list[Finding]:
+    """Every finding on model m, one per cause. recs: inspect's /proc records of the same processes
+    (their libraries, conf files and unreadable environments are read from them)."""
+    from ncclprobe.diagnose import exectime, inprocess, propagation
+    from ncclprobe.diagnose.findings import with_host
+    expect = dict(expect or {})
+    found = propagation.rules(m, expect)
+    # a write a propagation finding already names as the cause of a changed value is that cause
+    named = {(f.edge["var"], f.edge["where"]) for f in found if f.edge and f.edge["kind"] == "overwritten_in_child"}
+    found += [f for f in inprocess.all_rules(m)
+              if not (f.code == "ENV_OVERRIDDEN" and (f.var, f.evidence.get("where")) in named)]
+    if recs is not None:
+        found += with_host(exectime.observations(recs), host) if host else exectime.observations(recs)
+    return aggregate(dedupe(found))
+
+
+def _covers(f: Finding) -> set[tuple]:
+    where = [(i.get("host"), i.get("pid")) for i in f.instances] or [(None, p) for p in f.pids]
+    return {(f.code, host, pid, var) for host, pid in where for var in (f.all_vars or (None,))}
+
+
+def dedupe(findings: list[Finding]) -> list[Finding]:
+    """Where two witnesses say the same thing (same code, processes and variables), the first one given
+    stays (the in-process rules come first: they carry more evidence)."""
+    seen: set[tuple] = set()
+    out = []
+    for f in findings:
+        cover = _covers(f)
+        if cover and cover <= seen:
+            continue
+        seen |= cover
+        out.append(f)
+    return out

@@ -1,4 +1,6 @@
-"""Rules on the exec-time view (`inspect`): pure functions from collected process records to findings.
+"""What the exec-time view (`inspect`'s /proc records) shows on its own: pure functions from the
+collected process records to findings (unreadable environments, libraries, conf files), and how a
+record's block is known to be stale. Propagation along the tree is diagnose/propagation's.
 
 A record is the dict `inspection` builds per process (the JSON `processes` entry) plus private keys
 starting with `_` (`_watched`: the watched part of the exec-time block; `_exp`: its values of the expected names; `_hash`, `_span`: identity of
@@ -10,10 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Mapping
 
-from ncclprobe.model import wiring
-from ncclprobe.model.tuning import NOT_READ_BY_NCCL
 from ncclprobe.diagnose.findings import Finding
-from ncclprobe.model.watched import is_watched
 
 Kinds = list[tuple[Mapping, list[int]]]  # kinds_of: a group's first record, the pids of all
 LIVE_VIEW = ("`ncclprobe run -- CMD` (or `ncclprobe inject install`) records the live environment "
@@ -111,150 +110,6 @@ def unreadable(kinds: Kinds) -> list[Finding]:
     return out
 
 
-def stale(kinds: Kinds, by_pid: Mapping[int, Mapping]) -> list[Finding]:
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for r, pids in kinds:
-        if r.get("stale"):
-            groups[(r["stale"], r["ppid"] if r["stale"] in ("fork", "forkserver") else None)].extend(pids)
-    out = []
-    for (kind, ppid), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        parent = by_pid.get(ppid) if ppid else None
-        pids_t = tuple(sorted(pids))
-        if kind == "clobbered":
-            out.append(Finding(
-                "EXEC_ENV_STALE", "warning",
-                f"{len(pids)} process(es) overwrote their exec-time environment block (setproctitle or "
-                "similar): /proc/<pid>/environ no longer shows what they started with",
-                pids_t, None, {"env_reason": [by_pid[p].get("env_reason") for p in pids_t][0],
-                               "commands": sorted({_cmd(by_pid[p]) for p in pids_t})[:5]},
-                "set SPT_NOENV=1 in the environment that starts them (py-setproctitle then leaves "
-                f"environ alone), or see the live values: {LIVE_VIEW}"))
-        elif kind == "forkserver":
-            out.append(Finding(
-                "EXEC_ENV_STALE", "warning",
-                f"{len(pids)} forkserver child(ren) of pid {ppid} show the forkserver's environment from "
-                "its start; os.environ changes made in the main process after the server started never "
-                "reach them",
-                pids_t, None, {"forkserver": ppid, "forkserver_command": _cmd(parent or {})},
-                "set the variables before the first multiprocessing Process starts (the server is "
-                "started once, on first use), or use the spawn start method; " + LIVE_VIEW))
-        else:
-            out.append(Finding(
-                "EXEC_ENV_STALE", "warning",
-                f"{len(pids)} fork child(ren) of pid {ppid} never exec'ed: /proc/<pid>/environ shows the "
-                "parent's exec-time block, not what the child really has (os.environ changes made before "
-                "the fork are invisible here)",
-                pids_t, None, {"parent": ppid, "parent_command": _cmd(parent or {}),
-                               "same": "environ block, executable, command line"},
-                "do not trust /proc for these; " + LIVE_VIEW + ". Expectations were not checked on them."))
-    return out
-
-
-def parent_diffs(kinds: Kinds, by_pid: Mapping[int, Mapping], expect: Mapping[str, str]) -> list[Finding]:
-    """Watched variables dropped or changed between a process and its parent (warnings), one finding
-    per parent, kind and set of children, naming every variable; names with an expectation are left
-    to `expectations`, which reports them as errors."""
-    # the differences of a pair of watched sets, once per pair (siblings share theirs)
-    pairs: dict[tuple[int, int], tuple[Mapping, Mapping, list[tuple[str, dict[str, tuple]]]]] = {}
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for r, pids in kinds:
-        parent = by_pid.get(r["ppid"])
-        if not r.get("in_scope") or parent is None or not readable(r) or parent.get("env_source") != "exec":
-            continue
-        mine, theirs = r["_watched"], parent["_watched"]
-        hit = pairs.get((id(mine), id(theirs)))
-        if hit is None:
-            hit = pairs[(id(mine), id(theirs))] = (mine, theirs, _watched_diff(mine, theirs, expect))
-        for code, diff in hit[2]:
-            groups[(code, r["ppid"], tuple(sorted(diff.items())))].extend(pids)
-    out = []
-    for (code, ppid, diff), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        parent = by_pid[ppid]
-        names = [v for v, _ in diff]
-        ev = {"parent": ppid, "parent_command": _cmd(parent),
-              "vars": {v: {"parent": old, "child": new} for v, (old, new) in diff}}
-        if code == "ENV_MISSING":
-            msg = (f"pid {ppid} had {', '.join(names)}, absent from the environment its child(ren) "
-                   f"{', '.join(map(str, sorted(pids)))} were started with")
-            hint = (f"whatever starts these children from pid {ppid} ({_cmd(parent)}) passes a curated "
-                    f"environment (subprocess env=, a launcher allowlist such as Ray runtime_env or "
-                    f"mpirun -x): add {', '.join(names)} there")
-        else:
-            msg = (f"{', '.join(f'{v} {old!r} -> {new!r}' for v, (old, new) in diff)}: changed between "
-                   f"pid {ppid} and its child(ren) {', '.join(map(str, sorted(pids)))}")
-            hint = (f"the code in pid {ppid} ({_cmd(parent)}) that starts them sets these; find the "
-                    "override (framework defaults, env= of the launch call) and make it keep an explicit value")
-        out.append(Finding(code, "warning", msg, tuple(sorted(pids)), names[0] if len(names) == 1 else None, ev, hint,
-                           vars=tuple(names) if len(names) > 1 else (), culprit=f"curated env from pid {ppid}"))
-    return out
-
-
-def _watched_diff(mine: Mapping[str, str], theirs: Mapping[str, str],
-                  expect: Mapping[str, str]) -> list[tuple[str, dict[str, tuple]]]:
-    """("ENV_MISSING" | "ENV_CHANGED", {var: (parent's, child's)}) for a child's and its parent's
-    watched variables; empty kinds are left out."""
-    missing: dict[str, tuple] = {}
-    changed: dict[str, tuple] = {}
-    mine, theirs = wiring.job_env(mine) or {}, wiring.job_env(theirs) or {}  # ncclprobe's wiring is not the job's
-    for var, old in theirs.items():
-        if var in expect or var in NOT_READ_BY_NCCL:
-            continue
-        new = mine.get(var)
-        if new == old:
-            continue
-        if var not in mine:
-            missing[var] = (old, None)
-        else:
-            changed[var] = (old, mine[var])
-    return [(code, d) for code, d in (("ENV_MISSING", missing), ("ENV_CHANGED", changed)) if d]
-
-
-def expectations(kinds: Kinds, by_pid: Mapping[int, Mapping], expect: Mapping[str, str]) -> list[Finding]:
-    groups: dict[tuple, list[int]] = defaultdict(list)
-    for r, pids in kinds:
-        if not r.get("in_scope") or not readable(r):
-            continue
-        for var, want in expect.items():
-            have = r["_exp"].get(var)
-            if have is None:
-                groups[("ENV_MISSING", var, want, None)].extend(pids)
-            elif have != want:
-                groups[("ENV_CHANGED", var, want, have)].extend(pids)
-    out = []
-    for (code, var, want, have), pids in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        pids_t = tuple(sorted(pids))
-        # Where to fix it: the nearest ancestor that still has the expected value.
-        origin = _last_good_ancestor(by_pid, pids_t[0], var, want)
-        # a variable outside the watched set may be a secret: compared, never shown (DESIGN §4)
-        shown = is_watched(var)
-        ev = {"expected": want if shown else NOT_SHOWN, "commands": sorted({_cmd(by_pid[p]) for p in pids_t})[:5]}
-        if origin:
-            ev["last_had_it"] = origin["pid"]
-        where = (f"it is lost between pid {origin['pid']} ({_cmd(origin)}) and these processes: check the "
-                 "env= or launcher that starts them" if origin else
-                 "export it in the environment that starts the server's root process (or use "
-                 "`ncclprobe run --set`)")
-        if code == "ENV_MISSING":
-            msg = f"{var} expected {want!r} but absent from {len(pids)} process(es)" if shown else \
-                f"{var} is expected but absent from {len(pids)} process(es)"
-        else:
-            ev["value"] = have if shown else NOT_SHOWN
-            msg = f"{var} is {have!r} in {len(pids)} process(es), expected {want!r}" if shown else \
-                f"{var} differs from the expected value in {len(pids)} process(es)"
-        out.append(Finding(code, "error", msg, pids_t, var, ev, f"set {var}{'=' + want if shown else ''}: {where}",
-                           culprit=f"lost after pid {origin['pid']}" if origin else "not in the root's environment"))
-    return out
-
-
-def _last_good_ancestor(by_pid, pid, var, want):
-    rec = by_pid.get(by_pid[pid]["ppid"])
-    while rec is not None:
-        if rec.get("env_source") == "exec" and rec["_exp"].get(var) == want:
-            return rec
-        rec = by_pid.get(rec["ppid"])
-    return None
-
-
 def _lib_version(lib: Mapping) -> str:
     v = lib.get("version") or "?"
     return f"{v} simulated" if lib.get("simulated") else v
@@ -317,31 +172,6 @@ def conf_values(kinds: Kinds) -> list[Finding]:
             for (path, var, value, line), pids in sorted(groups.items(), key=lambda kv: str(kv[0]))]
 
 
-def shell_prefix(pitfalls: list[Mapping]) -> list[Finding]:
-    """pitfalls: {"shell": pid, "shell_command", "pids": affected, "var", "value", "command",
-    "led_to_target", "kind"} as collected by inspection (shells.pitfalls on each ancestor shell)."""
-    out = []
-    for p in pitfalls:
-        if p["kind"] == "prefix":
-            msg = (f"shell pid {p['shell']} assigns {p['var']}={p['value']} only to `{p['command']}`, "
-                   f"not to `{p['led_to_target']}`, which started these processes")
-            hint = (f"export it for the whole list: `export {p['var']}={p['value']}; ...`, or put the "
-                    f"assignment right before the command: `{p['var']}={p['value']} {p['led_to_target']}`")
-        else:
-            msg = (f"shell pid {p['shell']} sets {p['var']}={p['value']} as an unexported shell variable; "
-                   f"`{p['led_to_target']}` does not get it")
-            hint = f"write `export {p['var']}={p['value']}` instead"
-        scoped_to = (p["command"] or "").split()
-        words = [w for w in scoped_to if "=" not in w]
-        culprit = (f"prefix on `{words[0]}` only (shell pid {p['shell']})" if p["kind"] == "prefix" and words
-                   else f"unexported in shell pid {p['shell']}")
-        out.append(Finding("SHELL_PREFIX_SCOPE", "warning", msg, tuple(p["pids"]), p["var"],
-                           {"shell": p["shell"], "shell_command": p["shell_command"],
-                            "assigned_in": p["command"] or "(bare assignment)",
-                            "command_that_led_here": p["led_to_target"]}, hint, culprit=culprit))
-    return out
-
-
 def kinds_of(recs: list[Mapping]) -> tuple[Kinds, dict[int, Mapping]]:
     """The records every rule here treats alike, grouped, and every record by pid. Alike: the same
     kind of process (`_alike`, set by inspection: the same command line, environment block, mappings,
@@ -364,7 +194,8 @@ def kinds_of(recs: list[Mapping]) -> tuple[Kinds, dict[int, Mapping]]:
     return list(groups.values()), by_pid
 
 
-def all_rules(recs: list[Mapping], expect: Mapping[str, str], pitfalls: list[Mapping]) -> list[Finding]:
-    kinds, by_pid = kinds_of(recs)
-    return [*unreadable(kinds), *stale(kinds, by_pid), *expectations(kinds, by_pid, expect),
-            *parent_diffs(kinds, by_pid, expect), *libraries(recs), *conf_values(kinds), *shell_prefix(pitfalls)]
+def observations(recs: list[Mapping]) -> list[Finding]:
+    """What /proc alone shows: environments it could not read, the libnccl copies mapped, the nccl.conf
+    values that apply. Where values went along the tree is diagnose/propagation's, over the model."""
+    kinds, _ = kinds_of(recs)
+    return [*unreadable(kinds), *libraries(recs), *conf_values(kinds)]

@@ -13,7 +13,7 @@ CODES = (
     "ENV_MISSING", "ENV_CHANGED", "ENV_LATE", "ENV_OVERRIDDEN", "ENV_UNREADABLE", "EXEC_ENV_STALE",
     "CONF_FILE_VALUE", "SHELL_PREFIX_SCOPE", "NCCL_MULTIPLE_LIBS", "NCCL_UNHOOKABLE",
     "COMM_TUNING_DIVERGENT", "COMM_RANKS_DIVERGENT", "ALGO_PROTO_MISMATCH", "LL128_ON_PCIE",
-    "P2P_LEVEL_LIMITS",
+    "P2P_LEVEL_LIMITS", "ENV_SET_AFTER_START",
 )
 SEVERITIES = ("error", "warning", "info")
 
@@ -35,6 +35,8 @@ class Finding:
     vars: tuple[str, ...] = ()      # every variable the cause covers, when more than `var`
     culprit: str = ""               # the culprit in a few words (file:line, the edge), for the verdict
     cause: Any = field(default=None, compare=False)  # findings with equal (code, cause) are one cause
+    # the propagation edge where a value was lost or changed (diagnose/propagation.Edge.to_json), or None
+    edge: dict[str, Any] | None = None
 
     def __post_init__(self):
         if self.code not in CODES:
@@ -58,7 +60,7 @@ class Finding:
                 "ranks": sorted({i["rank"] for i in insts if isinstance(i.get("rank"), int)}),
                 "communicators": sorted({str(i["comm"]) for i in insts if i.get("comm")}),
                 "instances": insts, "culprit": self.culprit or None,
-                "evidence": self.evidence, "hint": self.hint}
+                "edge": self.edge, "evidence": self.evidence, "hint": self.hint}
 
 
 def at(host: str | None, pid: int, rank: int | None = None, comm: str | None = None) -> dict[str, Any]:

@@ -6,17 +6,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ncclprobe.model import tuning, wiring
-from ncclprobe.model.tuning import NOT_READ_BY_NCCL
+from ncclprobe.model import tuning
 from ncclprobe.diagnose.findings import Finding, at
+from ncclprobe.diagnose.propagation import net_writes
 from ncclprobe.model import CommView, Model, ProcessView
-from ncclprobe.model.watched import is_watched
 
 # Variables that legitimately differ between processes or communicators, or only steer diagnostics.
 NOT_TUNING_PREFIXES = ("NCCL_DEBUG", "NCCLPROBE_", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN",
                        "NCCL_TUNER_PLUGIN", "NCCL_COMM_ID", "NCCL_HOSTID", "NCCL_LOCAL_RANK", "NCCL_INSPECTOR",
                        "NCCL_VERSION")  # NCCL_VERSION: a container image label, never read by NCCL
-
 
 
 def is_probe_wiring(value: str) -> bool:
@@ -49,32 +47,6 @@ def _short_where(where: str) -> str:
     """`/long/path/engine.py:11 enable_speculative` -> `engine.py:11`: the culprit in a verdict line."""
     loc = where.split(" ")[0]
     return loc.rsplit("/", 1)[-1]
-
-
-def _cmd(p: ProcessView | None) -> str:
-    argv = list((p.argv if p else None) or [(p.exe if p else None) or "?"])
-    argv[0] = argv[0].rsplit("/", 1)[-1]
-    text = " ".join(argv)
-    return text if len(text) <= 80 else text[:79] + "…"
-
-
-def program(argv: list[str] | None) -> str:
-    """What a command line runs, in a word: `python -m pkg.mod …` -> pkg.mod, `python x/serve.py` ->
-    serve.py, `/usr/bin/raylet …` -> raylet."""
-    argv = list(argv or [])
-    if not argv:
-        return "?"
-    name = argv[0].rsplit("/", 1)[-1]
-    if name.startswith("python"):
-        rest = iter(argv[1:])
-        for a in rest:
-            if a == "-m":
-                return next(rest, name)
-            if a == "-c":
-                return f"{name} -c"
-            if not a.startswith("-"):
-                return a.rsplit("/", 1)[-1]
-    return name
 
 
 def _write_between(p: ProcessView | None, var: str, t0: float, t1: float):
@@ -253,7 +225,7 @@ def unhookable(m: Model) -> list[Finding]:
 def env_overridden(m: Model) -> list[Finding]:
     out = []
     for p in m.processes.values():
-        for w in _net_writes(p):
+        for w in net_writes(p):
             if w.old is None or w.old == w.new:
                 continue
             what = "tried to change" if w.blocked else "changed"
@@ -268,29 +240,6 @@ def env_overridden(m: Model) -> list[Finding]:
                       f"remove the assignment at {w.where} or make it conditional "
                       f"(os.environ.setdefault), or pin it: ncclprobe run --pin {w.var}")))
     return out
-
-
-RESTORE_WINDOW_S = 1.0  # an unset-and-restore (accelerate's clear_environment) nets out within this
-
-
-def _net_writes(p: ProcessView) -> list:
-    """The process's writes less each change undone soon after with no NCCL read or communicator
-    between (a save/clear/restore of os.environ): those changed nothing NCCL saw."""
-    writes = sorted(p.writes, key=lambda w: w.t)
-    reads = sorted(r.t for r in p.reads.values())
-    undone: set[int] = set()
-    for i, w in enumerate(writes):
-        if w.blocked or i in undone:
-            continue
-        for j in range(i + 1, len(writes)):
-            later = writes[j]
-            if later.t - w.t > RESTORE_WINDOW_S:
-                break
-            if later.var == w.var and not later.blocked:
-                if later.new == w.old and not any(w.t <= t <= later.t for t in reads):
-                    undone.update((i, j))
-                break
-    return [w for i, w in enumerate(writes) if i not in undone]
 
 
 def env_late(m: Model) -> list[Finding]:
@@ -326,100 +275,6 @@ def env_late(m: Model) -> list[Finding]:
     return out
 
 
-def env_expected(m: Model, expect: dict[str, str]) -> list[Finding]:
-    """ENV_MISSING / ENV_CHANGED against the operator's expectation, per communicator (in-process);
-    a value its process was started without because its parent dropped it is env_vs_parent's."""
-    out = []
-    if not expect:
-        return out
-    dropped = {(p.host, p.pid): set(edge) for p, _, edge in _spawn_edges(m)}
-    watched = {var: want for var, want in expect.items() if is_watched(var)}  # the probes record no other
-    for c in m.comms:
-        if c.env is None:
-            continue
-        for var, want in watched.items():
-            have = c.env.get(var)
-            if have == want or var in dropped.get((c.host, c.pid), ()):
-                continue
-            code = "ENV_MISSING" if have is None else "ENV_CHANGED"
-            p = m.processes.get((c.host, c.pid))
-            w = _write_between(p, var, float("-inf"), c.t)
-            out.append(Finding(
-                code, "error",
-                "communicators were created with " + (f"{var} unset" if have is None else f"{var}={have!r}")
-                + f" (expected {want!r})" + (f": {w.where} set it in the process" if w else ""),
-                pids=(c.pid,), var=var, instances=(_at(c),), culprit=_short_where(w.where) if w else "",
-                cause=(var, want, have, w.where if w else None),
-                evidence={"communicator": c.ident, "expected": want, "at_creation": have, "source": c.env_source},
-                hint=(f"{w.where} set {var}={'unset' if w.new is None else w.new} in the process before the "
-                      f"communicator was created: remove or guard that write, or pin it: ncclprobe run --pin {var}"
-                      if w else f"export {var}={want} where this process is started, before NCCL initializes")))
-    return out
-
-
-def _spawn_edges(m: Model):
-    """(child, parent, {var: (parent's value, child's value)}) for each process started (not forked)
-    with NCCL variables its parent had at that moment dropped or changed; ncclprobe's wiring is not
-    the job's."""
-    for p in m.processes.values():
-        parent = m.processes.get((p.host, p.ppid)) if p.ppid else None
-        if p.start_env is None or parent is None or parent.start_env is None or p.forked_from:
-            continue
-        theirs = wiring.job_env(env_at(parent, p.t_start)) or {}
-        mine = wiring.job_env(p.start_env) or {}
-        edge = {v: (theirs[v], mine.get(v)) for v in sorted(theirs)
-                if v.startswith("NCCL_") and v not in NOT_READ_BY_NCCL and mine.get(v) != theirs[v]}
-        if edge:
-            yield p, parent, edge
-
-
-def env_vs_parent(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
-    """NCCL variables a process's parent had when it started it, which the process did not get: a
-    launcher handed it a curated environment. One finding per launching command and set of
-    variables, listing every child; an error where the operator expected one of the values."""
-    expect = expect or {}
-    out = []
-    for p, parent, edge in _spawn_edges(m):
-        for code, names in (("ENV_MISSING", [v for v, (_, new) in edge.items() if new is None]),
-                            ("ENV_CHANGED", [v for v, (_, new) in edge.items() if new is not None])):
-            if not names:
-                continue
-            launcher = _cmd(parent)
-            verb = "drops" if code == "ENV_MISSING" else "changes"
-            expected = [v for v in names if v in expect]
-            out.append(Finding(
-                code, "error" if expected else "warning",
-                f"`{launcher}` started processes with an environment that {verb} {', '.join(names)}"
-                + (f" (expected {', '.join(f'{v}={expect[v]}' for v in expected)})" if expected else ""),
-                pids=(p.pid,), var=names[0] if len(names) == 1 else None, vars=tuple(names) if len(names) > 1 else (),
-                instances=tuple(_at(c) for c in m.comms_of(p.host, p.pid)) or (at(p.host, p.pid),),
-                culprit=f"curated env from {program(parent.argv)}", cause=(code, program(parent.argv), tuple(names)),
-                evidence={"parent": parent.pid, "parent_command": launcher,
-                          "vars": {v: {"parent": edge[v][0], "child": edge[v][1]} for v in names},
-                          "child_argv": (p.argv or [])[:6]},
-                hint="the code that starts these processes passes its own environment (subprocess env=, a "
-                     f"launcher allow-list): forward {', '.join(names)} explicitly"))
-    return out
-
-
-def exec_env_stale(m: Model) -> list[Finding]:
-    out = []
-    for p in m.processes.values():
-        if not p.exec_env_differs or p.start_env is None or p.exec_env is None:
-            continue
-        diff = sorted(k for k in set(p.start_env) | set(p.exec_env) if p.start_env.get(k) != p.exec_env.get(k))
-        if not diff:
-            continue
-        out.append(Finding(
-            "EXEC_ENV_STALE", "warning",
-            f"/proc/<pid>/environ is not the live environment ({', '.join(diff)} differ"
-            f"{' — fork children' if p.forked_from else ''})",
-            pids=(p.pid,), evidence={"vars": diff, "forked_from": p.forked_from},
-            instances=(at(p.host, p.pid),), cause=(tuple(diff), bool(p.forked_from)),
-            hint="trust the in-process view (boot probe, plugins) for these processes, not /proc"))
-    return out
-
-
 def conf_file_values(m: Model) -> list[Finding]:
     """NCCL read a value the process never had in its environment nor wrote: it came from nccl.conf."""
     out = []
@@ -442,8 +297,8 @@ def conf_file_values(m: Model) -> list[Finding]:
     return out
 
 
-def all_rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
+def all_rules(m: Model) -> list[Finding]:
+    """The rules on communicators and on NCCL's reads; where values went along the process tree is
+    propagation's."""
     return [*comm_tuning_divergent(m), *comm_ranks_divergent(m), *algo_proto_mismatch(m),
-            *multiple_libs(m), *unhookable(m), *env_overridden(m), *env_late(m),
-            *env_expected(m, expect or {}), *env_vs_parent(m, expect or {}), *exec_env_stale(m),
-            *conf_file_values(m)]
+            *multiple_libs(m), *unhookable(m), *env_overridden(m), *env_late(m), *conf_file_values(m)]

@@ -3,11 +3,13 @@ its source and time. Built from the probes' event log and, where given, NCCL's o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ncclprobe.witnesses.events import EventLog
 from ncclprobe.model.tuning import canonical
 from ncclprobe.model.watched import is_watched, redact_argv
+
+if TYPE_CHECKING:
+    from ncclprobe.witnesses.events import EventLog
 
 
 @dataclass
@@ -53,6 +55,16 @@ class ProcessView:
     tuning: list[Any] = field(default_factory=list)         # NCCL log TUNING records (no comm named)
     nccl_version: int | None = None
     simulated_nccl: bool = False
+    injected: dict[str, str] = field(default_factory=dict)  # watched values the boot probe applied (--enforce)
+    # the /proc witness: inspect's records and run's watch of the tree
+    proc_exec_env: dict[str, str] | None = None   # watched exec-time environment as /proc showed it
+    proc_expected: dict[str, str] | None = None   # /proc's values of expected names (rules only, never shown)
+    proc_start: float | None = None               # start time from /proc/<pid>/stat (unix seconds)
+    proc_env_reason: str | None = None            # why proc_exec_env is missing or incomplete
+    proc_stale: str | None = None                 # fork, forkserver, clobbered: the block is not its own
+    proc_env_hash: str | None = None
+    nccl_user: bool = False                       # maps libnccl or uses a GPU, as /proc showed it
+    in_scope: bool | None = None                  # inspect's --scope (None: every process is)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -125,6 +137,22 @@ class Model:
     skipped: dict[str, int] = field(default_factory=dict)
     files: int = 0
     nccl_log: Any = None
+    shell_pitfalls: list[dict[str, Any]] = field(default_factory=list)  # witnesses.shells, per ancestor shell
+    watch: dict[str, Any] | None = None      # run's /proc watch summary
+
+    def parent(self, p: ProcessView) -> ProcessView | None:
+        return self.processes.get((p.host, p.ppid)) if p.ppid else None
+
+    @property
+    def given(self) -> dict[str, Any] | None:
+        """What `ncclprobe run` gave CMD (run.json): {"env": watched job environment, "set": --set values,
+        "enforced": --enforce values, "command": argv}, or None outside run."""
+        for r in self.runs:
+            if isinstance(r.get("given_env"), dict):
+                return {"env": _env(r["given_env"]) or {}, "set": _env(r.get("set")) or {},
+                        "enforced": _env(r.get("enforced")) or {}, "command": r.get("command") or [],
+                        "pid": r.get("run_pid")}
+        return None
 
     def process(self, host: str, pid: int) -> ProcessView:
         key = (host, pid)
@@ -199,6 +227,11 @@ def build(log: EventLog) -> Model:
             proc.forked_from = e.get("forked_from")
             proc.t_start = t
             proc.mode = e.get("mode")
+            if isinstance(e.get("start"), (int, float)) and not isinstance(e.get("start"), bool):
+                proc.proc_start = float(e["start"])  # the kernel's start (the fork), to the clock tick
+            for entry in e.get("profile") or ():  # what the boot probe applied itself (--enforce, a profile)
+                if isinstance(entry, dict) and entry.get("applied") and is_watched(str(entry.get("var"))):
+                    proc.injected[str(entry["var"])] = str(entry.get("value"))
         elif kind == "env_write":
             proc.writes.append(EnvWrite(str(e.get("var")), e.get("old"), e.get("new"), str(e.get("where", "?")),
                                         str(e.get("op", "set")), bool(e.get("blocked")), t))
@@ -289,3 +322,40 @@ def _add_coll(c: CommView, e: dict[str, Any]) -> None:
         c.colls[key] = CollStat(*key, bmin, bmax, count)
     else:
         s.bytes_min, s.bytes_max, s.count = min(s.bytes_min, bmin), max(s.bytes_max, bmax), s.count + count
+
+
+def add_records(m: Model, recs, host: str) -> Model:
+    """Feed inspect's /proc records (commands/inspection: the private `_` keys still on them) into the
+    model as the /proc witness of each process; the in-process witnesses of the same pids stay."""
+    for r in recs:
+        p = m.process(host, r["pid"])
+        p.sources.add("proc")
+        p.ppid = p.ppid if p.ppid is not None else r.get("ppid")
+        p.argv = p.argv or r.get("cmdline") or None
+        p.exe = p.exe or r.get("exe")
+        readable = r.get("env_source") == "exec"
+        p.proc_exec_env = dict(r.get("_watched") or {}) if readable else None
+        p.proc_expected = dict(r.get("_exp") or {}) if readable else None
+        p.proc_start = r.get("_start")
+        p.proc_env_reason = None if readable else (r.get("env_reason") or r.get("env_source"))
+        p.proc_stale = r.get("stale")
+        p.proc_env_hash = r.get("_hash")
+        p.nccl_user = bool(r.get("nccl_libs") or r.get("gpus"))
+        p.in_scope = r.get("in_scope")
+    return m
+
+
+def add_proc_view(m: Model, other: Model) -> Model:
+    """The /proc witness of another model of the same job (a live inspect of it) joined into m."""
+    for key, q in other.processes.items():
+        if "proc" not in q.sources:
+            continue
+        p = m.process(*key)
+        p.sources.add("proc")
+        for name in ("proc_exec_env", "proc_expected", "proc_start", "proc_env_reason", "proc_stale",
+                     "proc_env_hash", "nccl_user", "in_scope"):
+            setattr(p, name, getattr(q, name))
+        p.ppid = p.ppid if p.ppid is not None else q.ppid
+        p.argv, p.exe = p.argv or q.argv, p.exe or q.exe
+    m.shell_pitfalls = [*m.shell_pitfalls, *other.shell_pitfalls]
+    return m

@@ -1,0 +1,620 @@
+"""Propagation rules: where in the process tree a value was lost or changed.
+
+For each variable that matters (expected by the operator, or an NCCL variable some process of the job
+had), each affected process is followed up its ancestry to the one edge where its value went another
+way, and the finding names that edge with its evidence: the parent set it after the child (or the
+intermediate that started it) had started; the parent had it and started the child with a curated
+environment; a non-Python process had it and its children do not; the process changed it itself; a
+shell assigned it to another command only; no ancestor ever had it. Every witness of the model feeds
+the same rules (the boot probe's start environment and writes, /proc's exec-time environment from
+`inspect` or `run`'s watch, the communicators' environment at creation); a process no witness can
+tell about is a stated blind spot, never a guess.
+
+The affected processes are the job's endpoints: the processes that use NCCL (a communicator, libnccl
+mapped, a GPU) or, where none does, the ones that start no other process. Intermediates (launchers,
+daemons, shells, servers) are named in the edge, not counted as affected.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncclprobe.diagnose.findings import Finding, at
+from ncclprobe.model import Model, ProcessView
+from ncclprobe.model import wiring
+from ncclprobe.model.tuning import NOT_READ_BY_NCCL
+from ncclprobe.model.watched import is_watched
+
+LIVE_VIEW = ("`ncclprobe run -- CMD` (or `ncclprobe inject install`) records the live environment from "
+             "inside each process")
+NOT_SHOWN = "<not shown: outside the watched set>"
+RESTORE_WINDOW_S = 1.0   # an unset-and-restore (accelerate's clear_environment) nets out within this
+# launcher helpers that run no user code: never endpoints of the job
+HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker")
+SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ash", "busybox")
+
+
+# --------------------------------------------------------------------------------- what is known
+@dataclass
+class Timeline:
+    """What the witnesses know of one process's environment over time: where it started, the writes
+    after that (time order, net of unset-and-restore), and what that rests on."""
+    start: dict[str, str]
+    writes: list
+    basis: str                 # in words, for the evidence
+    witnesses: tuple[str, ...]
+    complete: bool             # False: in-process writes were not witnessed (/proc alone)
+
+    def at(self, t: float | None) -> dict[str, str]:
+        env = dict(self.start)
+        for w in self.writes:
+            if t is not None and w.t > t:
+                break
+            if w.new is None:
+                env.pop(w.var, None)
+            else:
+                env[w.var] = w.new
+        return env
+
+    @property
+    def final(self) -> dict[str, str]:
+        return self.at(None)
+
+
+def net_writes(p: ProcessView) -> list:
+    """p's writes that took effect (not blocked by a pin), less each change undone within
+    RESTORE_WINDOW_S with no NCCL read or communicator between (a save/clear/restore of os.environ)."""
+    writes = sorted((w for w in p.writes if not w.blocked), key=lambda w: w.t)
+    reads = sorted(r.t for r in p.reads.values())
+    undone: set[int] = set()
+    for i, w in enumerate(writes):
+        if i in undone:
+            continue
+        for j in range(i + 1, len(writes)):
+            later = writes[j]
+            if later.t - w.t > RESTORE_WINDOW_S:
+                break
+            if later.var == w.var:
+                if later.new == w.old and not any(w.t <= t <= later.t for t in reads):
+                    undone.update((i, j))
+                break
+    return [w for i, w in enumerate(writes) if i not in undone]
+
+
+def is_python(p: ProcessView) -> bool:
+    if "boot" in p.sources:
+        return True
+    names = [x.rsplit("/", 1)[-1] for x in ((p.exe or ""), ((p.argv or [""])[0]))]
+    return any(n.startswith("python") or n.startswith("pypy") for n in names)
+
+
+def is_forkserver(p: ProcessView | None) -> bool:
+    return p is not None and any("multiprocessing.forkserver" in a for a in p.argv or ())
+
+
+def is_shell(p: ProcessView | None) -> bool:
+    if p is None:
+        return False
+    name = ((p.exe or "") or (p.argv or [""])[0]).rsplit("/", 1)[-1]
+    return name in SHELLS
+
+
+def start_of(p: ProcessView) -> float | None:
+    """When p started: /proc's start time (the fork) where known, else the boot probe's start."""
+    return p.proc_start if p.proc_start is not None else p.t_start
+
+
+class Knowledge:
+    """The model's processes as the propagation rules read them, with each one's timeline (memoised)."""
+
+    def __init__(self, m: Model):
+        self.m = m
+        self._tl: dict[tuple[str, int], Timeline | None] = {}
+        self.children: dict[tuple[str, int], list[ProcessView]] = defaultdict(list)
+        for p in m.processes.values():
+            parent = m.parent(p)
+            if parent is not None and parent is not p:
+                self.children[parent.key].append(p)
+
+    def via(self, p: ProcessView) -> str:
+        parent = self.m.parent(p)
+        forked = bool(p.forked_from) or p.proc_stale in ("fork", "forkserver")
+        if forked and (p.proc_stale == "forkserver" or is_forkserver(parent)):
+            return "forkserver"
+        if forked:
+            return "fork"
+        if any("multiprocessing.spawn" in a or "spawn_main" in a for a in p.argv or ()):
+            return "spawn"
+        return "exec"
+
+    def timeline(self, p: ProcessView) -> Timeline | None:
+        if p.key in self._tl:
+            return self._tl[p.key]
+        self._tl[p.key] = None  # a cycle in a foreign log's ppids ends here
+        tl = self._timeline(p)
+        self._tl[p.key] = tl
+        return tl
+
+    def _timeline(self, p: ProcessView) -> Timeline | None:
+        writes = net_writes(p)
+        if p.start_env is not None:
+            return Timeline(dict(p.start_env), writes, "boot probe (start environment and every write)",
+                            ("boot",), True)
+        parent = self.m.parent(p)
+        if self.via(p) in ("fork", "forkserver") or p.proc_stale == "clobbered":
+            # a fork child's environment is its parent's at the fork; /proc shows only the parent's block
+            ptl = self.timeline(parent) if parent is not None and p.proc_stale != "clobbered" else None
+            server = self.via(p) == "forkserver"
+            if ptl is None or not (ptl.complete or server):
+                return None
+            return Timeline(ptl.at(start_of(p)), writes, f"its parent's (pid {parent.pid}) at the fork",
+                            ptl.witnesses, ptl.complete and not is_python(p))
+        if p.proc_exec_env is not None:
+            return Timeline(dict(p.proc_exec_env), writes, "/proc (the environment it was started with)",
+                            ("proc",), not is_python(p))
+        return None
+
+    def value(self, p: ProcessView, var: str, t: float | None = None) -> tuple[bool, str | None]:
+        """(known, value) of var in p at time t (None: now)."""
+        tl = self.timeline(p)
+        if tl is None:
+            return False, None
+        if not is_watched(var):  # the model keeps only watched names; /proc read the expected ones
+            return p.proc_expected is not None, (p.proc_expected or {}).get(var)
+        return True, tl.at(t).get(var)
+
+    def endpoints(self) -> list[ProcessView]:
+        """The processes the job's values matter in (see the module's docstring)."""
+        scoped = [p for p in self.m.processes.values() if p.in_scope is not False and not _helper(p)]
+        users = [p for p in scoped if self.m.comms_of(p.host, p.pid) or p.libs or p.nccl_user]
+        if users:
+            return users
+        return [p for p in scoped if not [c for c in self.children[p.key] if not _helper(c)]]
+
+
+def _helper(p: ProcessView) -> bool:
+    return any(mark in a for a in p.argv or () for mark in HELPER_MARKS)
+
+
+# ------------------------------------------------------------------------------------ the edge
+@dataclass
+class Edge:
+    kind: str
+    var: str
+    parent: ProcessView | None
+    children: list[ProcessView] = field(default_factory=list)
+    where: str | None = None
+    written_at: float | None = None
+    old: str | None = None
+    new: str | None = None
+    via: str | None = None
+    launcher: str | None = None
+    witnesses: tuple[str, ...] = ()
+    pitfall: dict[str, Any] | None = None
+    parent_label: str | None = None   # where the parent is no process of the model (ncclprobe run)
+    parent_pid: int | None = None     # ... and its pid, where it has one (an ancestor shell outside the tree)
+
+    @property
+    def key(self) -> tuple:
+        return (self.kind, self.var, self.parent.key if self.parent else self.parent_label, self.where,
+                self.pitfall["shell"] if self.pitfall else None)
+
+    def to_json(self) -> dict[str, Any]:
+        starts = [s for s in (start_of(c) for c in self.children) if s is not None]
+        return {"kind": self.kind, "var": self.var, "parent": self.parent.pid if self.parent else self.parent_pid,
+                "parent_command": _cmd(self.parent) if self.parent else self.parent_label,
+                "children": sorted({c.pid for c in self.children}), "where": self.where,
+                "written_at": self.written_at, "started_at": min(starts) if starts else None,
+                "via": self.via, "launcher": self.launcher, "witnesses": sorted(set(self.witnesses))}
+
+
+def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float | None) -> Edge:
+    """The edge on e's ancestry where var stopped being target (e checked at time t, None: now)."""
+    m = k.m
+    x, below, seen = e, None, set()
+    while x.key not in seen:
+        seen.add(x.key)
+        tl = k.timeline(x)
+        if tl is None:  # a process on the way no witness can tell about
+            return Edge("unseen", var, x, [below or x], via=k.via(below or x))
+        upto = t if below is None else start_of(below)
+        if _get(tl.start, var) == target:  # lost inside x: its own write
+            w = _last_change(tl, var, target, upto)
+            if w is None:
+                return Edge("unseen", var, x, [below or x], via=k.via(below or x), witnesses=tl.witnesses)
+            return Edge("overwritten_in_child", var, x, [x], w.where, w.t, w.old, w.new, k.via(x),
+                        witnesses=tl.witnesses)
+        pit = _pitfall(m, x, e, var)
+        if pit is not None:
+            shell = next((p for p in m.processes.values() if p.pid == pit["shell"] and p.host == x.host), None)
+            return Edge("shell_prefix", var, shell, [x], via=k.via(x), launcher="shell", witnesses=("proc",),
+                        pitfall=pit, parent_label=pit.get("shell_command"), parent_pid=pit["shell"])
+        parent = m.parent(x)
+        if parent is None:
+            given = m.given
+            if given is not None and x.ppid == given.get("pid") and _get(given["env"], var) == target:
+                return Edge("curated_env", var, None, [x], via="exec", launcher=_launcher(m, x, None, given),
+                            witnesses=tl.witnesses + ("run",),
+                            parent_label="ncclprobe run (the environment it gave CMD)")
+            return Edge("not_in_root", var, x, [x], via=k.via(x), launcher=_launcher(m, x, None, given),
+                        witnesses=tl.witnesses + (("run",) if given is not None else ()))
+        ptl = k.timeline(parent)
+        if ptl is None:
+            return Edge("unseen", var, parent, [x], via=k.via(x))
+        s = start_of(x)
+        if _get(ptl.at(s), var) == target:  # the parent had it when x started
+            kind = "curated_env" if is_python(parent) or is_shell(parent) else "dropped_by_intermediate"
+            return Edge(kind, var, parent, [x], via=k.via(x), launcher=_launcher(m, x, parent),
+                        witnesses=ptl.witnesses + tl.witnesses)
+        late = [w for w in ptl.writes if w.var == var and w.new == target and s is not None and w.t > s]
+        if late:  # ... and got it only after x had started
+            w = late[0]
+            return Edge("set_after_start", var, parent, [x], w.where, w.t, w.old, w.new, k.via(x),
+                        launcher=_launcher(m, x, parent), witnesses=ptl.witnesses + tl.witnesses)
+        x, below = parent, x
+    return Edge("unseen", var, x, [below or x])
+
+
+def _get(env: dict[str, str] | None, var: str) -> str | None:
+    return (env or {}).get(var)
+
+
+def _last_change(tl: Timeline, var: str, target: str | None, t: float | None):
+    hits = [w for w in tl.writes if w.var == var and (t is None or w.t <= t) and w.new != target]
+    return hits[-1] if hits else None
+
+
+def _pitfall(m: Model, x: ProcessView, e: ProcessView, var: str) -> dict[str, Any] | None:
+    for pit in m.shell_pitfalls:
+        if pit["var"] == var and (x.pid in pit["pids"] or e.pid in pit["pids"]) and pit["shell"] == x.ppid:
+            return pit
+    return None
+
+
+# ------------------------------------------------------------------------------ launchers, hints
+def _texts(p: ProcessView | None) -> str:
+    return " ".join(p.argv or ([p.exe] if p and p.exe else [])) if p is not None else ""
+
+
+def _launcher(m: Model, x: ProcessView, parent: ProcessView | None, given: dict | None = None) -> str | None:
+    """The launcher around an edge, from the command lines of the parent, the child and their ancestors."""
+    chain, p = [x], parent
+    while p is not None and len(chain) < 16:
+        chain.append(p)
+        p = m.parent(p)
+    texts = [_texts(q) for q in chain]
+    if given is not None and parent is None:
+        texts.append(" ".join(given.get("command") or ()))
+    joined = " \n".join(texts)
+    near = " ".join(texts[:2] + ([" ".join(given.get("command") or ())] if given and parent is None else []))
+    if "raylet" in joined or "ray::" in joined or "ray/_private" in joined or "default_worker.py" in joined:
+        return "ray"
+    if any(w in joined for w in ("mpirun", "mpiexec", "orted", "prterun", "prted")):
+        return "mpirun"
+    for marker in (" env -i", "env -i ", " --ignore-environment"):
+        if marker in " " + near:
+            return "env -i"
+    if "multiprocessing.forkserver" in joined:
+        return "multiprocessing forkserver"
+    if "multiprocessing.spawn" in near or "spawn_main" in near:
+        return "multiprocessing spawn"
+    if "torch.distributed.run" in joined or "torchrun" in joined or "torch.distributed.launch" in joined:
+        return "torchrun"
+    if parent is not None and is_shell(parent):
+        return "shell"
+    return None
+
+
+def _hint(edge: Edge, target: str | None, shown: bool) -> str:
+    var = edge.var
+    value = f"{var}={target}" if shown and target is not None else var
+    la, kind = edge.launcher, edge.kind
+    child = program(edge.children[0].argv) if edge.children else "the child"
+    if kind == "set_after_start":
+        at_ = f" ({edge.where})" if edge.where else ""
+        if la == "ray":
+            return (f"set {value} before ray.init(){at_}: the raylet and the workers it starts copy the driver's "
+                    f"environment when ray.init() starts them; or pass runtime_env={{\"env_vars\": "
+                    f"{{\"{var}\": \"{target}\"}}}} to ray.init() or to the actor/task options")
+        if edge.via == "forkserver" or la == "multiprocessing forkserver":
+            return (f"set {value} before the first multiprocessing start{at_}: the forkserver is started once, on "
+                    "first use, and its children copy its environment; or set it in the worker (a Pool/Process "
+                    "target, a ProcessPoolExecutor initializer)")
+        if edge.via == "fork":
+            return (f"set {value} before the Pool/Process/ProcessPoolExecutor is created{at_}: fork children "
+                    "copy the parent's environment at the fork; or set it in the worker (a Pool initializer or a "
+                    "ProcessPoolExecutor initializer)")
+        if edge.via == "spawn":
+            return (f"set {value} before the Process/Pool/ProcessPoolExecutor starts its workers{at_}: each "
+                    "spawned worker copies the parent's environment when it starts; or set it in the worker (a "
+                    "Pool or ProcessPoolExecutor initializer)")
+        if la == "torchrun":
+            return (f"set {value} before torchrun is started{at_}: torchrun and its workers copy the "
+                    "environment at their start")
+        return (f"set {value} before `{child}` is started{at_}: a process copies its parent's environment when it "
+                "starts, and later writes in the parent never reach it")
+    if kind == "curated_env":
+        if la == "env -i":
+            return f"`env -i` starts the command with an empty environment: name {value} after `env -i`"
+        if edge.parent is None:
+            return f"something in CMD's command line starts `{child}` without {var}: forward {value} there"
+        if la == "mpirun":
+            return f"mpirun forwards only what it is told to: add `-x {var}` (or set it in the rank's wrapper)"
+        if la == "ray":
+            return f"pass runtime_env={{\"env_vars\": {{\"{var}\": \"{target}\"}}}} where the actors are created"
+        return (f"the code in `{_cmd(edge.parent)}` that starts `{child}` passes its own environment "
+                f"(subprocess env=, a launcher allow-list): forward {var} (e.g. env={{**os.environ, ...}})")
+    if kind == "dropped_by_intermediate":
+        who = program(edge.parent.argv if edge.parent else None)
+        if la == "mpirun":
+            return f"{who} forwards only what it is told to: add `mpirun -x {var}`"
+        if la == "ray":
+            return (f"{who} starts workers with its own environment: pass runtime_env={{\"env_vars\": "
+                    f"{{\"{var}\": \"{target}\"}}}} (ray.init or the actor options)")
+        return (f"{who} (not Python) filters the environment of the processes it starts: add {var} to its "
+                "allow-list or configuration, or set it in the worker itself")
+    if kind == "overwritten_in_child":
+        return (f"remove or guard the write at {edge.where} (os.environ.setdefault), or pin it: "
+                f"ncclprobe run --pin {var}")
+    if kind == "shell_prefix":
+        pit = edge.pitfall or {}
+        if pit.get("kind") == "prefix":
+            return (f"export it for the whole script: `export {var}={pit.get('value')}`, or put the assignment "
+                    f"right before the command: `{var}={pit.get('value')} {pit.get('led_to_target')}`")
+        return f"write `export {var}={pit.get('value')}` instead"
+    if kind == "unseen":
+        return (f"set {value} where the job starts and see where it goes: {LIVE_VIEW}")
+    # not_in_root
+    if edge.launcher == "env -i":
+        return f"`env -i` starts the command with an empty environment: name {value} after `env -i`"
+    return (f"export {value} in the environment that starts pid {edge.parent.pid if edge.parent else '?'} "
+            f"({program(edge.parent.argv) if edge.parent else '?'}), or use `ncclprobe run --set {value} -- CMD`")
+
+
+def program(argv: list[str] | None) -> str:
+    """What a command line runs, in a word: `python -m pkg.mod …` -> pkg.mod, `python x/serve.py` ->
+    serve.py, `/usr/bin/raylet …` -> raylet."""
+    argv = list(argv or [])
+    if not argv:
+        return "?"
+    name = argv[0].rsplit("/", 1)[-1]
+    if name.startswith("python"):
+        rest = iter(argv[1:])
+        for a in rest:
+            if a == "-m":
+                return next(rest, name)
+            if a == "-c":
+                code = next(rest, "")
+                for mark, word in (("multiprocessing.forkserver", "multiprocessing forkserver"),
+                                   ("spawn_main", "multiprocessing spawn worker"),
+                                   ("resource_tracker", "multiprocessing resource tracker")):
+                    if mark in code:
+                        return word
+                return f"{name} -c"
+            if not a.startswith("-"):
+                return a.rsplit("/", 1)[-1]
+    return name
+
+
+def _cmd(p: ProcessView | None) -> str:
+    argv = list((p.argv if p else None) or [(p.exe if p else None) or "?"])
+    argv[0] = argv[0].rsplit("/", 1)[-1]
+    text = " ".join(argv)
+    return text if len(text) <= 80 else text[:79] + "…"
+
+
+def _short_where(where: str | None) -> str:
+    return (where or "").split(" ")[0].rsplit("/", 1)[-1]
+
+
+# -------------------------------------------------------------------------------------- the rules
+def variables(m: Model, k: Knowledge, expect: dict[str, str]) -> list[str]:
+    """The expected names, then every NCCL variable (not ncclprobe's wiring, not one NCCL never reads)
+    that some process had at some time."""
+    names: dict[str, None] = dict.fromkeys(expect)
+    for p in m.processes.values():
+        tl = k.timeline(p)
+        envs = [tl.start, *({w.var: w.new or ""} for w in tl.writes)] if tl else []
+        for env in envs:
+            for v in wiring.job_env(env) or {}:
+                if v.startswith("NCCL_") and v not in NOT_READ_BY_NCCL:
+                    names.setdefault(v)
+    return list(names)
+
+
+def _reference(k: Knowledge, e: ProcessView, var: str) -> tuple[bool, str | None]:
+    """(found, value): the value of var of e's nearest ancestor that had it (its latest value)."""
+    p, seen = k.m.parent(e), set()
+    while p is not None and p.key not in seen:
+        seen.add(p.key)
+        tl = k.timeline(p)
+        if tl is not None:
+            values = [tl.start.get(var), *(w.new for w in tl.writes if w.var == var)]
+            if any(v is not None for v in values):
+                return True, tl.final.get(var) if tl.final.get(var) is not None else values[-1]
+        p = k.m.parent(p)
+    given = k.m.given
+    if given is not None and var in given["env"]:
+        return True, given["env"][var]
+    return False, None
+
+
+def cause_of(edge: Edge, have: str | None) -> tuple:
+    """What makes findings one cause: the write for a write, the launching process for a spawn, the shell
+    line for a shell (every variable an edge lost is one finding)."""
+    if edge.kind == "overwritten_in_child":
+        return (edge.kind, edge.where, edge.var)
+    if edge.kind == "set_after_start":
+        return (edge.kind, edge.parent.key if edge.parent else None, edge.where)
+    if edge.kind == "shell_prefix":
+        return (edge.kind, edge.parent_pid, edge.var)
+    return (edge.kind, edge.parent.key if edge.parent else edge.parent_label, have is None)
+
+
+def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
+    """ENV_MISSING / ENV_CHANGED / ENV_SET_AFTER_START / ENV_OVERRIDDEN / SHELL_PREFIX_SCOPE, one finding
+    per edge, and EXEC_ENV_STALE for the endpoints no witness can tell about."""
+    expect = dict(expect or {})
+    k = Knowledge(m)
+    names = variables(m, k, expect)
+    groups: dict[tuple, dict[str, Any]] = {}
+    blind: dict[tuple, list[ProcessView]] = defaultdict(list)
+    _pitfall_groups(m, expect, groups)
+    for e in k.endpoints():
+        if k.timeline(e) is None:
+            parent = m.parent(e)
+            blind[(k.via(e), parent.pid if parent else None, e.proc_stale or e.proc_env_reason)].append(e)
+            continue
+        comms = [c for c in m.comms_of(e.host, e.pid) if c.env is not None]
+        for var in names:
+            want = expect.get(var)
+            checks = ([(c.env.get(var) if is_watched(var) else k.value(e, var, c.t)[1], c.t, c) for c in comms]
+                      or [(k.value(e, var)[1], None, None)])
+            for have, t, comm in checks:
+                if var in expect:
+                    if have == want:
+                        continue
+                    target = want
+                else:
+                    found, target = _reference(k, e, var)
+                    if not found or target is None or have == target:
+                        continue
+                edge = locate(k, e, var, target, t)
+                g = groups.setdefault(cause_of(edge, have), {"edge": edge, "items": {}, "pids": [],
+                                                             "instances": [], "children": []})
+                g["items"].setdefault(var, (target, have))
+                g["children"].extend(c for c in edge.children if c not in g["children"])
+                if e.pid not in g["pids"]:
+                    g["pids"].append(e.pid)
+                inst = at(e.host, e.pid, comm.rank, comm.group or comm.ident) if comm else at(e.host, e.pid)
+                if inst not in g["instances"]:
+                    g["instances"].append(inst)
+    out = [_finding(m, g, expect) for g in groups.values() if g["pids"]]
+    out += _blind(m, k, blind)
+    return out
+
+
+def _pitfall_groups(m: Model, expect: dict[str, str], groups: dict) -> None:
+    """Every shell pitfall is a finding of its own (SHELL_PREFIX_SCOPE); the endpoints lost at that shell
+    join it."""
+    for pit in m.shell_pitfalls:
+        shell = next((p for p in m.processes.values() if p.pid == pit["shell"]), None)
+        edge = Edge("shell_prefix", pit["var"], shell, [], launcher="shell", witnesses=("proc",), pitfall=pit,
+                    parent_label=pit.get("shell_command"), parent_pid=pit["shell"])
+        g = groups.setdefault(cause_of(edge, None), {"edge": edge, "items": {}, "pids": [], "instances": [],
+                                                     "children": []})
+        g["items"].setdefault(pit["var"], (expect.get(pit["var"], pit["value"]), None))
+        g["pids"].extend(p for p in pit["pids"] if p not in g["pids"])
+
+
+def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
+    edge: Edge = g["edge"]
+    edge.children = g["children"] or edge.children
+    items: dict[str, tuple] = g["items"]
+    names = list(items)
+    var = names[0]
+    target, have = items[var]
+    shown = all(is_watched(v) for v in names)
+    expected = [v for v in names if v in expect]
+    sev = "error" if expected else "warning"
+
+    def sv(v):
+        return "unset" if v is None else (repr(v) if shown else "<value>")
+    plural = len(names) > 1
+    values = ", ".join(f"{v}={sv(items[v][0])}" if items[v][0] is not None else f"{v} unset" for v in names)
+    what = (f"{values} expected" if expected else values)
+    pids = sorted(set(g["pids"]))
+    n = len(pids)
+    pid_text = f"{n} process(es) ({', '.join(map(str, pids[:8]))}{'…' if n > 8 else ''})"
+    ev: dict[str, Any] = {"vars": {v: {"expected" if v in expect else "reference": t if shown else NOT_SHOWN,
+                                       "value": h if shown else NOT_SHOWN} for v, (t, h) in items.items()},
+                          "affected": pids}
+    parent = edge.parent
+    pdesc = f"pid {parent.pid} ({program(parent.argv)})" if parent else (edge.parent_label or "?")
+    inter = [c for c in edge.children if c.pid not in pids]
+    via_inter = f" through {', '.join(f'pid {c.pid} ({program(c.argv)})' for c in inter[:3])}" if inter else ""
+    them = "them" if plural else "it"
+    kind = edge.kind
+    code = "ENV_MISSING" if all(h is None for _, h in items.values()) else "ENV_CHANGED"
+    if kind == "shell_prefix":
+        pit = edge.pitfall
+        code = "SHELL_PREFIX_SCOPE"
+        if pit["kind"] == "prefix":
+            msg = (f"shell pid {pit['shell']} assigns {pit['var']}={pit['value']} only to `{pit['command']}`, "
+                   f"not to `{pit['led_to_target']}`, which started {pid_text}")
+        else:
+            msg = (f"shell pid {pit['shell']} sets {pit['var']}={pit['value']} as an unexported shell variable; "
+                   f"`{pit['led_to_target']}` does not get it ({pid_text})")
+        words = [w for w in (pit.get("command") or "").split() if "=" not in w]
+        culprit = (f"prefix on `{words[0]}` only (shell pid {pit['shell']})" if pit["kind"] == "prefix" and words
+                   else f"unexported in shell pid {pit['shell']}")
+        ev.update({"shell": pit["shell"], "shell_command": pit.get("shell_command"),
+                   "assigned_in": pit.get("command") or "(bare assignment)",
+                   "command_that_led_here": pit.get("led_to_target")})
+        sev = "error" if expected and expect.get(var) == pit["value"] else "warning"
+    elif kind == "set_after_start":
+        code = "ENV_SET_AFTER_START"
+        ev.update(where=edge.where, written_at=edge.written_at, new=edge.new)
+        started = [s for s in (start_of(c) for c in edge.children) if s is not None]
+        dt = f" {edge.written_at - min(started):.2f} s" if started and edge.written_at else ""
+        how = {"fork": "been forked", "forkserver": "been forked by the forkserver",
+               "spawn": "been spawned"}.get(edge.via, "started")
+        first = ", ".join(f"pid {c.pid} ({program(c.argv)})" for c in inter[:3]) if inter else "the processes"
+        msg = (f"{edge.where or pdesc} set {var}={sv(edge.new)}{dt} after {first} had {how}: {pid_text} never "
+               f"got it" + (f" ({what})" if expected and target != edge.new else ""))
+        culprit = f"set after start at {_short_where(edge.where)}"
+    elif kind == "overwritten_in_child":
+        code = "ENV_OVERRIDDEN"
+        ev.update(where=edge.where, old=edge.old, new=edge.new, t=edge.written_at)
+        msg = (f"{edge.where} changed {var} from {sv(edge.old)} to {sv(edge.new)} in {pid_text}"
+               + (f" ({what})" if expected else ""))
+        culprit = _short_where(edge.where)
+    elif kind == "curated_env":
+        msg = (f"{what}, but {pid_text} were started without {them}{via_inter}: {pdesc} had {them} and started "
+               f"them with an environment of its own" if code == "ENV_MISSING" else
+               f"{what}, but {pid_text} got other values{via_inter}: {pdesc} had {them} and started them with "
+               "an environment of its own")
+        culprit = f"curated env from {program(parent.argv) if parent else 'ncclprobe run'}"
+    elif kind == "dropped_by_intermediate":
+        msg = (f"{what}, but {pid_text} do not have {them}: {pdesc}, not Python, had {them} in its environment "
+               f"and started{via_inter or ' them'} without")
+        culprit = f"dropped by {program(parent.argv) if parent else '?'}"
+    elif kind == "unseen":
+        msg = (f"{what}, but {pid_text} {'lack' if code == 'ENV_MISSING' else 'differ'}; the edge where it went "
+               f"is above {pdesc}, whose environment no witness could read")
+        culprit = f"lost above pid {parent.pid}" if parent else "lost (edge unseen)"
+    else:  # not_in_root
+        msg = (f"{what}, but {'absent from' if code == 'ENV_MISSING' else 'other values in'} {pid_text}: the root "
+               f"{pdesc} was started without {them}" + (" (ncclprobe run did not give it to CMD)" if m.given else ""))
+        if parent is not None and is_python(parent) and "boot" not in parent.sources:
+            msg += (f"; /proc shows only what pid {parent.pid} was started with, so a write inside it (after it "
+                    "started these) is not visible here")
+        culprit = "not in the root's environment"
+    return Finding(code, sev, msg, tuple(pids), None if plural else var, ev, _hint(edge, target, shown),
+                   instances=tuple(g["instances"]), vars=tuple(names) if plural else (), culprit=culprit,
+                   cause=("edge",) + cause_of(edge, have), edge=edge.to_json())
+
+
+def _blind(m: Model, k: Knowledge, blind: dict[tuple, list[ProcessView]]) -> list[Finding]:
+    """The endpoints no witness can tell about: stated, with what would show them."""
+    out = []
+    for key, members in blind.items():
+        pids = tuple(sorted({p.pid for p in members}))
+        via, ppid, reason = key
+        if via == "fork" and reason in (None, "fork"):
+            msg = (f"{len(pids)} fork child(ren) of pid {ppid} never exec'ed: their environment is pid {ppid}'s "
+                   "at the fork, which /proc cannot show (it shows the parent's exec-time block): expectations "
+                   "were not checked on them")
+        elif reason == "clobbered":
+            msg = (f"{len(pids)} process(es) overwrote their exec-time environment block (setproctitle or similar): "
+                   "/proc no longer shows what they started with; expectations were not checked on them")
+        else:
+            msg = (f"the environment of {len(pids)} process(es) could not be read ({reason or 'no witness'}): "
+                   "expectations were not checked on them")
+        out.append(Finding("EXEC_ENV_STALE", "warning", msg, pids, None,
+                           {"parent": ppid, "via": via, "reason": reason, "unchecked": list(pids)},
+                           ("set SPT_NOENV=1 where they start (py-setproctitle then leaves environ alone), or "
+                            if reason == "clobbered" else "") + "see the live values: " + LIVE_VIEW,
+                           instances=tuple(at(p.host, p.pid) for p in members), cause=("blind",) + key))
+    return out
