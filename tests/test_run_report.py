@@ -144,9 +144,15 @@ def test_an_unmet_expectation_fails_a_successful_run(tmp_path):
     assert r.returncode == 0 and "ENV_MISSING" not in r.stdout
 
 
-def test_an_expectation_no_communicator_could_meet_is_reported_unchecked(tmp_path):
+def test_without_a_communicator_the_expectation_is_checked_on_each_process_and_the_report_says_so(tmp_path):
     r = cli("run", "--dir", str(tmp_path / "l"), "--expect", "NCCL_PROTO=LL", "--", sys.executable, "-c", "pass")
-    assert r.returncode == 0 and "--expect NCCL_PROTO=LL was not checked: no communicator was seen" in r.stdout
+    assert r.returncode == 1 and "No communicator was seen: --expect NCCL_PROTO=LL was checked on each process" in r.stdout
+    out = json.loads(cli("report", str(tmp_path / "l"), "--expect", "NCCL_PROTO=LL", "--json").stdout)
+    [f] = [f for f in out["findings"] if f["severity"] == "error"]
+    assert f["code"] == "ENV_MISSING" and f["var"] == "NCCL_PROTO" and f["edge"]["kind"] == "not_in_root"
+    r = cli("run", "--dir", str(tmp_path / "m"), "--set", "NCCL_PROTO=LL", "--expect", "NCCL_PROTO=LL", "--",
+            sys.executable, "-c", "pass")
+    assert r.returncode == 0, r.stdout
 
 
 def test_ctrl_c_leaves_no_process_behind(tmp_path):

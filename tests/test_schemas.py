@@ -217,7 +217,8 @@ def test_run_with_set_and_expect():
                      sys.executable, "-c", code), "run.json", (0, 1))
     try:
         assert doc["returncode"] == 0 and doc["exit_status"] == "exited with code 0"
-        assert doc["runs"][0]["profile"]["set"] == {"NCCL_PROTO": "LL"}
+        assert doc["runs"][0]["set"] == {"NCCL_PROTO": "LL"} == doc["injected"]["set"]  # `env K=V CMD`
+        assert doc["injected"]["enforced"] == {} and doc["runs"][0]["profile"]["set"] == {}
         writes = [w for p in doc["processes"] for w in p["env_writes"]]
         assert [(w["var"], w["new"]) for w in writes] == [("NCCL_ALGO", "Tree")]
     finally:

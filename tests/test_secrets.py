@@ -184,7 +184,7 @@ def test_run_json_and_header_never_hold_a_non_watched_expectation(tmp_path):
     d = tmp_path / "l"
     r = cli("run", "--dir", str(d), "--expect", "HF_TOKEN=hunter2", "--expect", "NCCL_PROTO=LL", "--",
             PYTHON, "-c", "pass")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 1, r.stderr  # NCCL_PROTO is not in the environment run gave CMD: ENV_MISSING
     assert json.loads((d / "run.json").read_text())["expect"] == {"HF_TOKEN": "<redacted>", "NCCL_PROTO": "LL"}
     assert "hunter2" not in r.stdout + r.stderr and files_holding(d, b"hunter2") == []
 

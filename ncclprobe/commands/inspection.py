@@ -20,21 +20,15 @@ from ncclprobe.model import wiring
 from ncclprobe.diagnose import exectime
 from ncclprobe.doc import FindingsHere, Result, Text, Title, Tree, Unexaminable
 from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE
-from ncclprobe.model.watched import REDACTED, is_watched, looks_secret, redact_argv, redact_text, select, shown_values
+from ncclprobe.model.watched import (ASSIGN_WORD as _ASSIGN_WORD, REDACTED, is_watched, looks_secret, one_line,
+                                     redact_argv, redact_text, select, shown_values)
 
-_ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
-# Command lines are shown on one line: a newline or tab in an argument (`python -c` scripts) is escaped.
-_CONTROL = {**{i: f"\\x{i:02x}" for i in range(32)}, 9: "\\t", 10: "\\n", 13: "\\r", 127: "\\x7f"}
 _MAX_SCRIPT = 1 << 20
 _FD_PATH = re.compile(r"^/(?:dev|proc/self)/fd/(\d+)$")
 
 
 class UsageError(ValueError):
     """A malformed argument (the CLI turns it into a usage error, exit 2)."""
-
-
-def one_line(text: str) -> str:
-    return text if text.isprintable() else text.translate(_CONTROL)
 
 
 def _read_regular(path: Path) -> str:

@@ -24,7 +24,7 @@ from ncclprobe.diagnose.findings import Finding, at
 from ncclprobe.model import Model, ProcessView
 from ncclprobe.model import wiring
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
-from ncclprobe.model.watched import is_watched
+from ncclprobe.model.watched import ASSIGN_WORD, REDACTED, is_watched, one_line
 
 LIVE_VIEW = ("`ncclprobe run -- CMD` (or `ncclprobe inject install`) records the live environment from "
              "inside each process")
@@ -63,19 +63,19 @@ class Timeline:
 
 
 def net_writes(p: ProcessView) -> list:
-    """p's writes that took effect (not blocked by a pin), less each change undone within
-    RESTORE_WINDOW_S with no NCCL read or communicator between (a save/clear/restore of os.environ)."""
-    writes = sorted((w for w in p.writes if not w.blocked), key=lambda w: w.t)
+    """p's writes, less each change undone within RESTORE_WINDOW_S with no NCCL read between (a
+    save/clear/restore of os.environ); a write a pin blocked stays (it changed nothing: Timeline skips it)."""
+    writes = sorted(p.writes, key=lambda w: w.t)
     reads = sorted(r.t for r in p.reads.values())
     undone: set[int] = set()
     for i, w in enumerate(writes):
-        if i in undone:
+        if i in undone or w.blocked:
             continue
         for j in range(i + 1, len(writes)):
             later = writes[j]
             if later.t - w.t > RESTORE_WINDOW_S:
                 break
-            if later.var == w.var:
+            if later.var == w.var and not later.blocked:
                 if later.new == w.old and not any(w.t <= t <= later.t for t in reads):
                     undone.update((i, j))
                 break
@@ -137,7 +137,7 @@ class Knowledge:
         return tl
 
     def _timeline(self, p: ProcessView) -> Timeline | None:
-        writes = net_writes(p)
+        writes = [w for w in net_writes(p) if not w.blocked]
         if p.start_env is not None:
             return Timeline(dict(p.start_env), writes, "boot probe (start environment and every write)",
                             ("boot",), True)
@@ -165,12 +165,12 @@ class Knowledge:
         return True, tl.at(t).get(var)
 
     def endpoints(self) -> list[ProcessView]:
-        """The processes the job's values matter in (see the module's docstring)."""
+        """The processes the job's values matter in (see the module's docstring); with inspect's
+        `--scope all`, also every process that starts no other."""
         scoped = [p for p in self.m.processes.values() if p.in_scope is not False and not _helper(p)]
-        users = [p for p in scoped if self.m.comms_of(p.host, p.pid) or p.libs or p.nccl_user]
-        if users:
-            return users
-        return [p for p in scoped if not [c for c in self.children[p.key] if not _helper(c)]]
+        users = {p.key for p in scoped if self.m.comms_of(p.host, p.pid) or p.libs or p.nccl_user}
+        return [p for p in scoped if p.key in users or ((p.in_scope is True or not users) and
+                                                         not [c for c in self.children[p.key] if not _helper(c)])]
 
 
 def _helper(p: ProcessView) -> bool:
@@ -203,7 +203,7 @@ class Edge:
     def to_json(self) -> dict[str, Any]:
         starts = [s for s in (start_of(c) for c in self.children) if s is not None]
         return {"kind": self.kind, "var": self.var, "parent": self.parent.pid if self.parent else self.parent_pid,
-                "parent_command": _cmd(self.parent) if self.parent else self.parent_label,
+                "parent_command": self.parent_label or (_cmd(self.parent) if self.parent else None),
                 "children": sorted({c.pid for c in self.children}), "where": self.where,
                 "written_at": self.written_at, "started_at": min(starts) if starts else None,
                 "via": self.via, "launcher": self.launcher, "witnesses": sorted(set(self.witnesses))}
@@ -216,8 +216,10 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
     while x.key not in seen:
         seen.add(x.key)
         tl = k.timeline(x)
+        if tl is None and below is None:  # only its communicators are known (an NCCL log, the preload hook)
+            return Edge("unseen", var, None, [x], parent_label="no witness of the process's own environment")
         if tl is None:  # a process on the way no witness can tell about
-            return Edge("unseen", var, x, [below or x], via=k.via(below or x))
+            return Edge("unseen", var, x, [below], via=k.via(below))
         upto = t if below is None else start_of(below)
         if _get(tl.start, var) == target:  # lost inside x: its own write
             w = _last_change(tl, var, target, upto)
@@ -398,9 +400,13 @@ def program(argv: list[str] | None) -> str:
 
 
 def _cmd(p: ProcessView | None) -> str:
+    """A process's command line as a finding may show it: one line, at most 80 characters, and every
+    NAME=VALUE word of a variable outside the watched set with its value redacted (a shell's command
+    line is shell code: its assignments are environment values)."""
     argv = list((p.argv if p else None) or [(p.exe if p else None) or "?"])
     argv[0] = argv[0].rsplit("/", 1)[-1]
-    text = " ".join(argv)
+    text = one_line(" ".join(argv))
+    text = ASSIGN_WORD.sub(lambda mo: mo.group(0) if is_watched(mo.group(1)) else f"{mo.group(1)}={REDACTED}", text)
     return text if len(text) <= 80 else text[:79] + "…"
 
 
@@ -462,16 +468,26 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
     blind: dict[tuple, list[ProcessView]] = defaultdict(list)
     _pitfall_groups(m, expect, groups)
     for e in k.endpoints():
-        if k.timeline(e) is None:
-            parent = m.parent(e)
-            blind[(k.via(e), parent.pid if parent else None, e.proc_stale or e.proc_env_reason)].append(e)
-            continue
         comms = [c for c in m.comms_of(e.host, e.pid) if c.env is not None]
+        if k.timeline(e) is None and not comms:
+            # a stated blind spot where /proc shows a block that is not the process's own (a fork child
+            # of a parent whose writes no witness saw, a clobbered block); an unreadable environment is
+            # ENV_UNREADABLE's, a zombie or a process gone during the scan has none left to check
+            parent = m.parent(e)
+            if e.proc_stale in ("fork", "clobbered") or (k.via(e) == "fork" and e.proc_env_reason is None):
+                blind[(k.via(e), parent.pid if parent else None, e.proc_stale or e.proc_env_reason)].append(e)
+            continue
+        mine: dict[tuple, list] = defaultdict(list)  # this endpoint's losses, by cause
         for var in names:
             want = expect.get(var)
-            checks = ([(c.env.get(var) if is_watched(var) else k.value(e, var, c.t)[1], c.t, c) for c in comms]
-                      or [(k.value(e, var)[1], None, None)])
-            for have, t, comm in checks:
+            if comms and is_watched(var):  # what each communicator was created with
+                checks = [(True, c.env.get(var), c.t, c) for c in comms]
+            else:
+                known, value = k.value(e, var)
+                checks = [(known, value, None, None)]
+            for known, have, t, comm in checks:
+                if not known:  # an expected name outside the watched set that no witness read here
+                    continue
                 if var in expect:
                     if have == want:
                         continue
@@ -481,15 +497,23 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
                     if not found or target is None or have == target:
                         continue
                 edge = locate(k, e, var, target, t)
-                g = groups.setdefault(cause_of(edge, have), {"edge": edge, "items": {}, "pids": [],
-                                                             "instances": [], "children": []})
+                mine[cause_of(edge, have)].append((var, target, have, edge, comm))
+        for cause, losses in mine.items():
+            # one finding per cause and set of values lost: processes that lost different sets differ
+            key = cause if cause[0] == "shell_prefix" else (cause, tuple(sorted({(v, tg, h) for v, tg, h, _, _ in losses},
+                                                                              key=str)))
+            g = groups.setdefault(key, {"edge": losses[0][3], "items": {}, "pids": [], "instances": [],
+                                        "children": [], "key": key})
+            for var, target, have, edge, comm in losses:
                 g["items"].setdefault(var, (target, have))
                 g["children"].extend(c for c in edge.children if c not in g["children"])
-                if e.pid not in g["pids"]:
-                    g["pids"].append(e.pid)
+                g.setdefault("sources", set()).add(comm.env_source if comm else
+                                                   "+".join(k.timeline(e).witnesses) if k.timeline(e) else "?")
                 inst = at(e.host, e.pid, comm.rank, comm.group or comm.ident) if comm else at(e.host, e.pid)
                 if inst not in g["instances"]:
                     g["instances"].append(inst)
+            if e.pid not in g["pids"]:
+                g["pids"].append(e.pid)
     out = [_finding(m, g, expect) for g in groups.values() if g["pids"]]
     out += _blind(m, k, blind)
     return out
@@ -503,7 +527,7 @@ def _pitfall_groups(m: Model, expect: dict[str, str], groups: dict) -> None:
         edge = Edge("shell_prefix", pit["var"], shell, [], launcher="shell", witnesses=("proc",), pitfall=pit,
                     parent_label=pit.get("shell_command"), parent_pid=pit["shell"])
         g = groups.setdefault(cause_of(edge, None), {"edge": edge, "items": {}, "pids": [], "instances": [],
-                                                     "children": []})
+                                                     "children": [], "key": cause_of(edge, None)})
         g["items"].setdefault(pit["var"], (expect.get(pit["var"], pit["value"]), None))
         g["pids"].extend(p for p in pit["pids"] if p not in g["pids"])
 
@@ -524,12 +548,15 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
     plural = len(names) > 1
     values = ", ".join(f"{v}={sv(items[v][0])}" if items[v][0] is not None else f"{v} unset" for v in names)
     what = (f"{values} expected" if expected else values)
+    lost = "; ".join(_lost(v, tg, h, v in expect) for v, (tg, h) in items.items())
     pids = sorted(set(g["pids"]))
     n = len(pids)
     pid_text = f"{n} process(es) ({', '.join(map(str, pids[:8]))}{'…' if n > 8 else ''})"
-    ev: dict[str, Any] = {"vars": {v: {"expected" if v in expect else "reference": t if shown else NOT_SHOWN,
-                                       "value": h if shown else NOT_SHOWN} for v, (t, h) in items.items()},
-                          "affected": pids}
+    ev: dict[str, Any] = {"vars": {v: {"expected" if v in expect else "reference": t if is_watched(v) else NOT_SHOWN,
+                                       "value": h if is_watched(v) else NOT_SHOWN} for v, (t, h) in items.items()},
+                          "affected": pids, "checked_at": "communicator creation" if any(
+                              i.get("comm") for i in g["instances"]) else "the process's environment",
+                          "sources": sorted(s for s in g.get("sources", ()) if s)}
     parent = edge.parent
     pdesc = f"pid {parent.pid} ({program(parent.argv)})" if parent else (edge.parent_label or "?")
     inter = [c for c in edge.children if c.pid not in pids]
@@ -553,6 +580,10 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
                    "assigned_in": pit.get("command") or "(bare assignment)",
                    "command_that_led_here": pit.get("led_to_target")})
         sev = "error" if expected and expect.get(var) == pit["value"] else "warning"
+        if not g["instances"]:  # the shell's findings come from /proc: the processes of that host
+            host = shell.host if (shell := edge.parent) is not None else None
+            g["instances"] = [at(q.host, q.pid) for q in m.processes.values() if q.pid in pids
+                              and (host is None or q.host == host)] or [at(None, p) for p in pids]
     elif kind == "set_after_start":
         code = "ENV_SET_AFTER_START"
         ev.update(where=edge.where, written_at=edge.written_at, new=edge.new)
@@ -571,29 +602,39 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
                + (f" ({what})" if expected else ""))
         culprit = _short_where(edge.where)
     elif kind == "curated_env":
-        msg = (f"{what}, but {pid_text} were started without {them}{via_inter}: {pdesc} had {them} and started "
-               f"them with an environment of its own" if code == "ENV_MISSING" else
-               f"{what}, but {pid_text} got other values{via_inter}: {pdesc} had {them} and started them with "
-               "an environment of its own")
+        msg = (f"{pid_text}: {lost}; {pdesc} had {them} when it started them{via_inter}, with an environment of "
+               "its own")
         culprit = f"curated env from {program(parent.argv) if parent else 'ncclprobe run'}"
     elif kind == "dropped_by_intermediate":
-        msg = (f"{what}, but {pid_text} do not have {them}: {pdesc}, not Python, had {them} in its environment "
-               f"and started{via_inter or ' them'} without")
+        msg = (f"{pid_text}: {lost}; {pdesc}, not Python, had {them} in its environment and started"
+               f"{via_inter or ' them'} without")
         culprit = f"dropped by {program(parent.argv) if parent else '?'}"
+    elif kind == "unseen" and parent is None:
+        msg = (f"{pid_text}: {lost}, at communicator creation; no witness saw these processes' own environments, "
+               "so where it was lost is not known")
+        culprit = "at communicator creation"
     elif kind == "unseen":
-        msg = (f"{what}, but {pid_text} {'lack' if code == 'ENV_MISSING' else 'differ'}; the edge where it went "
-               f"is above {pdesc}, whose environment no witness could read")
+        msg = (f"{pid_text}: {lost}; the edge where it went is above {pdesc}, whose environment no witness could "
+               "read")
         culprit = f"lost above pid {parent.pid}" if parent else "lost (edge unseen)"
     else:  # not_in_root
-        msg = (f"{what}, but {'absent from' if code == 'ENV_MISSING' else 'other values in'} {pid_text}: the root "
-               f"{pdesc} was started without {them}" + (" (ncclprobe run did not give it to CMD)" if m.given else ""))
+        msg = (f"{pid_text}: {lost}; the root {pdesc} was started without {them}"
+               + (" (ncclprobe run did not give it to CMD)" if m.given else ""))
         if parent is not None and is_python(parent) and "boot" not in parent.sources:
             msg += (f"; /proc shows only what pid {parent.pid} was started with, so a write inside it (after it "
                     "started these) is not visible here")
         culprit = "not in the root's environment"
     return Finding(code, sev, msg, tuple(pids), None if plural else var, ev, _hint(edge, target, shown),
                    instances=tuple(g["instances"]), vars=tuple(names) if plural else (), culprit=culprit,
-                   cause=("edge",) + cause_of(edge, have), edge=edge.to_json())
+                   cause=("edge", g["key"]), edge=edge.to_json())
+
+
+def _lost(var: str, target: str | None, have: str | None, expected: bool) -> str:
+    """One variable's loss in words; a value outside the watched set is never shown (it may be a secret)."""
+    if not is_watched(var):
+        return f"{var} is absent (expected)" if have is None else f"{var} differs from the expected value"
+    want = f"expected {target!r}" if expected else f"{target!r} upstream"
+    return f"{var} absent ({want})" if have is None else f"{var}={have!r} ({want})"
 
 
 def _blind(m: Model, k: Knowledge, blind: dict[tuple, list[ProcessView]]) -> list[Finding]:

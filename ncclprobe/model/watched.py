@@ -6,6 +6,8 @@ everywhere, the boot probe's own (redact_argv), so the probe, inspect, run and r
 """
 from __future__ import annotations
 
+import re
+
 from collections.abc import Mapping
 
 WATCHED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "NCCLPROBE_")
@@ -60,3 +62,13 @@ def shown_values(values: Mapping[str, str]) -> dict[str, str]:
     """Assignments as output shows them (--expect, --set, --env): a value outside the watched set may
     be a secret, so only its name is shown."""
     return {k: v if is_watched(k) else REDACTED for k, v in values.items()}
+
+
+# a NAME=VALUE word (in a command line, shell code)
+ASSIGN_WORD = re.compile(r"(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=(\S*)")
+# Command lines are shown on one line: a newline or tab in an argument (`python -c` scripts) is escaped.
+_CONTROL = {**{i: f"\\x{i:02x}" for i in range(32)}, 9: "\\t", 10: "\\n", 13: "\\r", 127: "\\x7f"}
+
+
+def one_line(text: str) -> str:
+    return text if text.isprintable() else text.translate(_CONTROL)

@@ -192,7 +192,8 @@ RUN_FIELDS = {"command": (_list(T), "drop"), "host": (S, "drop"), "started": (_n
                                 _map(T)(v["set"]) is not BAD and _map(T)(v["default"]) is not BAD and
                                 _list(S)(v["pin"]) is not BAD else BAD), "drop"),
               "preload": (_bool, "drop"), "plugins": (_list(S), "drop"), "boot": (_bool, "drop"),
-              "returncode": (OI32, "drop"), "status": (T, "drop")}
+              "returncode": (OI32, "drop"), "status": (T, "drop"), "run_pid": (PID, "drop"),
+              "set": (_map(T), "drop"), "enforced": (_map(T), "drop"), "given_env": (_map(T), "drop")}
 
 
 @dataclass
