@@ -137,26 +137,23 @@ def _size(n: int) -> str:
 
 
 def _nccl_read(m: Model, c: CommView) -> str:
-    """What NCCL itself read for this communicator (verdict.nccl_read), tuning variables only; where it
-    read none, say so rather than imply defaults."""
-    if c.env_source == "nccl-log":  # the log's own lines, attributed to this communicator (nccllog_model)
-        return " ".join([f"{k[5:]}={v}" for k, v in sorted(c.env.items()) if inprocess.is_tuning(k)][:SHOWN_VARS_MAX]) \
-            or "all unset (NCCL's defaults)"
-    p = m.processes.get((c.host, c.pid))
-    if p is None or not p.reads:
-        return "not witnessed (no env plugin, no NCCL log)"
-    shown, unset = [], 0
-    for var in sorted({r.var for r in p.reads.values() if inprocess.is_tuning(r.var)}):
-        pick = verdict.nccl_read(m, c, var)
-        if pick is None:
-            continue
-        if pick.value is None:
-            unset += 1
-        else:
-            shown.append(f"{var[5:]}={pick.value}")
-    if not shown:
-        return "all unset (NCCL's defaults)" if unset else "no tuning variable read"
-    return " ".join(shown[:SHOWN_VARS_MAX]) + (f" +{len(shown) - SHOWN_VARS_MAX}" if len(shown) > SHOWN_VARS_MAX else "")
+    """What NCCL itself read for this communicator (verdict.comm_reads), tuning variables only; where it
+    read none, or no witness could see its reads, the reason (never defaults shown as a fact)."""
+    got = verdict.comm_reads(m, c)
+    if got.values is None:
+        return verdict.NOT_READ[got.reason or "no_witness"]
+    shown = [f"{var[5:]}={value}" for var, value in got.values.items() if value is not None]
+    unset = len(got.values) - len(shown)
+    text = " ".join(shown[:SHOWN_VARS_MAX]) + (f" +{len(shown) - SHOWN_VARS_MAX}" if len(shown) > SHOWN_VARS_MAX else "")
+    if not shown and unset:
+        text = f"{unset} read, all unset (NCCL's defaults)"
+    if got.reason is None:
+        return text
+    if not text:
+        return verdict.NOT_READ[got.reason]
+    if got.reason == "one_rank":
+        return f"{text}; the per-communicator ones {verdict.NOT_READ['one_rank']}"
+    return text
 
 
 def _api(c: CommView, m: Model) -> str:
@@ -271,6 +268,7 @@ def model_json(m: Model) -> dict[str, Any]:
               "uid": c.uid, "config": c.config, "env": c.env, "env_source": c.env_source, "rc": c.rc,
               "lib": c.lib, "version": c.version, "simulated": c.simulated, "ms": c.ms, "dev": c.dev,
               "comm_name": c.comm_name, "seen_by": sorted(c.seen_by), "destroyed": c.destroyed,
+              **verdict.comm_reads(m, c).to_json(),
               "collectives": [s.__dict__ for s in c.colls.values()]} for c in m.comms]
     return {"processes": procs, "communicators": comms, "simulated": m.simulated,
             "skipped": m.skipped, "runs": [_run_json(r) for r in m.runs]}

@@ -80,8 +80,66 @@ def nccl_read(m: Model, c: CommView, var: str) -> NcclRead | None:
     later = sorted(x.t for x in m.comms_of(c.host, c.pid) if x.t > c.t)
     end = later[0] if later else float("inf")
     inside = [r for r in reads if c.t <= r.t < end]
+    if c.nranks == 1:
+        # NCCL does not tune a one-rank communicator (observed.md): another one's read is not its read
+        return inside[0] if inside else None
     before = [r for r in reads if r.t < c.t]
     return inside[0] if inside else (before[-1] if before else reads[0])
+
+
+# Why a communicator's "NCCL read" has no value (JSON: nccl_read_reason) -> the words the report shows
+NOT_READ = {
+    "no_witness": "not seen (no env plugin, no NCCL log)",
+    "one_rank": "not read (1 rank: NCCL does not tune a one-rank communicator)",
+    "none_read": "not read (the env plugin saw NCCL read no tuning variable)",
+    "log_silent": "none set by environment (NCCL's log; it does not print unset ones)",
+}
+
+
+@dataclass(frozen=True)
+class CommReads:
+    """What NCCL itself read of the tuning variables for one communicator, and why it says no more:
+    values is None where no witness could see NCCL's reads (reason "no_witness"); a one-rank
+    communicator's per-communicator variables are never read ("one_rank")."""
+    values: dict[str, str | None] | None   # variable -> the value NCCL got (None: read, unset)
+    reason: str | None = None              # a NOT_READ key, or None when values say it all
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nccl_read": self.values, "nccl_read_reason": self.reason}
+
+
+def _reads_witness(p, lib: str | None) -> str | None:
+    """Which witness could see NCCL's reads through this library copy: "envplugin" (every read, set or
+    not), "nccl-log" (only what it prints: the variables set by environment), or None."""
+    plugin = any(r.source == "envplugin" and (lib is None or r.lib == lib) for r in p.reads.values()) or any(
+        pl.get("src") == "envplugin" and (lib is None or pl.get("lib") in (lib, None)) for pl in p.plugins)
+    if plugin:
+        return "envplugin"
+    return "nccl-log" if any(r.source == "nccl-log" for r in p.reads.values()) else None
+
+
+def comm_reads(m: Model, c: CommView) -> CommReads:
+    """The tuning variables NCCL read for c (nccl_read per variable); where it read none, the reason,
+    never a default shown as a fact."""
+    from ncclprobe.diagnose.inprocess import is_tuning, process_cached
+    if c.env_source == "nccl-log" and c.env is not None:  # the log's own lines, attributed to c (nccllog_model)
+        values: dict[str, str | None] = {k: v for k, v in sorted(c.env.items()) if is_tuning(k)}
+        witness = "nccl-log"
+    else:
+        p = m.processes.get((c.host, c.pid))
+        witness = _reads_witness(p, c.lib) if p is not None else None
+        if witness is None:
+            return CommReads(None, "no_witness")
+        values = {}
+        for var in sorted({r.var for r in p.reads.values() if is_tuning(r.var)}):
+            pick = nccl_read(m, c, var)
+            if pick is not None:
+                values[var] = pick.value
+    if c.nranks == 1 and all(process_cached(v, c.version) for v in values):
+        return CommReads(values, "one_rank")
+    if not values:
+        return CommReads(values, "none_read" if witness == "envplugin" else "log_silent")
+    return CommReads(values)
 
 
 def effective(m: Model, c: CommView, var: str) -> tuple[bool, str | None]:
