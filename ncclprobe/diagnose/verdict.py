@@ -67,18 +67,23 @@ def nccl_read(m: Model, c: CommView, var: str) -> NcclRead | None:
     """What NCCL itself read of var for this communicator: for a variable NCCL re-reads per
     communicator, the first read after this communicator started (else the last one before it); for
     a cached one (NCCL_PARAM), the process's first read through the same library copy."""
-    from ncclprobe.diagnose.inprocess import process_cached
     p = m.processes.get((c.host, c.pid))
     if p is None:
         return None
-    reads = sorted((r for r in p.reads.values() if r.var == var and (c.lib is None or r.lib in (c.lib, "nccl-log"))),
-                   key=lambda r: r.t)
-    if not reads:
-        return None
+    reads = [r for r in p.reads.values() if r.var == var and (c.lib is None or r.lib in (c.lib, "nccl-log"))]
+    return _pick(sorted(reads, key=lambda r: r.t), var, c, _next_comm(m, c)) if reads else None
+
+
+def _next_comm(m: Model, c: CommView) -> float:
+    return min((x.t for x in m.comms_of(c.host, c.pid) if x.t > c.t), default=float("inf"))
+
+
+def _pick(reads: list[NcclRead], var: str, c: CommView, end: float) -> NcclRead | None:
+    """nccl_read's choice among the reads of var through c's library copy (in time order); end: when
+    the process's next communicator was created."""
+    from ncclprobe.diagnose.inprocess import process_cached
     if process_cached(var, c.version):
         return reads[0]
-    later = sorted(x.t for x in m.comms_of(c.host, c.pid) if x.t > c.t)
-    end = later[0] if later else float("inf")
     inside = [r for r in reads if c.t <= r.t < end]
     if c.nranks == 1:
         # NCCL does not tune a one-rank communicator (observed.md): another one's read is not its read
@@ -130,9 +135,14 @@ def comm_reads(m: Model, c: CommView) -> CommReads:
         witness = _reads_witness(p, c.lib) if p is not None else None
         if witness is None:
             return CommReads(None, "no_witness")
+        by_var: dict[str, list[NcclRead]] = {}  # nccl_read for each variable, the process's reads sorted once
+        for r in sorted(p.reads.values(), key=lambda r: r.t):
+            if is_tuning(r.var) and (c.lib is None or r.lib in (c.lib, "nccl-log")):
+                by_var.setdefault(r.var, []).append(r)
+        end = _next_comm(m, c)
         values = {}
-        for var in sorted({r.var for r in p.reads.values() if is_tuning(r.var)}):
-            pick = nccl_read(m, c, var)
+        for var in sorted(by_var):
+            pick = _pick(by_var[var], var, c, end)
             if pick is not None:
                 values[var] = pick.value
     if c.nranks == 1 and all(process_cached(v, c.version) for v in values):
