@@ -96,6 +96,45 @@ def test_live_setproctitle_block_is_still_clobbered():
         stop(p)
 
 
+SPT_CHILD = textwrap.dedent("""
+    import os, sys, time
+    os.environ["ZZ_MOVED"] = "in-process"  # setenv moves this string to the heap: the block's head ends here
+    import setproctitle
+    setproctitle.setproctitle(sys.argv[1] + "x" * int(sys.argv[2]))  # longer than the command line, if asked
+    print("ok", flush=True)
+    time.sleep(30)
+""")
+
+
+@pytest.mark.parametrize("longer", [0, 1000])
+def test_live_setproctitle_zeroing_the_head_keeps_the_tail_and_is_not_absence(longer):
+    """What setproctitle really does when a variable changed before the title was set (Ray's agents):
+    it takes over the block only up to that variable, zeroes (or writes its title over) that head and
+    leaves the tail as it was at exec. NCCL_PROTO sat in the head: unknown, not missing; NCCL_ALGO sat
+    in the tail: still read."""
+    pytest.importorskip("setproctitle")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "SPT_"))}
+    pad = {f"ZZ_PAD{i}": "v" * 40 for i in range(40)}
+    env = {"NCCL_PROTO": "LL", **pad, "ZZ_MOVED": "1", **base, "NCCL_ALGO": "Ring"}
+    p = subprocess.Popen([sys.executable, "-c", SPT_CHILD, "ray::IDLE", str(longer)], stdout=subprocess.PIPE,
+                         text=True, env=env)
+    try:
+        assert p.stdout.readline().strip() == "ok"
+        raw = Path(f"/proc/{p.pid}/environ").read_bytes()
+        assert b"NCCL_PROTO=LL" not in raw and b"\0ZZ_MOVED=1\0" in raw and b"NCCL_ALGO=Ring" in raw  # the real shape
+        # a short title leaves NULs over the head; a long one runs from the command line's place into it
+        assert raw.startswith(b"xxxx") if longer else raw.startswith(b"\0" * 1000)
+        res = inspect_processes([p.pid], expect={"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}, gpu_lookup=NO_NVML)
+        (row,) = res.data["processes"]
+        assert (row["env_source"], row["env_reason"], row["stale"]) == ("exec", "partly overwritten", "clobbered")
+        assert row["env"].get("NCCL_ALGO") == "Ring" and "NCCL_PROTO" not in row["env"]
+        assert not [f for f in res.findings if f.code in ("ENV_MISSING", "ENV_CHANGED")], res.findings
+        (stale,) = [f for f in res.findings if f.code == "EXEC_ENV_STALE"]
+        assert stale.pids == (p.pid,) and "setproctitle" in stale.message  # a stated blind spot, not a cause
+    finally:
+        stop(p)
+
+
 # -- 2: zombies and kernel threads ---------------------------------------------------------------
 def test_live_zombie_is_empty_not_unreadable():
     code = "import os, time\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nprint(pid, flush=True)\ntime.sleep(30)"

@@ -151,6 +151,7 @@ def test_fake_tree_same_as_python(tmp_path):
     fake.add(10, 1, comm="my (odd) name", env={"NCCL_PROTO": "LL"})
     fake.add(11, 10, env={"NCCL_PROTO": "LL", "BIG": "y" * (1 << 20)})  # grows the first buffer
     fake.add(12, 10, env=b"NCCL_ALGO=Ring\0garbled title\0caf\xe9=1\0")
+    fake.add(16, 10, env=b"\0" * 1600 + b"NCCL_ALGO=Ring\0")  # setproctitle zeroed the head (parsed alike)
     fake.add(13, 10, state="Z", env={})
     fake.add(14, 10, flags=0x00200000, comm="kworker/0:1")  # a kernel thread
     fake.add(15, 10, env={}, exe="/bin/true", root="/srv/container")
@@ -163,6 +164,7 @@ def test_fake_tree_same_as_python(tmp_path):
     assert native.procs[10].name == "my (odd) name"
     assert native.procs[13].env.reason == "zombie" and native.procs[13].maps == []
     assert native.procs[14].env.reason == "kernel thread"
+    assert (native.procs[16].env.reason, native.procs[16].env.partial) == ("partly overwritten", True)
     assert native.procs[15].root == "/srv/container"
     maps = native.procs[11].maps
     assert maps is native.procs[12].maps and maps is native.procs[15].maps  # one parse for the three

@@ -155,6 +155,24 @@ def test_partly_overwritten_block_keeps_the_readable_part(fake):
     assert block.env == {"NCCL_PROTO": "LL"} and block.garbled == 1
 
 
+def test_a_zeroed_head_is_partly_overwritten_and_what_it_covered_is_unknown(fake):
+    """setproctitle zeroes the head of the block and leaves the tail (Ray's agents: ~1.6 KB of NULs):
+    the tail's variables are kept, one that is not in the tail is unknown, never absent."""
+    fake.add(10, 1, env=b"\0" * 1600 + b"VAR15=value15\0NCCL_ALGO=Ring\0")
+    fake.add(11, 1, env=b"ray::IDLE\0" + b"\0" * 300 + b"NCCL_ALGO=Ring\0")  # the title, then NULs
+    fake.add(12, 1, env=b"NCCL_ALGO=Ring\0" + b"\0" * 40)  # NULs over the end of it
+    fake.add(13, 1, env=b"NCCL_ALGO=Ring\0OTHER=1\0")  # intact
+    fs = procs.ProcFS(fake.root)
+    for pid in (10, 11, 12):
+        block = fs.load(pid).env
+        assert (block.source, block.reason, block.partial) == ("exec", "partly overwritten", True), pid
+        assert block.env["NCCL_ALGO"] == "Ring"
+        assert block.lookup("NCCL_ALGO") == (True, "Ring") and block.lookup("NCCL_PROTO") == (False, None)
+    whole = fs.load(13).env
+    assert (whole.reason, whole.partial, whole.lookup("NCCL_PROTO")) == (None, False, (True, None))
+    assert procs.zeroed_head(b"\0" * 1711) and not procs.zeroed_head(b"A=1\0B=2\0")
+
+
 def test_non_utf8_is_escaped(fake):
     fake.add(10, 1, env=b"NCCL_SOCKET_IFNAME=eth\xff0\0BAD\xfeNAME=x\0")
     env = procs.ProcFS(fake.root).load(10).env.env

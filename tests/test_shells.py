@@ -108,3 +108,52 @@ def test_live_exec_of_last_command_claims_nothing(shell_tree, tmp_path):
     res = _inspect(sh.pid)
     assert res.data["processes"][0]["cmdline"][0] == sys.executable
     assert not [f for f in res.findings if f.code == "SHELL_PREFIX_SCOPE"]
+
+
+@pytest.fixture
+def script_tree():
+    procs = []
+
+    def start(argv, cwd):
+        p = subprocess.Popen(argv, cwd=cwd, env={"PATH": "/usr/bin:/bin"}, stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+        procs.append(p)
+        assert p.stdout.readline() == "up\n"
+        return p
+    yield start
+    for p in procs:
+        os.killpg(p.pid, signal.SIGKILL)  # the shell and its worker
+        p.wait()
+
+
+def test_live_relative_script_that_changed_directory_is_read_from_fd_255(script_tree, tmp_path):
+    """`cd a && bash ./run.sh` where run.sh does `cd b`: ./run.sh against the shell's cwd now names b's
+    run.sh (here a decoy that assigns nothing). bash reads its script on fd 255, which still names a's."""
+    import psutil
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    py = shlex.quote(sys.executable)
+    (tmp_path / "a" / "run.sh").write_text(f"cd {shlex.quote(str(tmp_path / 'b'))}\n"
+                                          f"NCCL_PROTO=LL cd . && {py} -c {WORKER}; echo stopped\n")
+    (tmp_path / "b" / "run.sh").write_text("echo a decoy: the path argv names, resolved against the cwd\n")
+    sh = script_tree(["bash", "./run.sh"], tmp_path / "a")
+    assert os.readlink(f"/proc/{sh.pid}/fd/255") == str(tmp_path / "a" / "run.sh")  # what bash really does
+    assert os.readlink(f"/proc/{sh.pid}/cwd") == str(tmp_path / "b")
+    (child,) = psutil.Process(sh.pid).children()
+    for target in (sh.pid, child.pid):
+        (f,) = [f for f in _inspect(target).findings if f.code == "SHELL_PREFIX_SCOPE"]
+        assert f.var == "NCCL_PROTO" and f.pids == (child.pid,)
+        assert f.evidence["shell"] == sh.pid and f.evidence["assigned_in"].startswith("NCCL_PROTO=LL cd")
+
+
+def test_live_symlinked_script_falls_back_to_the_path_argv_names(script_tree, tmp_path):
+    """fd 255 names the link's target, not the name argv gives: not taken as the script; the argv path,
+    against the shell's cwd, still finds it."""
+    py = shlex.quote(sys.executable)
+    real = tmp_path / "real.sh"
+    real.write_text(f"NCCL_ALGO=Ring cd . && {py} -c {WORKER}; echo stopped\n")
+    (tmp_path / "link.sh").symlink_to(real)
+    sh = script_tree(["bash", "link.sh"], tmp_path)
+    assert os.readlink(f"/proc/{sh.pid}/fd/255") == str(real)
+    (f,) = [f for f in _inspect(sh.pid).findings if f.code == "SHELL_PREFIX_SCOPE"]
+    assert f.var == "NCCL_ALGO"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-from ncclprobe.demo.ops import NCCL_BFLOAT16, NCCL_SUM, UID_BYTES, UniqueId, init_rank_ctypes
+from ncclprobe.ncclapi import NCCL_BFLOAT16, NCCL_SUM, UniqueId, declare, init_rank_ctypes, unique_id
 
 
 def gpu_count() -> int:
@@ -38,17 +38,14 @@ class TorchOps:
     def init_ctypes(self, world: int, uid_hex: str, rank: int):
         self.torch.zeros(1, device="cuda")  # torch's libnccl is loaded with libtorch_cuda
         self.nccl = self.nccl or ctypes.CDLL("libnccl.so.2")
-        self.nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+        declare(self.nccl)
         store = self.dist.FileStore(str(self.sync / "store-verify"), world)
         if rank == 0:  # a real id carries the bootstrap root's address: rank 0 makes it, the rest read it
             uid = UniqueId()
             if self.nccl.ncclGetUniqueId(ctypes.byref(uid)) != 0:
                 raise RuntimeError("ncclGetUniqueId failed")
             store.set("uid", bytes(uid.internal))
-        raw = store.get("uid")
-        uid = UniqueId()
-        ctypes.memmove(ctypes.byref(uid), raw, UID_BYTES)
-        comm = init_rank_ctypes(self.nccl, world, uid, rank)
+        comm = init_rank_ctypes(self.nccl, world, unique_id(store.get("uid")), rank)
         self.ctypes_comms.append(comm)
         return ("ctypes", comm)
 

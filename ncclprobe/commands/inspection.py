@@ -446,10 +446,10 @@ class _Context:
         return hit[1]
 
     def read_text(self, p: procs.Proc, path: str) -> str:
-        key = (self._root_key(p), path)
+        fd_path = self._fd_path(p, path)
+        key = (p.pid, path) if fd_path is not None else (self._root_key(p), path)  # a descriptor is its own
         hit = self._text.get(key)
         if hit is None:
-            fd_path = self._fd_path(p, path)
             if fd_path is None and p.root is None:  # /proc/<pid>/root refused or gone: so is every path in it
                 raise conffiles.NotVisible(f"pid {p.pid}'s root (/proc/{p.pid}/root) cannot be entered "
                                            f"({p.root_reason})")
@@ -511,13 +511,15 @@ class _Context:
                 path = hit[2]
                 if path is None:
                     continue
-                cwd = self.fs.cwd_of(shell) if not path.startswith("/") else None
-                if cwd:
-                    path = f"{cwd.rstrip('/')}/{path}"
-                try:
-                    script = self.read_text(shell, path)
-                except OSError:
-                    continue
+                script = self._script_on_fd(shell, path)
+                if script is None:
+                    cwd = self.fs.cwd_of(shell) if not path.startswith("/") else None
+                    if cwd:
+                        path = f"{cwd.rstrip('/')}/{path}"
+                    try:
+                        script = self.read_text(shell, path)
+                    except OSError:
+                        continue
             shell_env = self._env_of(shell)
             for child in kids.get(shell.pid, []):
                 if child.cmdline == shell.cmdline:
@@ -531,6 +533,24 @@ class _Context:
                                 "command": one_line(self.command_text(pf.command)),
                                 "led_to_target": one_line(self.command_text(pf.led_to_target)), "kind": pf.kind})
         return out
+
+    def _script_on_fd(self, shell: procs.Proc, path: str) -> str | None:
+        """The script a shell is reading, from the descriptor it reads it on: bash keeps it open on fd
+        255 (shell.c, default_buffered_input), which still names it after the script changed directory
+        (`cd /tmp && bash ./run.sh` where run.sh does `cd elsewhere`: ./run.sh no longer resolves
+        against its cwd). Used only where the descriptor names a file of the script's name, read as a
+        regular file, bounded (read_text); None otherwise, and the argv path is resolved instead."""
+        link = self._fd_path(shell, "/proc/self/fd/255")
+        try:
+            target = self.fs.reader.readlink(link)
+        except (OSError, TypeError):
+            return None
+        if not target.startswith("/") or os.path.basename(target) != os.path.basename(path.rstrip("/")):
+            return None  # not the script argv names (a symlinked script, or fd 255 put to another use)
+        try:
+            return self.read_text(shell, "/proc/self/fd/255")
+        except OSError:
+            return None
 
     def _env_of(self, p: procs.Proc):
         block = p.env if p.env is not None else self.fs.environ(p.pid, p.state, p.kernel_thread, p.env_span)

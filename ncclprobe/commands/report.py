@@ -3,6 +3,7 @@ probes' log directories (several hosts' directories merge) and NCCL's own INFO l
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,56 @@ def _short_lib(path: str | None) -> str:
     return "/".join(parts[-3:]) if len(parts) > 3 else path
 
 
+@dataclass(frozen=True)
+class LibVersion:
+    """The version of one libnccl copy and where it was learnt: "probe" (the preload hook asked it),
+    "plugin" (NCCL told the plugins it loaded), "file" (its ELF, as `inspect` reads it)."""
+    code: int
+    source: str
+    simulated: bool = False
+
+
+FILE_READS_MAX = 16  # library files one report reads for a version (a hand-made log may name thousands)
+
+
+def lib_versions(m: Model) -> dict[tuple[str, str], LibVersion]:
+    """(host, path) -> the version of every libnccl copy the model names (CommView.lib, ProcessView.libs):
+    what a probe reported, else what NCCL told its plugins, else the file's ELF where the copy is on this
+    host (another host's path names another file). Unknown copies are left out; nothing here raises."""
+    import socket
+    from ncclprobe.model import catalog
+    from ncclprobe.witnesses import elf
+    out: dict[tuple[str, str], LibVersion] = {}
+    for c in m.comms:
+        if c.lib and c.version:
+            out.setdefault((c.host, c.lib), LibVersion(c.version, "probe", c.simulated))
+    for p in m.processes.values():
+        for load in p.plugins:
+            lib, code = load.get("lib"), load.get("nccl_version")
+            if isinstance(lib, str) and isinstance(code, int) and not isinstance(code, bool) and code > 0:
+                out.setdefault((p.host, lib), LibVersion(code, "plugin", "simulated" in str(load.get("nccl_suffix"))))
+    here = socket.gethostname()
+    named = {(c.host, c.lib) for c in m.comms if c.lib} | {(p.host, lib) for p in m.processes.values() for lib in p.libs}
+    unknown = sorted(k for k in named if k not in out and k[0] == here and k[1].startswith("/"))
+    for key in unknown[:FILE_READS_MAX]:
+        info = elf.file_version(key[1])
+        code = catalog.version_code(info.version) if info is not None else None
+        if code:
+            out[key] = LibVersion(code, "file", info.simulated)
+    return out
+
+
+def _lib_text(c: CommView, versions: dict[tuple[str, str], LibVersion]) -> str:
+    got = versions.get((c.host, c.lib or ""))
+    code = c.version or (got.code if got else None)
+    text = f"{_short_lib(c.lib)} {_version(code)}"
+    if not c.version and got is not None and got.source == "file":
+        text += " (read from the file)"
+    if c.simulated or (got is not None and got.simulated):
+        text += " (simulated)"
+    return text
+
+
 def _version(v: int | None) -> str:
     """NCCL_VERSION_CODE: major*10000 + minor*100 + patch since 2.9, major*1000 + minor*100 + patch before."""
     if not v:
@@ -137,26 +188,23 @@ def _size(n: int) -> str:
 
 
 def _nccl_read(m: Model, c: CommView) -> str:
-    """What NCCL itself read for this communicator (verdict.nccl_read), tuning variables only; where it
-    read none, say so rather than imply defaults."""
-    if c.env_source == "nccl-log":  # the log's own lines, attributed to this communicator (nccllog_model)
-        return " ".join([f"{k[5:]}={v}" for k, v in sorted(c.env.items()) if inprocess.is_tuning(k)][:SHOWN_VARS_MAX]) \
-            or "all unset (NCCL's defaults)"
-    p = m.processes.get((c.host, c.pid))
-    if p is None or not p.reads:
-        return "not witnessed (no env plugin, no NCCL log)"
-    shown, unset = [], 0
-    for var in sorted({r.var for r in p.reads.values() if inprocess.is_tuning(r.var)}):
-        pick = verdict.nccl_read(m, c, var)
-        if pick is None:
-            continue
-        if pick.value is None:
-            unset += 1
-        else:
-            shown.append(f"{var[5:]}={pick.value}")
-    if not shown:
-        return "all unset (NCCL's defaults)" if unset else "no tuning variable read"
-    return " ".join(shown[:SHOWN_VARS_MAX]) + (f" +{len(shown) - SHOWN_VARS_MAX}" if len(shown) > SHOWN_VARS_MAX else "")
+    """What NCCL itself read for this communicator (verdict.comm_reads), tuning variables only; where it
+    read none, or no witness could see its reads, the reason (never defaults shown as a fact)."""
+    got = verdict.comm_reads(m, c)
+    if got.values is None:
+        return verdict.NOT_READ[got.reason or "no_witness"]
+    shown = [f"{var[5:]}={value}" for var, value in got.values.items() if value is not None]
+    unset = len(got.values) - len(shown)
+    text = " ".join(shown[:SHOWN_VARS_MAX]) + (f" +{len(shown) - SHOWN_VARS_MAX}" if len(shown) > SHOWN_VARS_MAX else "")
+    if not shown and unset:
+        text = f"{unset} read, all unset (NCCL's defaults)"
+    if got.reason is None:
+        return text
+    if not text:
+        return verdict.NOT_READ[got.reason]
+    if got.reason == "one_rank":
+        return f"{text}; the per-communicator ones {verdict.NOT_READ['one_rank']}"
+    return text
 
 
 def _api(c: CommView, m: Model) -> str:
@@ -208,6 +256,7 @@ def model_doc(m: Model) -> list:
     doc: list = [Title("Processes"), Table(["host", *cols] if len(hosts) > 1 else cols, table, compact=True)]
     if legend:
         doc.append(Text(f"witnesses: {legend}", "dim"))
+    doc.extend(_copies_doc(m, procs))
     boot_expected = any(r.get("boot") for r in m.runs)
     blind = [p for p in procs if boot_expected and "boot" not in p.sources]
     if blind:
@@ -225,6 +274,23 @@ def model_doc(m: Model) -> list:
     return doc
 
 
+def _copies_doc(m: Model, procs) -> list:
+    """Processes that loaded more than one libnccl copy: each copy with its version (a second copy
+    loaded through ctypes often made no communicator a probe saw, so no other line names it)."""
+    versions = lib_versions(m)
+    by_set: dict[tuple[str, ...], list[int]] = {}
+    for p in procs:
+        if len(p.libs) > 1:
+            words = []
+            for lib in sorted(p.libs):
+                got = versions.get((p.host, lib))
+                mark = (" (read from the file)" if got is not None and got.source == "file" else "") + \
+                    (" (simulated)" if got is not None and got.simulated else "")
+                words.append(f"{_short_lib(lib)} {_version(got.code if got else None)}{mark}")
+            by_set.setdefault(tuple(words), []).append(p.pid)
+    return [Text(f"libnccl copies in pid {_pids(pids)}: " + ", ".join(words), "note") for words, pids in by_set.items()]
+
+
 def _pids(pids: list[int]) -> str:
     return ", ".join(map(str, pids)) if len(pids) <= 4 else f"{len(pids)}: {verdict.ranges(pids)}"
 
@@ -232,8 +298,9 @@ def _pids(pids: list[int]) -> str:
 def _comm_records(m: Model) -> list:
     """One block per communicator and tuning: its ranks that were created alike share it."""
     blocks: dict[tuple, dict] = {}
+    versions = lib_versions(m)
     for c in sorted(m.comms, key=lambda c: (c.t, c.rank or 0)):
-        lib = f"{_short_lib(c.lib)} {_version(c.version)}" + (" (simulated)" if c.simulated else "")
+        lib = _lib_text(c, versions)
         fields = (("API", _api(c, m)), ("library", lib), ("seen by", ", ".join(sorted(c.seen_by))),
                   ("env at creation", _tuning(c.env) + ("" if c.ok else f" rc={c.rc}")),
                   ("NCCL read", _nccl_read(m, c)), ("ran", _realized(c)))
@@ -259,18 +326,35 @@ def _finite(t: float) -> float | None:
     return t if math.isfinite(t) else None
 
 
+def _version_json(c: CommView, versions: dict[tuple[str, str], LibVersion]) -> dict[str, Any]:
+    got = versions.get((c.host, c.lib or ""))
+    if c.version:
+        return {"version": c.version, "version_source": "probe"}
+    return {"version": got.code if got else None, "version_source": got.source if got else None}
+
+
+def _libs_json(p, versions: dict[tuple[str, str], LibVersion]) -> list[dict[str, Any]]:
+    out = []
+    for lib in sorted(p.libs):
+        got = versions.get((p.host, lib))
+        out.append({"path": lib, "version": got.code if got else None, "version_source": got.source if got else None})
+    return out
+
+
 def model_json(m: Model) -> dict[str, Any]:
+    versions = lib_versions(m)
     procs = [{"host": p.host, "pid": p.pid, "ppid": p.ppid, "argv": p.argv, "exe": p.exe,
               "witnesses": sorted(p.sources), "env": p.start_env, "exec_env_differs": p.exec_env_differs,
-              "forked_from": p.forked_from, "nccl_libs": sorted(p.libs),
+              "forked_from": p.forked_from, "nccl_libs": sorted(p.libs), "nccl_lib_versions": _libs_json(p, versions),
               "env_writes": [w.__dict__ for w in p.writes],
               "nccl_reads": [{**r.__dict__, "t": _finite(r.t)} for r in sorted(p.reads.values(), key=lambda r: r.t)],
               "probe_errors": p.errors} for p in m.processes.values()]
     comms = [{"host": c.host, "pid": c.pid, "t": _finite(c.t), "api": c.api, "comm": c.comm, "comm_hash": c.comm_hash,
               "rank": c.rank, "nranks": c.nranks, "parent": c.parent, "color": c.color, "key": c.key,
               "uid": c.uid, "config": c.config, "env": c.env, "env_source": c.env_source, "rc": c.rc,
-              "lib": c.lib, "version": c.version, "simulated": c.simulated, "ms": c.ms, "dev": c.dev,
+              "lib": c.lib, **_version_json(c, versions), "simulated": c.simulated, "ms": c.ms, "dev": c.dev,
               "comm_name": c.comm_name, "seen_by": sorted(c.seen_by), "destroyed": c.destroyed,
+              **verdict.comm_reads(m, c).to_json(),
               "collectives": [s.__dict__ for s in c.colls.values()]} for c in m.comms]
     return {"processes": procs, "communicators": comms, "simulated": m.simulated,
             "skipped": m.skipped, "runs": [_run_json(r) for r in m.runs]}

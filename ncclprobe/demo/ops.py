@@ -2,33 +2,18 @@
 preload hook sees it) and the SGLang/vLLM way (ctypes on the library, which it cannot see).
 
 `sim` runs on ncclprobe's simulated NCCL (no GPU); `torch` on torch's real NCCL and a GPU
-(ncclprobe.bench.torchnccl, since bench/ is the only package that imports torch)."""
+(ncclprobe.bench.torchnccl, since bench/ is the only package that imports torch: imported lazily, and
+bench/ never imports demo/; the C API pieces both use are ncclprobe.ncclapi)."""
 from __future__ import annotations
 
 import ctypes
 from pathlib import Path
 
-NCCL_BFLOAT16, NCCL_SUM = 9, 0        # ncclDataType_t / ncclRedOp_t values (nccl.h)
-UID_BYTES = 128                      # sizeof(ncclUniqueId)
+from ncclprobe.ncclapi import NCCL_BFLOAT16, NCCL_SUM, declare, init_rank_ctypes, unique_id
 
 
-class UniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_byte * UID_BYTES)]
-
-
-def _uid(hex_id: str) -> UniqueId:
-    raw = bytes.fromhex(hex_id)[:UID_BYTES].ljust(UID_BYTES, b"\0")
-    uid = UniqueId()
-    ctypes.memmove(ctypes.byref(uid), raw, UID_BYTES)
-    return uid
-
-
-def init_rank_ctypes(lib, world: int, uid: UniqueId, rank: int) -> ctypes.c_void_p:
-    comm = ctypes.c_void_p()
-    rc = lib.ncclCommInitRank(ctypes.byref(comm), ctypes.c_int(world), uid, ctypes.c_int(rank))
-    if rc != 0:
-        raise RuntimeError(f"ncclCommInitRank failed: {rc}")
-    return comm
+def _uid(hex_id: str):
+    return unique_id(bytes.fromhex(hex_id))
 
 
 class SimOps:
@@ -38,7 +23,7 @@ class SimOps:
         from ncclprobe._lib import lib_path
         self.torchlike = ctypes.CDLL(str(lib_path("sim/libsimtorch.so")))
         self.nccl = ctypes.CDLL(str(lib_path("sim/libnccl.so.2")))  # same copy as libsimtorch's NEEDED
-        self.nccl.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+        declare(self.nccl)
         self.comms: list[tuple[str, object]] = []
         self.buf = ctypes.create_string_buffer(1 << 20)
 

@@ -67,21 +67,89 @@ def nccl_read(m: Model, c: CommView, var: str) -> NcclRead | None:
     """What NCCL itself read of var for this communicator: for a variable NCCL re-reads per
     communicator, the first read after this communicator started (else the last one before it); for
     a cached one (NCCL_PARAM), the process's first read through the same library copy."""
-    from ncclprobe.diagnose.inprocess import process_cached
     p = m.processes.get((c.host, c.pid))
     if p is None:
         return None
-    reads = sorted((r for r in p.reads.values() if r.var == var and (c.lib is None or r.lib in (c.lib, "nccl-log"))),
-                   key=lambda r: r.t)
-    if not reads:
-        return None
+    reads = [r for r in p.reads.values() if r.var == var and (c.lib is None or r.lib in (c.lib, "nccl-log"))]
+    return _pick(sorted(reads, key=lambda r: r.t), var, c, _next_comm(m, c)) if reads else None
+
+
+def _next_comm(m: Model, c: CommView) -> float:
+    return min((x.t for x in m.comms_of(c.host, c.pid) if x.t > c.t), default=float("inf"))
+
+
+def _pick(reads: list[NcclRead], var: str, c: CommView, end: float) -> NcclRead | None:
+    """nccl_read's choice among the reads of var through c's library copy (in time order); end: when
+    the process's next communicator was created."""
+    from ncclprobe.diagnose.inprocess import process_cached
     if process_cached(var, c.version):
         return reads[0]
-    later = sorted(x.t for x in m.comms_of(c.host, c.pid) if x.t > c.t)
-    end = later[0] if later else float("inf")
     inside = [r for r in reads if c.t <= r.t < end]
+    if c.nranks == 1:
+        # NCCL does not tune a one-rank communicator (observed.md): another one's read is not its read
+        return inside[0] if inside else None
     before = [r for r in reads if r.t < c.t]
     return inside[0] if inside else (before[-1] if before else reads[0])
+
+
+# Why a communicator's "NCCL read" has no value (JSON: nccl_read_reason) -> the words the report shows
+NOT_READ = {
+    "no_witness": "not seen (no env plugin, no NCCL log)",
+    "one_rank": "not read (1 rank: NCCL does not tune a one-rank communicator)",
+    "none_read": "not read (the env plugin saw NCCL read no tuning variable)",
+    "log_silent": "none set by environment (NCCL's log; it does not print unset ones)",
+}
+
+
+@dataclass(frozen=True)
+class CommReads:
+    """What NCCL itself read of the tuning variables for one communicator, and why it says no more:
+    values is None where no witness could see NCCL's reads (reason "no_witness"); a one-rank
+    communicator's per-communicator variables are never read ("one_rank")."""
+    values: dict[str, str | None] | None   # variable -> the value NCCL got (None: read, unset)
+    reason: str | None = None              # a NOT_READ key, or None when values say it all
+
+    def to_json(self) -> dict[str, Any]:
+        return {"nccl_read": self.values, "nccl_read_reason": self.reason}
+
+
+def _reads_witness(p, lib: str | None) -> str | None:
+    """Which witness could see NCCL's reads through this library copy: "envplugin" (every read, set or
+    not), "nccl-log" (only what it prints: the variables set by environment), or None."""
+    plugin = any(r.source == "envplugin" and (lib is None or r.lib == lib) for r in p.reads.values()) or any(
+        pl.get("src") == "envplugin" and (lib is None or pl.get("lib") in (lib, None)) for pl in p.plugins)
+    if plugin:
+        return "envplugin"
+    return "nccl-log" if any(r.source == "nccl-log" for r in p.reads.values()) else None
+
+
+def comm_reads(m: Model, c: CommView) -> CommReads:
+    """The tuning variables NCCL read for c (nccl_read per variable); where it read none, the reason,
+    never a default shown as a fact."""
+    from ncclprobe.diagnose.inprocess import is_tuning, process_cached
+    if c.env_source == "nccl-log" and c.env is not None:  # the log's own lines, attributed to c (nccllog_model)
+        values: dict[str, str | None] = {k: v for k, v in sorted(c.env.items()) if is_tuning(k)}
+        witness = "nccl-log"
+    else:
+        p = m.processes.get((c.host, c.pid))
+        witness = _reads_witness(p, c.lib) if p is not None else None
+        if witness is None:
+            return CommReads(None, "no_witness")
+        by_var: dict[str, list[NcclRead]] = {}  # nccl_read for each variable, the process's reads sorted once
+        for r in sorted(p.reads.values(), key=lambda r: r.t):
+            if is_tuning(r.var) and (c.lib is None or r.lib in (c.lib, "nccl-log")):
+                by_var.setdefault(r.var, []).append(r)
+        end = _next_comm(m, c)
+        values = {}
+        for var in sorted(by_var):
+            pick = _pick(by_var[var], var, c, end)
+            if pick is not None:
+                values[var] = pick.value
+    if c.nranks == 1 and all(process_cached(v, c.version) for v in values):
+        return CommReads(values, "one_rank")
+    if not values:
+        return CommReads(values, "none_read" if witness == "envplugin" else "log_silent")
+    return CommReads(values)
 
 
 def effective(m: Model, c: CommView, var: str) -> tuple[bool, str | None]:

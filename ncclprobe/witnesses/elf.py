@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,7 @@ _CACHE: dict[tuple[str, int, int], ElfInfo] = {}
 
 def clear_cache() -> None:
     _CACHE.clear()
+    _FILE_VERSIONS.clear()
 
 
 def scan(path: str | Path, display: str | None = None, want_version: bool | None = None) -> ElfInfo:
@@ -107,23 +109,64 @@ def _reason(exc: OSError) -> str:
 def _scan(path: str, display: str, want_version: bool | None) -> ElfInfo:
     try:
         with open(path, "rb") as fh:
-            if fh.read(4) != b"\x7fELF":
-                return ElfInfo(display, reason="not ELF")
-            if not is_libnccl(display) and not _may_mention_nccl(fh):
-                return ElfInfo(display)
-            fh.seek(0)
-            elf = ELFFile(fh)
-            imports, defines, needed, marked = _nccl_symbols(elf)
-            version = source = None
-            simulated = marked
-            if want_version or (want_version is None and (defines or is_libnccl(display))):
-                version, source, suffix = _version(elf, display)
-                simulated = simulated or "simulated" in suffix
-            return ElfInfo(display, None, imports, defines, needed, version, source, simulated)
+            return _scan_file(fh, display, want_version)
+    except OSError as exc:
+        return ElfInfo(display, reason=_reason(exc))
+
+
+def _scan_file(fh, display: str, want_version: bool | None) -> ElfInfo:
+    try:
+        if fh.read(4) != b"\x7fELF":
+            return ElfInfo(display, reason="not ELF")
+        if not is_libnccl(display) and not _may_mention_nccl(fh):
+            return ElfInfo(display)
+        fh.seek(0)
+        elf = ELFFile(fh)
+        imports, defines, needed, marked = _nccl_symbols(elf)
+        version = source = None
+        simulated = marked
+        if want_version or (want_version is None and (defines or is_libnccl(display))):
+            version, source, suffix = _version(elf, display)
+            simulated = simulated or "simulated" in suffix
+        return ElfInfo(display, None, imports, defines, needed, version, source, simulated)
     except OSError as exc:
         return ElfInfo(display, reason=_reason(exc))
     except (ELFError, ValueError, KeyError, IndexError, struct.error) as exc:  # truncated or odd ELF
         return ElfInfo(display, reason=f"unreadable ELF: {exc}")
+
+
+FILE_VERSIONS_MAX = 256  # (path, file) entries kept: a report names a few copies, a hand-made log may name many
+_FILE_VERSIONS: dict[tuple, ElfInfo | None] = {}
+
+
+def file_version(path: str) -> ElfInfo | None:
+    """The ELF of a library file that a witness named by path (a probe's event: the copy a process
+    ran), read as `inspect` reads it, for its version; None where it cannot be read. Only a regular
+    file is read: opened once without blocking (a log may name a FIFO or a device) and checked with
+    fstat, then read through that same descriptor. Cached per path and file (device, inode, mtime,
+    size), at most FILE_VERSIONS_MAX entries; never raises."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except (OSError, ValueError, TypeError):
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        key = (path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        if key in _FILE_VERSIONS:
+            return _FILE_VERSIONS[key]
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            info = _scan_file(fh, path, want_version=True)
+        got = info if info.version else None
+        if len(_FILE_VERSIONS) >= FILE_VERSIONS_MAX:
+            _FILE_VERSIONS.pop(next(iter(_FILE_VERSIONS)))  # the oldest entry
+        _FILE_VERSIONS[key] = got
+        return got
+    except Exception:  # noqa: BLE001 - a witness's blind spot, never the report's failure
+        return None
+    finally:
+        os.close(fd)
 
 
 def _contains(fh, size: int, needle: bytes) -> bool:

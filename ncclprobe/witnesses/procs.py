@@ -172,6 +172,26 @@ class EnvBlock:
     size: int  # bytes of the block
     garbled: int  # entries without '=' (a title written over the block)
     raw_hash: int | None  # to compare blocks across processes without keeping them
+    # Only part of the block is intact (a title or NULs over its head): env holds that part, and a
+    # variable not in it is unknown, not absent (lookup)
+    partial: bool = False
+
+    def lookup(self, var: str) -> tuple[bool, str | None]:
+        """(known, value) of var at exec: unknown where the block is unreadable, clobbered, or only
+        partly intact and var is not in the intact part."""
+        if self.env is None or self.source != "exec":
+            return False, None
+        if var in self.env:
+            return True, self.env[var]
+        return (not self.partial), None
+
+
+def zeroed_head(raw: bytes) -> bool:
+    """Whether NULs were written over part of the block: an exec-time block is NUL-terminated strings,
+    none empty, so a leading NUL or two NULs in a row is a hole. setproctitle takes over the block up
+    to the first variable no longer at its exec-time place (the process changed it before the title
+    was set), zeroes that head and leaves the tail as it was (Ray's agents: ~1.6 KB of NULs)."""
+    return raw[:1] == b"\0" or raw.find(b"\0\0", 0, len(raw) - 1) >= 0
 
 
 def parse_environ(raw: bytes) -> tuple[dict[str, str], int]:
@@ -432,8 +452,10 @@ class ProcFS:
                 # setproctitle moves environ to the heap and zeroes or overwrites the exec-time block
                 block = EnvBlock({}, "empty", "clobbered", len(raw), garbled, hash(raw))
             else:
-                block = EnvBlock(env, "exec", "partly overwritten" if garbled else None, len(raw), garbled,
-                                 hash(raw))
+                # a title or NULs over the head: the tail's variables are kept, the others unknown
+                partial = bool(garbled) or zeroed_head(raw)
+                block = EnvBlock(env, "exec", "partly overwritten" if partial else None, len(raw), garbled,
+                                 hash(raw), partial)
             self._environs[raw] = block
         return block
 
