@@ -287,11 +287,15 @@ def _live_records(m: Model) -> list[dict]:
 
 
 def _run_sets(m: Model) -> dict[str, str]:
+    """What `run` set: --set (CMD's environment) and --enforce (the boot probe's profile)."""
     out: dict[str, str] = {}
     for run in m.runs:
-        prof = run.get("profile") if isinstance(run, dict) else None
-        if isinstance(prof, dict) and isinstance(prof.get("set"), dict):
-            out.update({str(k): str(v) for k, v in prof["set"].items()})
+        if not isinstance(run, dict):
+            continue
+        prof = run.get("profile")
+        for values in (run.get("set"), prof.get("set") if isinstance(prof, dict) else None):
+            if isinstance(values, dict):
+                out.update({str(k): str(v) for k, v in values.items()})
     return out
 
 
