@@ -16,6 +16,7 @@ daemons, shells, servers) are named in the edge, not counted as affected.
 """
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
@@ -279,8 +280,17 @@ def _texts(p: ProcessView | None) -> str:
     return " ".join(p.argv or ([p.exe] if p and p.exe else [])) if p is not None else ""
 
 
+_WORD_SPLIT = re.compile(r"[\s/=;&|()'\"]+")
+MPI_WORDS = {"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "hydra_pmi_proxy"}
+
+
+def _words(text: str) -> list[str]:
+    return [w for w in _WORD_SPLIT.split(text) if w]
+
+
 def _launcher(m: Model, x: ProcessView, parent: ProcessView | None, given: dict | None = None) -> str | None:
-    """The launcher around an edge, from the command lines of the parent, the child and their ancestors."""
+    """The launcher around an edge, from whole words of the command lines of the child, its parent and
+    their ancestors (and, above the root, the command `run` was given)."""
     chain, p = [x], parent
     while p is not None and len(chain) < 16:
         chain.append(p)
@@ -288,37 +298,42 @@ def _launcher(m: Model, x: ProcessView, parent: ProcessView | None, given: dict 
     texts = [_texts(q) for q in chain]
     if given is not None and parent is None:
         texts.append(" ".join(given.get("command") or ()))
-    joined = " \n".join(texts)
-    near = " ".join(texts[:2] + ([" ".join(given.get("command") or ())] if given and parent is None else []))
-    if "raylet" in joined or "ray::" in joined or "ray/_private" in joined or "default_worker.py" in joined:
+    near_texts = texts[:2] + ([" ".join(given.get("command") or ())] if given and parent is None else [])
+    words = {w for text in texts for w in _words(text)}
+    near = [w for text in near_texts for w in _words(text)]
+    if "raylet" in words or "default_worker.py" in words or any(w.startswith("ray::") for w in words):
         return "ray"
-    if any(w in joined for w in ("mpirun", "mpiexec", "orted", "prterun", "prted")):
+    if words & MPI_WORDS:
         return "mpirun"
-    for marker in (" env -i", "env -i ", " --ignore-environment"):
-        if marker in " " + near:
-            return "env -i"
-    if "multiprocessing.forkserver" in joined:
+    if any(w == "env" and near[i + 1:i + 2] and near[i + 1] in ("-i", "-", "--ignore-environment")
+           for i, w in enumerate(near)):
+        return "env -i"
+    if "multiprocessing.forkserver" in words:
         return "multiprocessing forkserver"
-    if "multiprocessing.spawn" in near or "spawn_main" in near:
+    if "multiprocessing.spawn" in near or "spawn_main" in " ".join(near_texts):
         return "multiprocessing spawn"
-    if "torch.distributed.run" in joined or "torchrun" in joined or "torch.distributed.launch" in joined:
+    if words & {"torchrun", "torch.distributed.run", "torch.distributed.launch"}:
         return "torchrun"
     if parent is not None and is_shell(parent):
         return "shell"
     return None
 
 
-def _hint(edge: Edge, target: str | None, shown: bool) -> str:
-    var = edge.var
-    value = f"{var}={target}" if shown and target is not None else var
+def _hint(edge: Edge, items: dict[str, tuple]) -> str:
+    """What to change, for this edge and the launcher around it. items: {var: (target, have)}."""
+    names = list(items)
+    var = ", ".join(names)
+    value = " ".join(f"{v}={tg}" if is_watched(v) and tg is not None else v for v, (tg, _) in items.items())
+    env_vars = "{" + ", ".join(f'"{v}": "{tg if is_watched(v) else "..."}"' for v, (tg, _) in items.items()) + "}"
+    runtime_env = f'runtime_env={{"env_vars": {env_vars}}}'
     la, kind = edge.launcher, edge.kind
     child = program(edge.children[0].argv) if edge.children else "the child"
     if kind == "set_after_start":
         at_ = f" ({edge.where})" if edge.where else ""
         if la == "ray":
             return (f"set {value} before ray.init(){at_}: the raylet and the workers it starts copy the driver's "
-                    f"environment when ray.init() starts them; or pass runtime_env={{\"env_vars\": "
-                    f"{{\"{var}\": \"{target}\"}}}} to ray.init() or to the actor/task options")
+                    f"environment when ray.init() starts them; or pass {runtime_env} to ray.init() or to the "
+                    "actor/task options")
         if edge.via == "forkserver" or la == "multiprocessing forkserver":
             return (f"set {value} before the first multiprocessing start{at_}: the forkserver is started once, on "
                     "first use, and its children copy its environment; or set it in the worker (a Pool/Process "
@@ -342,31 +357,31 @@ def _hint(edge: Edge, target: str | None, shown: bool) -> str:
         if edge.parent is None:
             return f"something in CMD's command line starts `{child}` without {var}: forward {value} there"
         if la == "mpirun":
-            return f"mpirun forwards only what it is told to: add `-x {var}` (or set it in the rank's wrapper)"
+            return (f"mpirun forwards only what it is told to: add `{' '.join(f'-x {v}' for v in names)}` (or set "
+                    "it in the rank's wrapper)")
         if la == "ray":
-            return f"pass runtime_env={{\"env_vars\": {{\"{var}\": \"{target}\"}}}} where the actors are created"
+            return f"pass {runtime_env} where the actors are created"
         return (f"the code in `{_cmd(edge.parent)}` that starts `{child}` passes its own environment "
                 f"(subprocess env=, a launcher allow-list): forward {var} (e.g. env={{**os.environ, ...}})")
     if kind == "dropped_by_intermediate":
         who = program(edge.parent.argv if edge.parent else None)
         if la == "mpirun":
-            return f"{who} forwards only what it is told to: add `mpirun -x {var}`"
+            return f"{who} forwards only what it is told to: add `mpirun {' '.join(f'-x {v}' for v in names)}`"
         if la == "ray":
-            return (f"{who} starts workers with its own environment: pass runtime_env={{\"env_vars\": "
-                    f"{{\"{var}\": \"{target}\"}}}} (ray.init or the actor options)")
+            return f"{who} starts workers with its own environment: pass {runtime_env} (ray.init or the actor options)"
         return (f"{who} (not Python) filters the environment of the processes it starts: add {var} to its "
                 "allow-list or configuration, or set it in the worker itself")
     if kind == "overwritten_in_child":
         return (f"remove or guard the write at {edge.where} (os.environ.setdefault), or pin it: "
-                f"ncclprobe run --pin {var}")
+                f"ncclprobe run --pin {edge.var}")
     if kind == "shell_prefix":
         pit = edge.pitfall or {}
         if pit.get("kind") == "prefix":
-            return (f"export it for the whole script: `export {var}={pit.get('value')}`, or put the assignment "
-                    f"right before the command: `{var}={pit.get('value')} {pit.get('led_to_target')}`")
-        return f"write `export {var}={pit.get('value')}` instead"
+            return (f"export it for the whole script: `export {edge.var}={pit.get('value')}`, or put the assignment "
+                    f"right before the command: `{edge.var}={pit.get('value')} {pit.get('led_to_target')}`")
+        return f"write `export {edge.var}={pit.get('value')}` instead"
     if kind == "unseen":
-        return (f"set {value} where the job starts and see where it goes: {LIVE_VIEW}")
+        return f"set {value} where the job starts and see where it goes: {LIVE_VIEW}"
     # not_in_root
     if edge.launcher == "env -i":
         return f"`env -i` starts the command with an empty environment: name {value} after `env -i`"
@@ -624,7 +639,7 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
             msg += (f"; /proc shows only what pid {parent.pid} was started with, so a write inside it (after it "
                     "started these) is not visible here")
         culprit = "not in the root's environment"
-    return Finding(code, sev, msg, tuple(pids), None if plural else var, ev, _hint(edge, target, shown),
+    return Finding(code, sev, msg, tuple(pids), None if plural else var, ev, _hint(edge, items),
                    instances=tuple(g["instances"]), vars=tuple(names) if plural else (), culprit=culprit,
                    cause=("edge", g["key"]), edge=edge.to_json())
 

@@ -50,13 +50,44 @@ class SimpleCommand:
         return " ".join(words)
 
 
+def strip_comments(script: str) -> str:
+    """The script without its comments (a `#` that starts a word, outside quotes, to the end of its
+    line; the newline stays: it ends the command before it). A quote inside a comment (`# don't`) is
+    no quote."""
+    out: list[str] = []
+    quote, i, n = "", 0, len(script)
+    while i < n:
+        ch = script[i]
+        if quote:
+            if ch == "\\" and quote == '"' and i + 1 < n:
+                out.append(script[i:i + 2])
+                i += 2
+                continue
+            if ch == quote:
+                quote = ""
+        elif ch == "\\" and i + 1 < n:
+            out.append(script[i:i + 2])
+            i += 2
+            continue
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or script[i - 1] in " \t\n;&|()"):
+            j = script.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
 def split_script(script: str) -> list[SimpleCommand]:
     """The simple commands of a shell list (`;`, `&&`, `||`, `|`, `&`, newlines), shlex-level: no
     expansion, quotes honoured, comments dropped. Raises ValueError on unbalanced quotes."""
-    lex = shlex.shlex(script, posix=True, punctuation_chars=";&|<>()\n")
+    lex = shlex.shlex(strip_comments(script), posix=True, punctuation_chars=";&|<>()\n")
     lex.whitespace = " \t\r"
     lex.whitespace_split = True
-    lex.commenters = "#"
+    # comments by hand: shlex's own commenters swallow the newline that ends the command before them
+    lex.commenters = ""
     commands: list[SimpleCommand] = []
     current: list[str] = []
 
@@ -149,14 +180,37 @@ def script_file(cmdline: list[str]) -> str | None:
     return None
 
 
+# a parameter expansion or command substitution inside a word: matches any text once expanded
+_EXPANSION = re.compile(r"\$\{[^}]*\}|\$\([^)]*\)|`[^`]*`|\$[A-Za-z_][A-Za-z0-9_]*|\$[0-9@*#?$!-]")
+_ALL_ARGS = {"$@", "${@}", "$*", "${*}"}
+
+
+def _word_matches(word: str, arg: str) -> bool:
+    if "$" not in word and "`" not in word:
+        return word == arg
+    parts = _EXPANSION.split(word)
+    return re.fullmatch(".*".join(map(re.escape, parts)), arg, re.S) is not None
+
+
+def _words_match(words: list[str], argv: list[str]) -> bool:
+    """Script words against the argv they became: an expansion matches any text, "$@" any number of
+    arguments (the script's own, which the shell's command line holds but nothing here checks)."""
+    if not words:
+        return not argv
+    if words[0] in _ALL_ARGS:
+        return any(_words_match(words[1:], argv[i:]) for i in range(len(argv) + 1))
+    return bool(argv) and _word_matches(words[0], argv[0]) and _words_match(words[1:], argv[1:])
+
+
 def _leads_to(cmd: SimpleCommand, child: list[str]) -> bool:
-    """Is this simple command the one that became `child` (its exec'ed command line)?"""
+    """Is this simple command the one that became `child` (its exec'ed command line)? Words with
+    parameter expansions ($here/w.py, "$@") match what they can expand to."""
     if not cmd.words or not child:
         return False
-    if os.path.basename(cmd.words[0]) != os.path.basename(child[0]):
+    if not _word_matches(os.path.basename(cmd.words[0]), os.path.basename(child[0])):
         # an interpreter may show its real name (python3.11 for python); compare the arguments
-        return len(cmd.words) > 1 and list(cmd.words[1:]) == child[1:]
-    return list(cmd.words[1:]) == child[1:] or len(cmd.words) == 1
+        return len(cmd.words) > 1 and _words_match(list(cmd.words[1:]), child[1:])
+    return _words_match(list(cmd.words[1:]), child[1:]) or len(cmd.words) == 1
 
 
 @dataclass(frozen=True)
