@@ -86,7 +86,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
         except Unexaminable as exc:
             in_process_error = exc
     model_mod.add_records(m, recs, host)
-    m.shell_pitfalls = ctx.shell_pitfalls()
+    m.shell_pitfalls = ctx.shell_pitfalls() + shells.model_pitfalls(m, shells=False)  # + exec'd wrapper scripts
     findings = diagnose.rules(m, expect, recs=recs, host=host)
     # a PID named on the command line that is not there (or went during the walk) fails the command
     missing = sorted({s["pid"] for s in not_found} | {s["pid"] for s in tree.skipped if s["pid"] in pids})

@@ -35,6 +35,8 @@ def load(dirs, nccl_logs=()) -> Model:
         if debug_files:
             from ncclprobe.witnesses import nccllog_model
             nccllog_model.merge(m, debug_files)
+    from ncclprobe.witnesses import shells
+    m.shell_pitfalls = shells.model_pitfalls(m)  # the scripts the command lines name, read now
     if not m.processes and not m.comms:
         unreadable_files = sum(v for k, v in log.skipped.items() if k.startswith("unreadable file"))
         reason = (f"{unreadable_files} event file(s) unreadable" if unreadable_files else

@@ -25,7 +25,7 @@ from ncclprobe.diagnose.findings import Finding, at
 from ncclprobe.model import Model, ProcessView
 from ncclprobe.model import wiring
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
-from ncclprobe.model.watched import ASSIGN_WORD, REDACTED, is_watched, one_line
+from ncclprobe.model.watched import is_watched, one_line, redact_assignments
 
 LIVE_VIEW = ("`ncclprobe run -- CMD` (or `ncclprobe inject install`) records the live environment from "
              "inside each process")
@@ -230,9 +230,10 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
                         witnesses=tl.witnesses)
         pit = _pitfall(m, x, e, var)
         if pit is not None:
-            shell = next((p for p in m.processes.values() if p.pid == pit["shell"] and p.host == x.host), None)
+            by = pit.get("started_by", pit["shell"])
+            shell = next((p for p in m.processes.values() if p.pid == by and p.host == x.host), None)
             return Edge("shell_prefix", var, shell, [x], via=k.via(x), launcher="shell", witnesses=("proc",),
-                        pitfall=pit, parent_label=pit.get("shell_command"), parent_pid=pit["shell"])
+                        pitfall=pit, parent_label=pit.get("shell_command"), parent_pid=by)
         parent = m.parent(x)
         if parent is None:
             given = m.given
@@ -270,7 +271,8 @@ def _last_change(tl: Timeline, var: str, target: str | None, t: float | None):
 
 def _pitfall(m: Model, x: ProcessView, e: ProcessView, var: str) -> dict[str, Any] | None:
     for pit in m.shell_pitfalls:
-        if pit["var"] == var and (x.pid in pit["pids"] or e.pid in pit["pids"]) and pit["shell"] == x.ppid:
+        if pit["var"] == var and (x.pid in pit["pids"] or e.pid in pit["pids"]) and \
+                pit["shell"] == (x.pid if pit.get("exec") else x.ppid):
             return pit
     return None
 
@@ -421,7 +423,7 @@ def _cmd(p: ProcessView | None) -> str:
     argv = list((p.argv if p else None) or [(p.exe if p else None) or "?"])
     argv[0] = argv[0].rsplit("/", 1)[-1]
     text = one_line(" ".join(argv))
-    text = ASSIGN_WORD.sub(lambda mo: mo.group(0) if is_watched(mo.group(1)) else f"{mo.group(1)}={REDACTED}", text)
+    text = redact_assignments(text)
     return text if len(text) <= 80 else text[:79] + "…"
 
 
@@ -468,8 +470,8 @@ def cause_of(edge: Edge, have: str | None) -> tuple:
         return (edge.kind, edge.where, edge.var)
     if edge.kind == "set_after_start":
         return (edge.kind, edge.parent.key if edge.parent else None, edge.where)
-    if edge.kind == "shell_prefix":
-        return (edge.kind, edge.parent_pid, edge.var)
+    if edge.kind == "shell_prefix":  # a wrapper script that exec'd is one cause in every process it became
+        return (edge.kind, (edge.pitfall or {}).get("script") or edge.parent_pid, edge.var)
     return (edge.kind, edge.parent.key if edge.parent else edge.parent_label, have is None)
 
 
@@ -538,9 +540,9 @@ def _pitfall_groups(m: Model, expect: dict[str, str], groups: dict) -> None:
     """Every shell pitfall is a finding of its own (SHELL_PREFIX_SCOPE); the endpoints lost at that shell
     join it."""
     for pit in m.shell_pitfalls:
-        shell = next((p for p in m.processes.values() if p.pid == pit["shell"]), None)
+        shell = next((p for p in m.processes.values() if p.pid == pit.get("started_by", pit["shell"])), None)
         edge = Edge("shell_prefix", pit["var"], shell, [], launcher="shell", witnesses=("proc",), pitfall=pit,
-                    parent_label=pit.get("shell_command"), parent_pid=pit["shell"])
+                    parent_label=pit.get("shell_command"), parent_pid=pit.get("started_by", pit["shell"]))
         g = groups.setdefault(cause_of(edge, None), {"edge": edge, "items": {}, "pids": [], "instances": [],
                                                      "children": [], "key": cause_of(edge, None)})
         g["items"].setdefault(pit["var"], (expect.get(pit["var"], pit["value"]), None))
@@ -582,14 +584,19 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
     if kind == "shell_prefix":
         pit = edge.pitfall
         code = "SHELL_PREFIX_SCOPE"
-        if pit["kind"] == "prefix":
+        if pit.get("exec"):
+            msg = (f"{pit['script']} (run by pid {pit['started_by']}, then exec'd) assigns {pit['var']}="
+                   f"{pit['value']} only to `{pit['command']}`, not to `{pit['led_to_target']}`, which became "
+                   f"{pid_text}")
+        elif pit["kind"] == "prefix":
             msg = (f"shell pid {pit['shell']} assigns {pit['var']}={pit['value']} only to `{pit['command']}`, "
                    f"not to `{pit['led_to_target']}`, which started {pid_text}")
         else:
             msg = (f"shell pid {pit['shell']} sets {pit['var']}={pit['value']} as an unexported shell variable; "
                    f"`{pit['led_to_target']}` does not get it ({pid_text})")
         words = [w for w in (pit.get("command") or "").split() if "=" not in w]
-        culprit = (f"prefix on `{words[0]}` only (shell pid {pit['shell']})" if pit["kind"] == "prefix" and words
+        where = f"in {pit['script'].rsplit('/', 1)[-1]}" if pit.get("exec") else f"(shell pid {pit['shell']})"
+        culprit = (f"prefix on `{words[0]}` only {where}" if pit["kind"] == "prefix" and words
                    else f"unexported in shell pid {pit['shell']}")
         ev.update({"shell": pit["shell"], "shell_command": pit.get("shell_command"),
                    "assigned_in": pit.get("command") or "(bare assignment)",

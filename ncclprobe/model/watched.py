@@ -72,3 +72,9 @@ _CONTROL = {**{i: f"\\x{i:02x}" for i in range(32)}, 9: "\\t", 10: "\\n", 13: "\
 
 def one_line(text: str) -> str:
     return text if text.isprintable() else text.translate(_CONTROL)
+
+
+def redact_assignments(text: str) -> str:
+    """Shell code or a command line with the value of every NAME=VALUE word of a variable outside the
+    watched set redacted (those are environment values, and may be secrets)."""
+    return ASSIGN_WORD.sub(lambda m: m.group(0) if is_watched(m.group(1)) else f"{m.group(1)}={REDACTED}", text)

@@ -252,3 +252,103 @@ def pitfalls(script: str, child: list[str], watched, shell_env=None,
                   and commands.index(c) < lead_index):
                 out.append(PrefixPitfall(name, value, "", lead.display(show), "unexported"))
     return out
+
+
+# ------------------------------------------------------------------ scripts named in a model's command lines
+MAX_SCRIPT = 1 << 20
+SHELL_NAMES = ("bash", "sh", "dash", "zsh", "ksh", "ash")
+
+
+def read_script(path: str) -> str | None:
+    """A script's text, if path names a regular file of at most MAX_SCRIPT bytes (opened without
+    following a FIFO into a block; never raises)."""
+    import stat as stat_mod
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat_mod.S_ISREG(st.st_mode) or st.st_size > MAX_SCRIPT:
+            return None
+        return os.read(fd, MAX_SCRIPT).decode("utf-8", "surrogateescape")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _shell_script_of(path: str) -> str | None:
+    """The text of path if it is a shell script (#! of a shell), else None."""
+    if not path.startswith("/"):
+        return None
+    text = read_script(path)
+    if text is None or not text.startswith("#!"):
+        return None
+    interp = text[2:].split("\n", 1)[0].split()
+    words = [os.path.basename(w) for w in interp[:2]]
+    return text if any(w in SHELL_NAMES for w in words) else None
+
+
+def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: bool = True) -> list[dict]:
+    """Shell pitfalls found from the model alone (no live /proc reading): the script of each shell
+    process whose command line names it by an absolute path (or whose `script` the watch recorded),
+    against each of its children; and a wrapper script that exec'd its command (`torchrun --no-python
+    wrap.sh`, where bash became the worker): the script its parent's command line names, against the
+    process it became. Shell pids in `covered` were read live already. Values of unwatched assignments
+    are not shown."""
+    from ncclprobe.model.watched import is_watched, redact_assignments
+    watched = watched or is_watched
+
+    def show(name, value):
+        return value if watched(name) else None
+
+    kids: dict = {}
+    for p in m.processes.values():
+        kids.setdefault((p.host, p.ppid), []).append(p)
+
+    def subtree(p) -> list[int]:
+        out, stack = [], [p]
+        while stack:
+            q = stack.pop()
+            out.append(q.pid)
+            stack.extend(kids.get((q.host, q.pid), []))
+        return sorted(out)
+
+    def is_shell(p) -> bool:
+        return os.path.basename((p.exe or "") or (p.argv or [""])[0]) in SHELL_NAMES
+
+    def one(text: str) -> str:
+        return " ".join(text.split())
+
+    out: list[dict] = []
+    for s in m.processes.values() if shells else ():
+        if s.pid in covered or not s.argv or not is_shell(s):
+            continue
+        path = getattr(s, "script", None) or script_file(s.argv)
+        script = shell_script(s.argv) or (read_script(path) if path and path.startswith("/") else None)
+        if script is None:
+            continue
+        env = s.proc_exec_env if s.proc_exec_env is not None else s.start_env
+        for child in kids.get((s.host, s.pid), []):
+            if child.argv == s.argv or not child.argv:
+                continue
+            for pf in pitfalls(script, child.argv, watched, env, show):
+                out.append({"shell": s.pid, "shell_command": redact_assignments(one(" ".join(s.argv)))[:200], "pids": subtree(child),
+                            "var": pf.var, "value": pf.value, "command": redact_assignments(one(pf.command)),
+                            "led_to_target": redact_assignments(one(pf.led_to_target)), "kind": pf.kind})
+    for x in m.processes.values():  # a wrapper script that exec'd: the shell became x
+        parent = m.processes.get((x.host, x.ppid)) if x.ppid else None
+        if parent is None or not parent.argv or not x.argv or is_shell(parent) or x.pid in covered:
+            continue
+        for arg in parent.argv[1:]:
+            script = _shell_script_of(arg)
+            if script is None:
+                continue
+            for pf in pitfalls(script, x.argv, watched, None, show):
+                if pf.kind == "prefix":  # the wrapper's own environment is unknown: only prefixes are sure
+                    out.append({"shell": x.pid, "shell_command": f"{arg} (a wrapper script that exec'd)",
+                                "pids": subtree(x), "var": pf.var, "value": pf.value, "command": redact_assignments(one(pf.command)),
+                                "led_to_target": redact_assignments(one(pf.led_to_target)), "kind": pf.kind,
+                                "exec": True, "script": arg, "started_by": parent.pid})
+    return out
