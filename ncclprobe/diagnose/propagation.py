@@ -48,6 +48,9 @@ class Timeline:
     complete: bool             # False: in-process writes were not witnessed (/proc alone)
 
     def at(self, t: float | None) -> dict[str, str]:
+        """The environment at time t (None: now). Read-only: it may be the start environment itself."""
+        if not self.writes or (t is not None and self.writes[0].t > t):
+            return self.start
         env = dict(self.start)
         for w in self.writes:
             if t is not None and w.t > t:
@@ -66,6 +69,8 @@ class Timeline:
 def net_writes(p: ProcessView) -> list:
     """p's writes, less each change undone within RESTORE_WINDOW_S with no NCCL read between (a
     save/clear/restore of os.environ); a write a pin blocked stays (it changed nothing: Timeline skips it)."""
+    if not p.writes:
+        return []
     writes = sorted(p.writes, key=lambda w: w.t)
     reads = sorted(r.t for r in p.reads.values())
     undone: set[int] = set()
@@ -83,11 +88,20 @@ def net_writes(p: ProcessView) -> list:
     return [w for i, w in enumerate(writes) if i not in undone]
 
 
+_PYTHON_NAMES: dict[tuple[str, str], bool] = {}
+
+
 def is_python(p: ProcessView) -> bool:
     if "boot" in p.sources:
         return True
-    names = [x.rsplit("/", 1)[-1] for x in ((p.exe or ""), ((p.argv or [""])[0]))]
-    return any(n.startswith("python") or n.startswith("pypy") for n in names)
+    key = (p.exe or "", (p.argv or [""])[0])
+    hit = _PYTHON_NAMES.get(key)
+    if hit is None:
+        if len(_PYTHON_NAMES) > 4096:
+            _PYTHON_NAMES.clear()
+        names = [x.rsplit("/", 1)[-1] for x in key]
+        hit = _PYTHON_NAMES[key] = any(n.startswith(("python", "pypy")) for n in names)
+    return hit
 
 
 def is_forkserver(p: ProcessView | None) -> bool:
@@ -111,7 +125,10 @@ class Knowledge:
 
     def __init__(self, m: Model):
         self.m = m
-        self._tl: dict[tuple[str, int], Timeline | None] = {}
+        self._tl: dict[int, Timeline | None] = {}
+        self._spawned: dict[int, tuple[Any, bool]] = {}
+        self.refs: dict[tuple, tuple[bool, str | None]] = {}   # (parent key, var) -> _reference
+        self._helpers: dict[int, tuple[Any, bool]] = {}
         self.children: dict[tuple[str, int], list[ProcessView]] = defaultdict(list)
         for p in m.processes.values():
             parent = m.parent(p)
@@ -125,23 +142,25 @@ class Knowledge:
             return "forkserver"
         if forked:
             return "fork"
-        if any("multiprocessing.spawn" in a or "spawn_main" in a for a in p.argv or ()):
-            return "spawn"
-        return "exec"
+        hit = self._spawned.get(id(p.argv))
+        if hit is None:  # once per command line (processes started alike share theirs)
+            hit = self._spawned[id(p.argv)] = (p.argv, any("multiprocessing.spawn" in a or "spawn_main" in a
+                                                           for a in p.argv or ()))
+        return "spawn" if hit[1] else "exec"
 
     def timeline(self, p: ProcessView) -> Timeline | None:
-        if p.key in self._tl:
-            return self._tl[p.key]
-        self._tl[p.key] = None  # a cycle in a foreign log's ppids ends here
+        key = id(p)  # the model's processes live as long as this
+        if key in self._tl:
+            return self._tl[key]
+        self._tl[key] = None  # a cycle in a foreign log's ppids ends here
         tl = self._timeline(p)
-        self._tl[p.key] = tl
+        self._tl[key] = tl
         return tl
 
     def _timeline(self, p: ProcessView) -> Timeline | None:
         writes = [w for w in net_writes(p) if not w.blocked]
         if p.start_env is not None:
-            return Timeline(dict(p.start_env), writes, "boot probe (start environment and every write)",
-                            ("boot",), True)
+            return Timeline(p.start_env, writes, "boot probe (start environment and every write)", ("boot",), True)
         parent = self.m.parent(p)
         if self.via(p) in ("fork", "forkserver") or p.proc_stale == "clobbered":
             # a fork child's environment is its parent's at the fork; /proc shows only the parent's block
@@ -152,7 +171,7 @@ class Knowledge:
             return Timeline(ptl.at(start_of(p)), writes, f"its parent's (pid {parent.pid}) at the fork",
                             ptl.witnesses, ptl.complete and not is_python(p))
         if p.proc_exec_env is not None:
-            return Timeline(dict(p.proc_exec_env), writes, "/proc (the environment it was started with)",
+            return Timeline(p.proc_exec_env, writes, "/proc (the environment it was started with)",
                             ("proc",), not is_python(p))
         return None
 
@@ -168,10 +187,18 @@ class Knowledge:
     def endpoints(self) -> list[ProcessView]:
         """The processes the job's values matter in (see the module's docstring); with inspect's
         `--scope all`, also every process that starts no other."""
-        scoped = [p for p in self.m.processes.values() if p.in_scope is not False and not _helper(p)]
-        users = {p.key for p in scoped if self.m.comms_of(p.host, p.pid) or p.libs or p.nccl_user}
+        scoped = [p for p in self.m.processes.values() if p.in_scope is not False and not self.helper(p)]
+        with_comms = {(c.host, c.pid) for c in self.m.comms}
+        users = {p.key for p in scoped if p.key in with_comms or p.libs or p.nccl_user}
         return [p for p in scoped if p.key in users or ((p.in_scope is True or not users) and
-                                                         not [c for c in self.children[p.key] if not _helper(c)])]
+                                                         not [c for c in self.children[p.key] if not self.helper(c)])]
+
+    def helper(self, p: ProcessView) -> bool:
+        """_helper, once per command line (processes started alike share theirs)."""
+        hit = self._helpers.get(id(p.argv))
+        if hit is None:
+            hit = self._helpers[id(p.argv)] = (p.argv, _helper(p))
+        return hit[1]
 
 
 def _helper(p: ProcessView) -> bool:
@@ -436,9 +463,15 @@ def variables(m: Model, k: Knowledge, expect: dict[str, str]) -> list[str]:
     """The expected names, then every NCCL variable (not ncclprobe's wiring, not one NCCL never reads)
     that some process had at some time."""
     names: dict[str, None] = dict.fromkeys(expect)
+    seen: set[int] = set()  # processes started alike share one environment (inspect's records)
     for p in m.processes.values():
         tl = k.timeline(p)
-        envs = [tl.start, *({w.var: w.new or ""} for w in tl.writes)] if tl else []
+        if tl is None:
+            continue
+        envs = [tl.start] if id(tl.start) not in seen else []
+        seen.add(id(tl.start))
+        if tl.writes:
+            envs += [{w.var: w.new or ""} for w in tl.writes]
         for env in envs:
             for v in wiring.job_env(env) or {}:
                 if v.startswith("NCCL_") and v not in NOT_READ_BY_NCCL:
@@ -448,7 +481,16 @@ def variables(m: Model, k: Knowledge, expect: dict[str, str]) -> list[str]:
 
 def _reference(k: Knowledge, e: ProcessView, var: str) -> tuple[bool, str | None]:
     """(found, value): the value of var of e's nearest ancestor that had it (its latest value)."""
-    p, seen = k.m.parent(e), set()
+    parent = k.m.parent(e)
+    key = (parent.key if parent else None, var)
+    hit = k.refs.get(key)
+    if hit is None:
+        hit = k.refs[key] = _reference_above(k, parent, var)
+    return hit
+
+
+def _reference_above(k: Knowledge, p: ProcessView | None, var: str) -> tuple[bool, str | None]:
+    seen: set = set()
     while p is not None and p.key not in seen:
         seen.add(p.key)
         tl = k.timeline(p)

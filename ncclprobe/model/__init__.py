@@ -334,8 +334,9 @@ def add_records(m: Model, recs, host: str) -> Model:
         p.argv = p.argv or r.get("cmdline") or None
         p.exe = p.exe or r.get("exe")
         readable = r.get("env_source") == "exec"
-        p.proc_exec_env = dict(r.get("_watched") or {}) if readable else None
-        p.proc_expected = dict(r.get("_exp") or {}) if readable else None
+        # shared with the records of processes started alike (never modified): the rules do them once
+        p.proc_exec_env = (r.get("_watched") or {}) if readable else None
+        p.proc_expected = (r.get("_exp") or {}) if readable else None
         p.proc_start = r.get("_start")
         p.proc_env_reason = None if readable else (r.get("env_reason") or r.get("env_source"))
         p.proc_stale = r.get("stale")

@@ -337,14 +337,16 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
                 out.append({"shell": s.pid, "shell_command": redact_assignments(one(" ".join(s.argv)))[:200], "pids": subtree(child),
                             "var": pf.var, "value": pf.value, "command": redact_assignments(one(pf.command)),
                             "led_to_target": redact_assignments(one(pf.led_to_target)), "kind": pf.kind})
+    scripts: dict[int, tuple] = {}  # the shell scripts a command line names, once per command line
     for x in m.processes.values():  # a wrapper script that exec'd: the shell became x
         parent = m.processes.get((x.host, x.ppid)) if x.ppid else None
         if parent is None or not parent.argv or not x.argv or is_shell(parent) or x.pid in covered:
             continue
-        for arg in parent.argv[1:]:
-            script = _shell_script_of(arg)
-            if script is None:
-                continue
+        hit = scripts.get(id(parent.argv))
+        if hit is None:
+            named = [(a, s) for a in parent.argv[1:] if a.startswith("/") for s in [_shell_script_of(a)] if s]
+            hit = scripts[id(parent.argv)] = (parent.argv, named)
+        for arg, script in hit[1]:
             for pf in pitfalls(script, x.argv, watched, None, show):
                 if pf.kind == "prefix":  # the wrapper's own environment is unknown: only prefixes are sure
                     out.append({"shell": x.pid, "shell_command": f"{arg} (a wrapper script that exec'd)",
