@@ -12,7 +12,12 @@
  * The output (`out`, PR_OUT int64s per process; ncclprobe/procread.py names them) holds the stat fields procs
  * uses, the owner's uid (the owner of /proc/<pid>: the task's euid, fs/proc/base.c task_dump_owner),
  * and per kind {errno, value number, offset, length}; the bytes of a new value are at that offset in
- * `buf`. The directory is opened once (O_PATH), so a PID reused mid-read cannot mix two processes. */
+ * `buf`. The directory is opened once (O_PATH), so a PID reused mid-read cannot mix two processes.
+ *
+ * `run`'s watch of a tree (ncclprobe_proc_watch) walks it the same way, but reads a process it knows
+ * already (the caller names them) as R_KNOWN: its stat and children only, the membership scan; a
+ * process new to it gets comm, cmdline, exe and environ (no maps, root or namespace), and no
+ * ancestors are read. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -40,7 +45,8 @@ enum { K_COMM, K_CMDLINE, K_EXE, K_ENVIRON, K_MAPS, K_ROOT, K_MNT, K_CHILDREN, K
 enum { O_ERR, O_PID, O_PPID, O_STATE, O_FLAGS, O_START, O_THREADS, O_SPAN0, O_SPAN1, O_SPAN2, O_SPAN3,
        O_UID, O_UID_ERR, O_SPECIAL, O_CLASS, O_FRESH, O_ROLE, O_MAPS_HOW, O_KINDS };
 enum { M_NONE, M_QUERY, M_READ }; /* O_MAPS_HOW: how its maps rows were read */
-enum { R_TREE, R_EXCLUDED, R_ANCESTOR };
+enum { R_TREE, R_EXCLUDED, R_ANCESTOR, R_KNOWN };
+enum { MODE_READ_MAPS = 1, MODE_WATCH = 2 }; /* tree_walk: read maps files always; the watch's walk */
 #define PR_OUT (O_KINDS + 4 * K_COUNT)
 
 typedef struct {
@@ -406,7 +412,7 @@ static int parse_stat(const char* s, int64_t n, int64_t* out, int64_t* comm_off,
  * bytes, moved down to where o->used was; known ones get their number. Returns 0 (a process that
  * cannot be read has its errno in out[O_ERR]), ENOBUFS or ENOMEM. Kernel threads and zombies have no
  * mm, so no environ or maps. */
-static int read_one(pr_reader* r, int pid, int role, pr_out* o, int64_t* out) {
+static int read_one(pr_reader* r, int pid, int role, int watch, pr_out* o, int64_t* out) {
   char dir[4200];
   memset(out, 0, PR_OUT * sizeof *out);
   out[O_PID] = pid;
@@ -429,6 +435,22 @@ static int read_one(pr_reader* r, int pid, int role, pr_out* o, int64_t* out) {
     return 0;
   }
   at[K_COMM] += mark;
+  if (role == R_KNOWN) { /* the watch knows it: stat (read above) and children, nothing numbered */
+    o->used = mark;
+    int64_t* ch = out + O_KINDS + 4 * K_CHILDREN;
+    err = append_children(dfd, out[O_PID], out[O_THREADS], o);
+    close(dfd);
+    if (err == ENOBUFS) {
+      o->used = mark;
+      return ENOBUFS;
+    }
+    if (err) o->used = mark;
+    ch[0] = err;
+    ch[2] = mark;
+    ch[3] = o->used - mark;
+    out[O_SPECIAL] = 1;
+    return 0;
+  }
   struct stat st;
   if (fstat(dfd, &st) == 0) out[O_UID] = st.st_uid;
   else out[O_UID_ERR] = errno;
@@ -437,7 +459,9 @@ static int read_one(pr_reader* r, int pid, int role, pr_out* o, int64_t* out) {
   for (int k = K_CMDLINE; k < K_COUNT; k++) {
     int64_t start = o->used;
     int e;
-    switch (k) {
+    int skip = watch && (k == K_MAPS || k == K_ROOT || k == K_MNT); /* the watch reads none of them */
+    switch (skip ? -1 : k) {
+      case -1: e = 0; break;
       case K_EXE: e = append_link(dfd, "exe", o); break;
       case K_ROOT: e = append_link(dfd, "root", o); break;
       case K_MNT: e = append_link(dfd, "ns/mnt", o); break;
@@ -541,6 +565,13 @@ static int pid_add(pid_set* s, int pid) { /* 1 added, 0 present, -1 ENOMEM */
   return 1;
 }
 
+static int pid_has(const pid_set* s, int pid) {
+  if (!s->cap) return 0;
+  for (size_t j = ((size_t)pid * 2654435761u) & (s->cap - 1); s->slot[j]; j = (j + 1) & (s->cap - 1))
+    if (s->slot[j] == pid) return 1;
+  return 0;
+}
+
 static int push(int** stack, size_t* depth, size_t* cap, int pid) {
   if (*depth == *cap) {
     size_t c = *cap ? 2 * *cap : 256;
@@ -569,18 +600,41 @@ static int int_cmp(const void* a, const void* b) { return (*(const int*)a > *(co
  * again with a larger one; -ENOMEM. Under a process whose children file failed nothing is read (its errno is in its
  * slot: the caller then cannot trust the tree). Values are numbered afresh in each call. read_maps:
  * read every maps file, even where the kernel has PROCMAP_QUERY. */
+static int64_t tree_walk(const char* proc_root, const int* roots, int nroots, const int* exclude, int nexclude,
+                         const int* known, int nknown, char* buf, int64_t cap, int64_t* out, int64_t max_procs,
+                         int mode);
+
 EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int nroots, const int* exclude,
                                    int nexclude, char* buf, int64_t cap, int64_t* out, int64_t max_procs,
                                    int read_maps) {
+  return tree_walk(proc_root, roots, nroots, exclude, nexclude, NULL, 0, buf, cap, out, max_procs,
+                   read_maps ? MODE_READ_MAPS : 0);
+}
+
+/* The watch's scan (ncclprobe/commands/watch.py): the walk above, without ancestors; a process in
+ * `known` (a root too) is read as R_KNOWN: stat and children only. The others get comm, cmdline, exe
+ * and environ; maps, root and ns/mnt are left unread (errno 0, no bytes). */
+EXPORT int64_t ncclprobe_proc_watch(const char* proc_root, const int* roots, int nroots, const int* exclude,
+                                    int nexclude, const int* known, int nknown, char* buf, int64_t cap,
+                                    int64_t* out, int64_t max_procs) {
+  return tree_walk(proc_root, roots, nroots, exclude, nexclude, known, nknown, buf, cap, out, max_procs, MODE_WATCH);
+}
+
+static int64_t tree_walk(const char* proc_root, const int* roots, int nroots, const int* exclude, int nexclude,
+                         const int* known, int nknown, char* buf, int64_t cap, int64_t* out, int64_t max_procs,
+                         int mode) {
   pr_reader r = {0};
-  r.no_query = read_maps; /* asked to read maps even where PROCMAP_QUERY would do */
+  r.no_query = mode & MODE_READ_MAPS; /* asked to read maps even where PROCMAP_QUERY would do */
+  int watch = mode & MODE_WATCH;
   if (snprintf(r.root, sizeof r.root, "%s", proc_root) >= (int)sizeof r.root) return -ENAMETOOLONG;
   pr_out o = {buf, cap, 0};
-  pid_set seen = {0};
+  pid_set seen = {0}, knows = {0};
   int *stack = NULL, *kids = NULL;
   size_t depth = 0, stack_cap = 0, kids_cap = 0;
   int64_t n = 0;
   int rc = 0;
+  for (int i = 0; i < nknown && !rc; i++)
+    if (known[i] > 0 && pid_add(&knows, known[i]) < 0) rc = ENOMEM;
   for (int i = nroots - 1; i >= 0 && !rc; i--) rc = push(&stack, &depth, &stack_cap, roots[i]); /* popped in order */
   while (depth && !rc) {
     int pid = stack[--depth];
@@ -599,7 +653,8 @@ EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int 
       n++;
       continue;
     }
-    if ((rc = read_one(&r, pid, R_TREE, &o, slot))) break;
+    int role = pid_has(&knows, pid) ? R_KNOWN : R_TREE;
+    if ((rc = read_one(&r, pid, role, watch, &o, slot))) break;
     n++;
     int64_t* ch = slot + O_KINDS + 4 * K_CHILDREN;
     if (slot[O_ERR] || ch[0]) continue;
@@ -621,7 +676,7 @@ EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int 
   }
   /* each root's ancestors, up to one read already */
   int64_t tree_n = n;
-  for (int i = 0; i < nroots && !rc; i++) {
+  for (int i = 0; i < nroots && !rc && !watch; i++) {
     int64_t ppid = 0;
     for (int64_t j = 0; j < tree_n; j++) {
       int64_t* slot = out + j * PR_OUT;
@@ -638,7 +693,7 @@ EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int 
         break;
       }
       int64_t* slot = out + n * PR_OUT;
-      if ((rc = read_one(&r, (int)ppid, R_ANCESTOR, &o, slot))) break;
+      if ((rc = read_one(&r, (int)ppid, R_ANCESTOR, 0, &o, slot))) break;
       n++;
       ppid = slot[O_ERR] ? 0 : slot[O_PPID];
     }
@@ -646,6 +701,7 @@ EXPORT int64_t ncclprobe_proc_tree(const char* proc_root, const int* roots, int 
   free(stack);
   free(kids);
   free(seen.slot);
+  free(knows.slot);
   free(r.tab);
   free(r.arena);
   return rc ? -rc : n;

@@ -147,6 +147,11 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
     exit, what CMD left running stays running and is listed in the report.
 
     \b
+    While CMD runs, its tree is watched from /proc every 0.5 s (NCCLPROBE_WATCH_S; 0: off): each
+    process, Python or not, is recorded once in the log directory with its parent and the watched
+    part of its exec-time environment.
+
+    \b
     Example: ncclprobe run --set NCCL_PROTO=LL -- python serve.py --tp 8
     """
     import errno

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ncclprobe.commands import logdir, supervise
+from ncclprobe.commands import logdir, supervise, watch as proc_watch
 from ncclprobe.doc import Result, Text, Unexaminable
 from ncclprobe.witnesses.events import RUN_META
 from ncclprobe.commands.supervise import Group, printable
@@ -196,12 +196,13 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
             wiring = wire(base, d, profile, preload, plugins, boot)
             grace, grace_note = supervise.grace_from_env(os.environ)
             notes = wiring.notes + ([grace_note] if grace_note else [])
+            watch_s = proc_watch.interval_from_env(os.environ)[0]  # 0: off (a note says so)
             meta = {"command": shown, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
                     "notes": notes, "expect": shown_values(expect or {}),
                     "profile": profile.to_json() if profile is not None else None,
                     "run_pid": os.getpid(), "set": shown_values(set_env),
                     "enforced": shown_values(dict(profile.sets)) if profile is not None else {},
-                    "given_env": _watched_job_env(wiring.env), **wiring.meta}
+                    "given_env": _watched_job_env(wiring.env), "watch_s": watch_s, **wiring.meta}
             _write_meta(d, meta)
             try:
                 group = Group(cmd, wiring.env, stdout=sys.stderr if stdout_to_stderr else None,
@@ -217,13 +218,17 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
         finally:
             if fresh and not started:  # nothing ran: leave nothing behind
                 shutil.rmtree(d, ignore_errors=True)
-        rc, failed = None, True
+        rc, failed, watch = None, True, None
         try:
+            watch, watch_notes = proc_watch.start(d, group, os.environ)
+            notes += watch_notes
             rc = group.wait()
             failed = False
         finally:
             if failed:  # ncclprobe itself failed while CMD ran: leave nothing of the tree behind
                 group.reap_group()
+            if watch is not None:  # after the tree is settled: its orphans are reaped, CMD's pid known
+                watch.stop(reaped=group.tree.reaped, started=[group.proc.pid])
             words, code = ("unknown: ncclprobe run failed while CMD ran", 1) if failed else describe_status(rc)
             meta.update(ended=time.time(), returncode=rc, status=words, **group.outcome.to_json())
             try:

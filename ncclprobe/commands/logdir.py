@@ -114,3 +114,55 @@ def replace_file(directory: str | os.PathLike, name: str, data: bytes) -> None:
             raise
     finally:
         os.close(dfd)
+
+
+class LogFile:
+    """An event file of ncclprobe's own in a log directory (`run`'s /proc watch writes one): created
+    new under FILE_FLAGS, 0600 (an existing one of ours is re-opened as the boot probe re-opens its
+    own: a private regular file of this euid, else refused), fstat-checked; each line is one write(),
+    and before each batch of lines the descriptor is checked to be still this file."""
+
+    def __init__(self, directory: str | os.PathLike, name: str):
+        dfd = open_dir(directory, create=False)
+        try:
+            try:
+                fd = os.open(name, FILE_FLAGS, 0o600, dir_fd=dfd)
+            except FileExistsError:
+                fd = _boot._reopen(name, dfd)
+        finally:
+            os.close(dfd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            os.close(fd)
+            raise Unfit(directory, f"{name} is not a private regular file of this user")
+        self.fd: int | None = fd
+        self.ident = (st.st_dev, st.st_ino)
+        self.lost = 0  # lines not written (a full disk, a descriptor that is no longer ours)
+
+    def write_lines(self, lines: list[bytes]) -> None:
+        if self.fd is not None:
+            try:
+                st = os.fstat(self.fd)
+                if (st.st_dev, st.st_ino) != self.ident:
+                    self.fd = None  # not ours any more (never written to, never closed)
+            except OSError:
+                self.fd = None
+        for i, line in enumerate(lines):
+            if self.fd is None:
+                self.lost += len(lines) - i
+                return
+            try:
+                n = os.write(self.fd, line)
+            except OSError:
+                n = -1
+            if n != len(line):  # a full disk (a torn line: readers skip it): nothing more is written
+                self.lost += 1
+                self.close()
+
+    def close(self) -> None:
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -16,9 +16,10 @@ from ncclprobe.model.watched import redact_argv
 
 SHOWN_VARS_MAX = 8
 # witness -> its name in the processes table (one line per process at 80 columns)
-WITNESS_SHORT = {"boot": "boot", "preload": "pre", "profiler": "prof", "envplugin": "env", "nccl-log": "log"}
+WITNESS_SHORT = {"boot": "boot", "preload": "pre", "profiler": "prof", "envplugin": "env", "nccl-log": "log",
+                 "proc": "proc"}
 WITNESS_WORDS = {"boot": "boot probe", "preload": "preload hook", "profiler": "profiler plugin",
-                 "envplugin": "env plugin", "nccl-log": "NCCL's log"}
+                 "envplugin": "env plugin", "nccl-log": "NCCL's log", "proc": "run's /proc watch"}
 
 
 def load(dirs, nccl_logs=()) -> Model:

@@ -106,6 +106,7 @@ class Tree:
         self.seen: dict[int, Member] = {}
         self.foreign = {(st.pid, st.start_ticks) for st in self._stats() if st.ppid == self.me}
         self.on_scan = None  # called with each scan's members (the keeper)
+        self.reaped: list[tuple[int, int]] = []  # (pid, start) of the orphans reaped here (the watch counts those it missed)
 
     def _stats(self) -> list[Stat]:
         out = []
@@ -146,6 +147,7 @@ class Tree:
             if st.state in ("Z", "X", "x"):
                 if st.ppid == self.me and st.pid != self.popen_pid:
                     _reap(st.pid)
+                    self.reaped.append((st.pid, st.start_ticks))
                 continue
             out.append(Member(st.pid, st.start_ticks, printable(st.comm)))
         self.seen = {m.pid: m for m in out}

@@ -62,7 +62,7 @@ class ProcessView:
     proc_start: float | None = None               # start time from /proc/<pid>/stat (unix seconds)
     proc_env_reason: str | None = None            # why proc_exec_env is missing or incomplete
     proc_stale: str | None = None                 # fork, forkserver, clobbered: the block is not its own
-    proc_env_hash: str | None = None
+    proc_env_hash: str | None = None             # keyed hash of the raw block (run's watch): one block
     nccl_user: bool = False                       # maps libnccl or uses a GPU, as /proc showed it
     in_scope: bool | None = None                  # inspect's --scope (None: every process is)
 
@@ -138,7 +138,9 @@ class Model:
     files: int = 0
     nccl_log: Any = None
     shell_pitfalls: list[dict[str, Any]] = field(default_factory=list)  # witnesses.shells, per ancestor shell
-    watch: dict[str, Any] | None = None      # run's /proc watch summary
+    # run's /proc watch per host: its watch_summary, plus missed_started (pids whose boot probe recorded
+    # a process_start that no scan saw) and missed_started_pids
+    watch: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def parent(self, p: ProcessView) -> ProcessView | None:
         return self.processes.get((p.host, p.ppid)) if p.ppid else None
@@ -215,6 +217,9 @@ def build(log: EventLog) -> Model:
     by_hash: dict[tuple[str, int, str], CommView] = {}
     for e in log.events:
         host, pid, kind, t = e.get("host", "?"), e["pid"], e["ev"], float(e["t"])
+        if kind == "watch_summary":  # its pid is run's, no process of the job
+            m.watch[host] = {k: v for k, v in e.items() if k not in ("ev", "host", "pid", "src")}
+            continue
         proc = m.process(host, pid)
         proc.sources.add(e["src"])
         if kind == "process_start":
@@ -232,6 +237,16 @@ def build(log: EventLog) -> Model:
             for entry in e.get("profile") or ():  # what the boot probe applied itself (--enforce, a profile)
                 if isinstance(entry, dict) and entry.get("applied") and is_watched(str(entry.get("var"))):
                     proc.injected[str(entry["var"])] = str(entry.get("value"))
+        elif kind == "proc_seen":  # a later one is the same process after an exec: it replaces the earlier
+            proc.proc_exec_env = _env(e.get("exec_env"))
+            proc.proc_start, proc.proc_env_reason = e.get("start"), e.get("env_reason")
+            proc.proc_env_hash = e.get("env_hash")
+            argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None
+            if proc.t_start is None:  # no process_start (yet): /proc's ancestry and command line
+                proc.ppid, proc.exe, proc.argv = e.get("ppid"), e.get("exe"), argv
+            else:  # the boot probe's, where it had them
+                proc.ppid = proc.ppid if proc.ppid is not None else e.get("ppid")
+                proc.exe, proc.argv = proc.exe or e.get("exe"), proc.argv if proc.argv is not None else argv
         elif kind == "env_write":
             proc.writes.append(EnvWrite(str(e.get("var")), e.get("old"), e.get("new"), str(e.get("where", "?")),
                                         str(e.get("op", "set")), bool(e.get("blocked")), t))
@@ -294,6 +309,10 @@ def build(log: EventLog) -> Model:
             c = by_ptr.get((host, pid, _id(e.get("comm")))) or by_hash.get((host, pid, _id(e.get("comm_hash"))))
             if c is not None:
                 c.destroyed = True
+    for host, w in m.watch.items():  # Python processes the watch missed: their boot probe says they ran
+        unseen = sorted(p.pid for p in m.processes.values()
+                        if p.host == host and p.t_start is not None and "proc" not in p.sources)
+        w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
     # a stream's counts are complete only once it has been consumed
     m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}}
     _label_simulated(m)

@@ -1,7 +1,7 @@
 """The event log: JSONL files the probes write, one per process, and how to read them back.
 
 Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix seconds, float), `host`,
-`pid`, `src` (preload | profiler | envplugin | boot). Kinds and their own fields:
+`pid`, `src` (preload | profiler | envplugin | boot | proc). Kinds and their own fields:
 
   process_start  boot      ppid, argv, exe, env (watched), exec_env_differs, exec_env (watched part of
                            /proc/self/environ, null if unreadable), python, mode (ephemeral|persistent),
@@ -32,6 +32,19 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            take min/max of sizes. bytes = count x element size
   comm_plugin_finalize profiler comm_hash
   comm_destroy   preload   comm, api, rc, call, ms, lib
+  proc_seen      proc      `ncclprobe run`'s /proc watch (commands/watch.py), one line per process of CMD's
+                           tree when a scan first saw it; `pid` is THAT process's. ppid, start (its start
+                           time, unix seconds, 10 ms resolution), argv (redacted), exe (null: unreadable),
+                           exec_env (watched part of /proc/<pid>/environ; null: unreadable, see env_reason),
+                           env_reason (null, permission, vanished, clobbered, partly overwritten, ...),
+                           env_hash (keyed hash of the raw block, key per run and never written: equal
+                           hashes, one block, e.g. fork children), execs (0; n: seen again after its n-th
+                           exec since), nccl_libs (optional, not written yet)
+  watch_summary  proc      the watch's end (`pid` is run's): scans, walks (scans that read the tree),
+                           interval_s, seen, missed_known (processes known to have run that no scan saw
+                           running: first seen as zombies, orphans run reaped, CMD itself), missed_pids
+                           (the first 100), cpu_s (the watch thread's CPU), wall_s, reader (native |
+                           python), errors, error (first error's type), lost_lines, stuck (did not end in time)
 
 `call` joins a profiler init to the preload hook whose real NCCL call it ran inside (same thread;
 null when NCCL ran the init on another thread, e.g. inside ncclGroupEnd or non-blocking init).
@@ -68,7 +81,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-SOURCES = ("preload", "profiler", "envplugin", "boot")
+SOURCES = ("preload", "profiler", "envplugin", "boot", "proc")
 RUN_META = "run.json"
 MAX_LINE = 1 << 20   # a longer line is not ours (the probes bound every field)
 MAX_RUN_META = 1 << 20
@@ -182,6 +195,14 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
     "comm_plugin_finalize": {"comm_hash": (OID, "drop")},
     "comm_destroy": {"comm": (OID, "drop"), "api": (OS, "drop"), "rc": (OI32, "drop"), "call": (OU64, "drop"),
                      "ms": (_null(_num(0, 1e15)), "drop"), "lib": (OT, "drop")},
+    "proc_seen": {"ppid": (_null(PID), "drop"), "start": (_null(_num(0, 1e12)), "drop"), "argv": (_null(_list(T)), "drop"),
+                  "exe": (OT, "drop"), "exec_env": (ENV, "drop"), "env_reason": (OS, "drop"),
+                  "env_hash": (_null(_str(64)), "drop"), "execs": (OI32, "drop"), "nccl_libs": (_null(_list(T)), "drop")},
+    "watch_summary": {"scans": (OU64, "drop"), "walks": (OU64, "drop"), "interval_s": (_null(_num(0, 3600)), "drop"),
+                      "seen": (OU64, "drop"), "missed_known": (OU64, "drop"), "missed_pids": (_null(_list(PID)), "drop"),
+                      "cpu_s": (_null(_num(0, 1e9)), "drop"), "wall_s": (_null(_num(0, 1e9)), "drop"),
+                      "reader": (OS, "drop"), "errors": (OU64, "drop"), "error": (OS, "drop"),
+                      "lost_lines": (OU64, "drop"), "stuck": (OB, "drop")},
 }
 KINDS = tuple(FIELDS)
 # run.json as `ncclprobe run` writes it (launch.py); an open object in the JSON, but only these are kept
@@ -193,7 +214,8 @@ RUN_FIELDS = {"command": (_list(T), "drop"), "host": (S, "drop"), "started": (_n
                                 _list(S)(v["pin"]) is not BAD else BAD), "drop"),
               "preload": (_bool, "drop"), "plugins": (_list(S), "drop"), "boot": (_bool, "drop"),
               "returncode": (OI32, "drop"), "status": (T, "drop"), "run_pid": (PID, "drop"),
-              "set": (_map(T), "drop"), "enforced": (_map(T), "drop"), "given_env": (_map(T), "drop")}
+              "set": (_map(T), "drop"), "enforced": (_map(T), "drop"), "given_env": (_map(T), "drop"),
+              "watch_s": (_num(0, 3600), "drop")}
 
 
 @dataclass
