@@ -390,6 +390,13 @@ def start():
                 "{" + ",".join(map("%s:%s".__mod__, zip(map(q, exec_env), map(q, exec_env.values())))) + "}",
                 "null" if exec_env is None else "false" if exec_env == before else "true",
                 ",".join(texts), unwatched, ",".join(pinned), kstart))
+            try:  # a parent that is not Python (a C/C++ daemon, a shell) has no probe: record it from here
+                ppid = os.getppid()
+                if ppid > 1 and not os.readlink("/proc/%d/exe" % ppid).rsplit("/", 1)[-1].startswith("python"):
+                    _rest()
+                    _parent_seen(ppid)
+            except Exception:
+                pass
     except Exception as exc:
         _emit("probe_error", ("start", exc))
         return
@@ -793,6 +800,42 @@ def _process_start(extra, env, exec_env, live):
     start = _kernel_start()
     fields["start"] = None if start == "null" else float(start)
     return fields
+
+
+def _parent_seen(ppid):
+    """parent_seen: this process's parent, not Python, as /proc shows it now (its start, command line,
+    executable and watched exec-time environment). It may be gone before a scan of run's watch sees it
+    (a daemon that forks its workers and exits); the child saw it start them."""
+    try:
+        base = "/proc/%d/" % ppid
+        with open(base + "stat", "rb") as f:
+            st = f.read()
+        rest = st[st.rindex(b")") + 2:].split()
+        start = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + int(rest[19]) / os.sysconf("SC_CLK_TCK")
+        with open(base + "cmdline", "rb") as f:
+            argv = [os.fsdecode(a) for a in f.read(1 << 20).split(b"\0")[:-1]][:512]
+        try:
+            exe = os.readlink(base + "exe")
+        except OSError:
+            exe = None
+        env, reason = None, None
+        try:
+            with open(base + "environ", "rb") as f:
+                env = _find_watched(b"\0" + f.read(1 << 22) + b"\0")
+        except OSError as exc:
+            reason = "permission" if isinstance(exc, PermissionError) else "unreadable"
+        if env is not None and not env and not argv:
+            reason, env = "empty", None  # a zombie: nothing left to read
+        script = None
+        if exe and exe.rsplit("/", 1)[-1] in ("bash", "sh", "dash", "zsh", "ksh", "ash"):
+            try:  # bash keeps the script it runs open on fd 255: its path, whatever cwd it was named from
+                script = os.readlink(base + "fd/255")
+            except OSError:
+                pass
+        _emit("parent_seen", {"of": ppid, "ppid": int(rest[1]), "start": round(start, 3), "argv": redact_argv(argv),
+                              "exe": exe, "exec_env": env, "env_reason": reason, "script": script})
+    except Exception as exc:
+        _fail("parent", exc)
 
 
 def _forked():

@@ -128,7 +128,7 @@ class Knowledge:
         self._tl: dict[int, Timeline | None] = {}
         self._spawned: dict[int, tuple[Any, bool]] = {}
         self.refs: dict[tuple, tuple[bool, str | None]] = {}   # (parent key, var) -> _reference
-        self._helpers: dict[int, tuple[Any, bool]] = {}
+        self._helpers: dict[tuple[int, int], tuple[Any, Any, bool]] = {}
         self.children: dict[tuple[str, int], list[ProcessView]] = defaultdict(list)
         for p in m.processes.values():
             parent = m.parent(p)
@@ -186,22 +186,33 @@ class Knowledge:
 
     def endpoints(self) -> list[ProcessView]:
         """The processes the job's values matter in (see the module's docstring); with inspect's
-        `--scope all`, also every process that starts no other."""
+        `--scope all`, also every process that starts no other. Where no process uses NCCL, the leaves
+        that run an interpreter (the workers) if there are any: a shell's `dirname`, `sleep` or subshell
+        is no worker."""
         scoped = [p for p in self.m.processes.values() if p.in_scope is not False and not self.helper(p)]
         with_comms = {(c.host, c.pid) for c in self.m.comms}
         users = {p.key for p in scoped if p.key in with_comms or p.libs or p.nccl_user}
-        return [p for p in scoped if p.key in users or ((p.in_scope is True or not users) and
-                                                         not [c for c in self.children[p.key] if not self.helper(c)])]
+        leaves = [p for p in scoped if p.key not in users and (p.in_scope is True or not users)
+                  and not [c for c in self.children[p.key] if not self.helper(c)]]
+        if not users and any(is_python(p) for p in leaves):
+            leaves = [p for p in leaves if is_python(p)]
+        return [p for p in scoped if p.key in users] + leaves
 
     def helper(self, p: ProcessView) -> bool:
-        """_helper, once per command line (processes started alike share theirs)."""
-        hit = self._helpers.get(id(p.argv))
+        """_helper, once per command line and parent (processes started alike share theirs)."""
+        parent = self.m.parent(p)
+        key = (id(p.argv), id(parent))
+        hit = self._helpers.get(key)
         if hit is None:
-            hit = self._helpers[id(p.argv)] = (p.argv, _helper(p))
-        return hit[1]
+            hit = self._helpers[key] = (p.argv, parent, _helper(p, parent))
+        return hit[2]
 
 
-def _helper(p: ProcessView) -> bool:
+def _helper(p: ProcessView, parent: ProcessView | None = None) -> bool:
+    """A process of the launcher's own machinery, never a worker: multiprocessing's trackers, and a
+    shell's subshell (a fork of the shell, its command line the shell's)."""
+    if parent is not None and p.argv and p.argv == parent.argv and is_shell(parent):
+        return True
     return any(mark in a for a in p.argv or () for mark in HELPER_MARKS)
 
 

@@ -64,6 +64,7 @@ class ProcessView:
     proc_stale: str | None = None                 # fork, forkserver, clobbered: the block is not its own
     proc_env_hash: str | None = None             # keyed hash of the raw block (run's watch): one block
     nccl_user: bool = False                       # maps libnccl or uses a GPU, as /proc showed it
+    script: str | None = None                     # a shell's script, as its fd 255 names it (absolute)
     in_scope: bool | None = None                  # inspect's --scope (None: every process is)
 
     @property
@@ -237,6 +238,16 @@ def build(log: EventLog) -> Model:
             for entry in e.get("profile") or ():  # what the boot probe applied itself (--enforce, a profile)
                 if isinstance(entry, dict) and entry.get("applied") and is_watched(str(entry.get("var"))):
                     proc.injected[str(entry["var"])] = str(entry.get("value"))
+        elif kind == "parent_seen":  # a boot probe's record of its parent, not Python: /proc at the child's start
+            q = m.process(host, e["of"])
+            q.sources.add("proc")
+            if q.proc_start is None:  # the watch's own sighting, where it had one, stays
+                q.proc_exec_env, q.proc_env_reason = _env(e.get("exec_env")), e.get("env_reason")
+                q.proc_start = e.get("start")
+            q.ppid = q.ppid if q.ppid is not None else e.get("ppid")
+            q.exe = q.exe or e.get("exe")
+            q.argv = q.argv or (redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None)
+            q.script = q.script or (e.get("script") if isinstance(e.get("script"), str) else None)
         elif kind == "proc_seen":  # a later one is the same process after an exec: it replaces the earlier
             proc.proc_exec_env = _env(e.get("exec_env"))
             proc.proc_start, proc.proc_env_reason = e.get("start"), e.get("env_reason")
