@@ -136,3 +136,27 @@ def test_an_expected_name_outside_the_watched_set_is_never_guessed():
     [f] = diagnose.rules(shown, {"HF_TOKEN": "hunter2-wanted"})
     text = f.message + f.hint + str(f.to_json())
     assert f.code == "ENV_CHANGED" and "hunter2" not in text
+
+
+def seen(pid, ppid, t, argv, env, start):
+    return ev("proc_seen", pid, t, "proc", ppid=ppid, start=start, argv=argv, exe="/bin/" + argv[0], exec_env=env,
+              env_reason=None, env_hash=None)
+
+
+def test_a_subshell_of_the_shell_a_worker_exec_d_from_is_no_worker():
+    # `here=$(dirname "$0"); NCCL_PROTO=LL exec python w.py`: the watch saw pid 10 as bash with a subshell
+    # (11) and its dirname (12), then pid 10 became python with the value
+    sh = ["bash", "ok.sh"]
+    m = build([seen(10, 1, 1.0, sh, {}, 0.9), seen(11, 10, 1.0, sh, {}, 0.95), seen(12, 11, 1.0, ["dirname", "x"], {}, 0.96),
+               {**start(10, 1, LL, t=1.2), "start": 0.9}])
+    assert m.processes[(H, 10)].images == [sh]
+    assert diagnose.rules(m, EXPECT) == []
+
+
+def test_a_child_started_surely_before_its_parents_interpreter_belongs_to_the_program_before_the_exec():
+    m = build([seen(11, 10, 1.0, ["sleep", "1"], {}, 0.5), {**start(10, 1, LL, t=1.2), "start": 0.4}])
+    assert diagnose.rules(m, EXPECT) == []
+    # one started after it (to the tick) is its child, and checked
+    m = build([{**start(10, 1, LL, t=1.0), "start": 0.4}, seen(11, 10, 2.0, ["python", "w.py"], {}, 1.5)])
+    [f] = diagnose.rules(m, EXPECT)
+    assert f.pids == (11,) and f.edge["kind"] == "curated_env"

@@ -30,6 +30,7 @@ from ncclprobe.model.watched import is_watched, one_line, redact_assignments
 LIVE_VIEW = ("`ncclprobe run -- CMD` (or `ncclprobe inject install`) records the live environment from "
              "inside each process")
 NOT_SHOWN = "<not shown: outside the watched set>"
+TICK_S = 0.011  # /proc start times are floored to the clock tick (1/100 s)
 RESTORE_WINDOW_S = 1.0   # an unset-and-restore (accelerate's clear_environment) nets out within this
 # launcher helpers that run no user code: never endpoints of the job
 HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker")
@@ -211,8 +212,13 @@ class Knowledge:
 def _helper(p: ProcessView, parent: ProcessView | None = None) -> bool:
     """A process of the launcher's own machinery, never a worker: multiprocessing's trackers, and a
     shell's subshell (a fork of the shell, its command line the shell's)."""
-    if parent is not None and p.argv and p.argv == parent.argv and is_shell(parent):
-        return True
+    if parent is not None and p.argv and (p.argv == parent.argv and is_shell(parent) or any(
+            p.argv == image and image[0].rsplit("/", 1)[-1] in SHELLS for image in parent.images)):
+        return True  # (a subshell of the shell the parent was before it exec'd: `x=$(...); exec python`)
+    if parent is not None and "boot" in parent.sources and parent.t_start is not None and not parent.forked_from:
+        s = start_of(p)  # started surely before the parent's interpreter (its start is to the clock tick):
+        if s is not None and s + TICK_S < parent.t_start:  # a child of the program that exec'd into it
+            return True
     return any(mark in a for a in p.argv or () for mark in HELPER_MARKS)
 
 

@@ -65,6 +65,7 @@ class ProcessView:
     proc_env_hash: str | None = None             # keyed hash of the raw block (run's watch): one block
     nccl_user: bool = False                       # maps libnccl or uses a GPU, as /proc showed it
     script: str | None = None                     # a shell's script, as its fd 255 names it (absolute)
+    images: list[list[str]] = field(default_factory=list)  # earlier command lines of this pid (it exec'd since)
     in_scope: bool | None = None                  # inspect's --scope (None: every process is)
 
     @property
@@ -225,7 +226,10 @@ def build(log: EventLog) -> Model:
         proc.sources.add(e["src"])
         if kind == "process_start":
             proc.ppid = e.get("ppid")
-            proc.argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None  # older probes: raw
+            argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None  # older probes: raw
+            if proc.argv and argv and proc.argv != argv:  # the watch saw this pid run another program before
+                proc.images.append(proc.argv)
+            proc.argv = argv
             proc.exe = e.get("exe")
             proc.start_env = _env(e.get("env"))
             proc.exec_env = _env(e.get("exec_env"))
@@ -254,6 +258,8 @@ def build(log: EventLog) -> Model:
             proc.proc_env_hash = e.get("env_hash")
             argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None
             if proc.t_start is None:  # no process_start (yet): /proc's ancestry and command line
+                if proc.argv and argv and proc.argv != argv:  # it exec'd another program since
+                    proc.images.append(proc.argv)
                 proc.ppid, proc.exe, proc.argv = e.get("ppid"), e.get("exe"), argv
             else:  # the boot probe's, where it had them
                 proc.ppid = proc.ppid if proc.ppid is not None else e.get("ppid")
