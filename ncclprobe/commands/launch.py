@@ -271,7 +271,6 @@ def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: sup
     header = [Text(f"{report.one_line(' '.join(cmd), 100)}: {words}", "warn" if code else "good"),
               Text(f"log directory: {d}", "dim")]
     header += [Text(n, "note") for n in notes]
-    header += [Text(line, "note") for line in injected_lines(meta or {})]
     header += _outcome_lines(outcome)
     try:
         result = report.build_report([d], expect=expect)

@@ -231,10 +231,27 @@ def header_doc(m: Model, dirs, title: bool = True) -> list:
     if m.simulated:
         doc.append(Text("SIMULATED NCCL: these communicators ran on ncclprobe's simulated NCCL (no GPU); "
                         "algorithms and protocols are the simulator's choices, not a real machine's.", "warn"))
+    from ncclprobe.commands.launch import injected_lines
     for run in m.runs:
         for note in run.get("notes", []):
             doc.append(Text(f"run: {note}", "note"))
+        doc += [Text(line, "note") for line in injected_lines(run)]
+    for host, w in sorted(m.watch.items()):
+        doc.append(Text(watch_line(w, host if len(m.watch) > 1 else None), "dim"))
     return doc
+
+
+def watch_line(w: dict[str, Any], host: str | None = None) -> str:
+    """run's /proc watch in one line: what it saw, and what it knows it missed."""
+    missed = int(w.get("missed_known") or 0) + int(w.get("missed_started") or 0)
+    text = (f"/proc watch{' on ' + host if host else ''}: {w.get('seen', 0)} process(es) seen in {w.get('scans', 0)} "
+            f"scan(s) every {w.get('interval_s')} s")
+    text += (f"; {missed} short-lived process(es) known to have run between two scans (their boot probe or "
+             "run's reaping saw them)" if missed else "; none known missed")
+    text += f" (one that lives less than {w.get('interval_s')} s and runs no boot probe can go unseen: NCCLPROBE_WATCH_S)"
+    if w.get("stuck"):
+        text += "; the watch was stuck on a /proc read at the end"
+    return text
 
 
 def model_doc(m: Model) -> list:
@@ -351,7 +368,9 @@ def model_json(m: Model) -> dict[str, Any]:
               "forked_from": p.forked_from, "nccl_libs": sorted(p.libs), "nccl_lib_versions": _libs_json(p, versions),
               "env_writes": [w.__dict__ for w in p.writes],
               "nccl_reads": [{**r.__dict__, "t": _finite(r.t)} for r in sorted(p.reads.values(), key=lambda r: r.t)],
-              "probe_errors": p.errors} for p in m.processes.values()]
+              "probe_errors": p.errors, "start": _finite(p.proc_start) if p.proc_start is not None else None,
+              "proc_env": p.proc_exec_env, "proc_env_reason": p.proc_env_reason, "injected": p.injected,
+              "earlier_argv": p.images} for p in m.processes.values()]
     comms = [{"host": c.host, "pid": c.pid, "t": _finite(c.t), "api": c.api, "comm": c.comm, "comm_hash": c.comm_hash,
               "rank": c.rank, "nranks": c.nranks, "parent": c.parent, "color": c.color, "key": c.key,
               "uid": c.uid, "config": c.config, "env": c.env, "env_source": c.env_source, "rc": c.rc,
@@ -360,7 +379,7 @@ def model_json(m: Model) -> dict[str, Any]:
               **verdict.comm_reads(m, c).to_json(),
               "collectives": [s.__dict__ for s in c.colls.values()]} for c in m.comms]
     return {"processes": procs, "communicators": comms, "simulated": m.simulated,
-            "skipped": m.skipped, "runs": [_run_json(r) for r in m.runs]}
+            "skipped": m.skipped, "runs": [_run_json(r) for r in m.runs], "watch": m.watch}
 
 
 def _run_json(run: dict) -> dict:
