@@ -26,6 +26,7 @@ import errno
 import operator
 import os
 import re
+import struct
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -36,12 +37,12 @@ from ncclprobe.model.watched import REDACTED, WATCHED_NAMES, WATCHED_PREFIXES, i
 
 RETRIES = 5               # torn snapshots retried before the read is given up with a reason
 MAX_ENTRIES = 1 << 16     # pointers of the environ array read at most
-MAX_BYTES = 1 << 23       # bytes read from one process at most, per attempt (array and strings)
+MAX_BYTES = 1 << 23       # bytes read from one process at most, per attempt (array and strings; native/livemem.c's too)
 MAX_NAME = 1 << 10        # a longer name is no name ncclprobe watches or expects
 MAX_STRING = 1 << 20      # one NAME=VALUE string
 GAP = 1 << 12             # strings this close are read in one pread
 TAIL = 1 << 9             # bytes read past the last string start of a window, for its name and value
-_SYMBOLS = ("__environ", "environ", "_environ")  # glibc and musl define all three, one object
+_SYMBOLS = (b"__environ", b"environ", b"_environ")  # glibc and musl define all three, one object
 
 # reasons (LiveEnv.reason); permission ones name the check that refused, as procaccess does
 GONE = "process gone"
@@ -49,6 +50,7 @@ NO_MEMORY = "no memory to read (kernel thread or zombie)"
 NO_SYMBOLS = "static binary without symbols (no .symtab: environ cannot be found)"
 NO_LIBC = "no C library mapped and no environ symbol in the executable"
 NO_ENVIRON = "no environ symbol in the static binary's symbol table"
+BOUNDED = f"environment over {MAX_BYTES} bytes or {MAX_ENTRIES} entries (not read)"
 YAMA = "ptrace_scope"
 
 
@@ -78,8 +80,11 @@ class Names:
     def __init__(self, watched, expected: dict[bytes, bytes], present: Callable[[bytes], bool] | None = None):
         self.expected, self.present = expected, present  # present: names kept without their value
         self.needles: tuple[bytes, ...] | None = None
+        self.prefixes: tuple[bytes, ...] = ()   # the watched set as prefixes and whole names, when known
+        self.exact: frozenset[bytes] = frozenset()
         if watched is None or watched is is_watched:
             self.watched = watched_name
+            self.prefixes, self.exact = _PREFIXES_B, _WATCHED_B
             needles = [*_PREFIXES_B, *(n + b"=" for n in _WATCHED_B)]
         elif callable(watched) or present is not None:
             self.watched = watched if callable(watched) else frozenset(
@@ -87,7 +92,7 @@ class Names:
             needles = None
         else:
             names = frozenset(n.encode() if isinstance(n, str) else bytes(n) for n in watched)
-            self.watched = names.__contains__
+            self.watched, self.exact = names.__contains__, names
             needles = [n + b"=" for n in names if n]
         if needles is not None:
             needles += [n + b"=" for n in expected if n]
@@ -204,40 +209,19 @@ def _slot(path: str, file: str, st: os.stat_result, static: bool) -> _Slot:
 
 def _read_slot(file: str, path: str, static: bool) -> _Slot:
     """`__environ` (or an alias) defined in the dynamic symbols (and, for a static binary, the full
-    symbol table), found through the symbol hash where there is one."""
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
-    from elftools.elf.sections import SymbolTableSection
+    symbol table), found through the symbol hash where there is one (elfsyms)."""
+    from ncclprobe.witnesses import elfsyms
     try:
-        with open(file, "rb") as fh:
-            elf = ELFFile(fh)
-            word = 8 if elf.elfclass == 64 else 4
-            loads = tuple((s["p_offset"], s["p_filesz"], s["p_vaddr"]) for s in elf.iter_segments()
-                          if s["p_type"] == "PT_LOAD")
-            symtab = False
-            for table in (".dynsym", ".symtab") if static else (".dynsym",):
-                sec = elf.get_section_by_name(table)
-                if not isinstance(sec, SymbolTableSection):
-                    continue
-                symtab = symtab or table == ".symtab"
-                hashed = None
-                if table == ".dynsym":
-                    hashed = elf.get_section_by_name(".gnu.hash") or elf.get_section_by_name(".hash")
-                for name in _SYMBOLS:
-                    if hashed is not None and hasattr(hashed, "get_symbol"):
-                        syms = [s for s in [hashed.get_symbol(name)] if s is not None]
-                    else:
-                        syms = sec.get_symbol_by_name(name) or []
-                    for sym in syms:
-                        if sym["st_shndx"] != "SHN_UNDEF" and sym["st_info"]["type"] in ("STT_OBJECT", "STT_NOTYPE"):
-                            return _Slot(sym["st_value"], loads, word)
-            if static and not symtab:
-                return _Slot(None, loads, word, NO_SYMBOLS)
-            return _Slot(None, loads, word, NO_ENVIRON if static else None)
+        found = elfsyms.lookup(file, _SYMBOLS, static)
     except OSError as exc:
         return _Slot(None, (), 8, f"cannot read {path}: {exc.strerror or exc}")
-    except (ELFError, ValueError, KeyError, IndexError, AttributeError) as exc:
+    except (ValueError, struct.error) as exc:
         return _Slot(None, (), 8, f"unreadable ELF {path}: {exc}")
+    if found.value is not None:
+        return _Slot(found.value, found.loads, found.word)
+    if static:
+        return _Slot(None, found.loads, found.word, NO_ENVIRON if found.has_symtab else NO_SYMBOLS)
+    return _Slot(None, found.loads, found.word)
 
 
 def _bias(slot: _Slot, start: int, offset: int) -> int | None:
@@ -568,16 +552,17 @@ def yama_scope(proc_root: str | Path = "/proc") -> int | None:
         return None
 
 
-def denied(pid: int, proc_root: str | Path = "/proc", reader=None) -> str:
-    """Why opening pid's memory was refused: Yama's rule where it applies, else procaccess's check."""
+def denied(pid: int, proc_root: str | Path = "/proc", viewer=None) -> str:
+    """Why opening pid's memory was refused: Yama's rule where it applies, else procaccess's check
+    (viewer: whose credentials; None: this process's)."""
     from ncclprobe.witnesses import procaccess, procs
-    me = procaccess.viewer()
+    me = viewer or procaccess.viewer()
     scope = yama_scope(proc_root)
     if scope == 3:
         return f"permission: {YAMA} 3 (Yama forbids reading another process's memory)"
     if scope == 2 and not me.ptrace_capable:
         return f"permission: {YAMA} 2 (Yama: reading another process's memory needs CAP_SYS_PTRACE)"
-    fs = procs.ProcFS(Path(proc_root), reader)
+    fs = procs.ProcFS(Path(proc_root))
     if scope == 1 and not me.ptrace_capable and not _descendant(fs, pid):
         return f"permission: {YAMA} 1 (Yama: only ncclprobe's descendants, or with CAP_SYS_PTRACE)"
     try:
@@ -600,35 +585,77 @@ def _descendant(fs, pid: int) -> bool:
     return False
 
 
-def _reason(exc: OSError, pid: int, proc_root: str) -> str:
-    if exc.errno in (errno.ENOENT, errno.ESRCH):
-        return GONE
-    if exc.errno in (errno.EACCES, errno.EPERM):
-        return denied(pid, proc_root)
-    return f"error: {exc.strerror or exc}"
-
-
 # ---------------------------------------------------------------------------------------- the API
 class Reading:
     """Reads of many processes with one set of names (a tree's inspection): the names' needles are
-    built once, and each object's environ slot is looked up once per (path, device, inode)."""
+    built once, and each object's environ slot is looked up once per (path, device, inode). Where
+    the names are known in advance and the files are the real ones, each read is one call into
+    native/livemem.c (liveread); native=False forces the Python read, which is the reference."""
 
     def __init__(self, watched: Iterable[str] | Callable[[bytes], bool] | None = is_watched,
                  expected: Mapping[str, str] = (), proc_root: str | Path = "/proc", *,
                  reader: MemReader | None = None, retries: int = RETRIES,
-                 present: Callable[[bytes], bool] | None = None):
+                 present: Callable[[bytes], bool] | None = None, native: bool | None = None, viewer=None):
         self.expected = dict(expected or {})
         self.names = Names(watched, {k.encode(): v.encode() for k, v in self.expected.items()}, present)
         self.proc_root, self.reader, self.retries = str(proc_root), reader or MemReader(), retries
+        self.viewer = viewer  # procaccess.Viewer for the reasons (tests); None: this process's
         self._slots: dict[tuple, _Slot] = {}
+        self._native = None
+        if native is not False and type(self.reader) is MemReader and self.names.needles is not None:
+            global _liveread
+            from ncclprobe.witnesses import liveread
+            _liveread = liveread
+            fn = liveread.load()
+            if fn is not None:
+                self._native = liveread.Native(fn, liveread.rules(self.names.prefixes, self.names.exact,
+                                                                  self.names.expected))
+        self._why: dict[int, str] = {}  # the native table's objects that define no environ: why
+
+    @property
+    def native(self) -> bool:
+        return self._native is not None
 
     def read(self, pid: int, exe: str | None = None) -> LiveEnv:
         """pid's environment now (exe: its /proc/<pid>/exe where the caller has read it already)."""
+        return self.read_many([pid], [exe])[0]
+
+    def read_many(self, pids: list[int], exes: list[str | None] | None = None) -> list[LiveEnv]:
+        """read() of each process, in order (natively: in one call for all)."""
+        exes = exes or [None] * len(pids)
+        if self._native is not None:
+            return self._read_native(pids, exes)
+        out = []
+        for pid, exe in zip(pids, exes):
+            got = self._read_python(pid, exe)
+            out.append(got if isinstance(got, LiveEnv) else self._result(*got))
+        return out
+
+    def _result(self, values: dict, same: dict, tries: int, total: int) -> LiveEnv:
+        when = time.time()
+        env = {k.decode("utf-8", "backslashreplace"): REDACTED if v is None else v.decode("utf-8", "backslashreplace")
+               for k, v in values.items()}
+        equal = {k.decode("utf-8", "backslashreplace"): v for k, v in same.items()}
+        for k, v in self.expected.items():
+            if k in env:
+                equal[k] = env[k] == v
+        return LiveEnv(env, equal, None, tries, total, when)
+
+    def _reason(self, exc: OSError, pid: int) -> str:
+        if exc.errno == errno.ESRCH and os.path.exists(f"{self.proc_root}/{pid}/stat"):
+            return NO_MEMORY  # still there without an mm (fs/proc/base.c proc_mem_open: ESRCH)
+        if exc.errno in (errno.ENOENT, errno.ESRCH):
+            return GONE
+        if exc.errno in (errno.EACCES, errno.EPERM):
+            return denied(pid, self.proc_root, viewer=self.viewer)
+        return f"error: {exc.strerror or exc}"
+
+    def _read_python(self, pid: int, exe: str | None):
         reader, base = self.reader, f"{self.proc_root}/{pid}"
         try:
             fd = reader.open_mem(base + "/mem")
         except OSError as exc:
-            return LiveEnv(None, None, _reason(exc, pid, self.proc_root))
+            return LiveEnv(None, None, self._reason(exc, pid))
         total, tries, where = 0, 0, None
         try:
             while True:
@@ -640,43 +667,94 @@ class Reading:
                 t = _Target(reader, fd, maps)
                 try:
                     values, same = _snapshot(t, slot_addr, word, self.names)
-                    break
+                    total += t.read
+                    return values, same, tries, total
                 except _Torn as torn:
+                    total += t.read
                     tries += 1
                     if tries > self.retries:
-                        return LiveEnv(None, None, f"torn after {self.retries} retries", self.retries,
-                                       total + t.read)
+                        return LiveEnv(None, None, torn_reason(self.retries), self.retries, total)
                     if torn.remap:
                         where = None
                     os.sched_yield()  # let the writer finish what it is changing
-                finally:
+                except BaseException:
                     total += t.read
-            when = time.time()
-            env = {k.decode("utf-8", "backslashreplace"): REDACTED if v is None else v.decode("utf-8", "backslashreplace")
-                   for k, v in values.items()}
-            equal = {k.decode("utf-8", "backslashreplace"): v for k, v in same.items()}
-            for k, v in self.expected.items():
-                if k in env:
-                    equal[k] = env[k] == v
-            return LiveEnv(env, equal, None, tries, total, when)
+                    raise
         except _Bounded:
-            return LiveEnv(None, None, f"environment over {MAX_BYTES} bytes or {MAX_ENTRIES} entries (not read)",
-                           tries, total)
+            return LiveEnv(None, None, BOUNDED, tries, total)
         except _Gone:
             return LiveEnv(None, None, GONE, tries, total)
         except OSError as exc:
-            return LiveEnv(None, None, _reason(exc, pid, self.proc_root), tries, total)
+            return LiveEnv(None, None, self._reason(exc, pid), tries, total)
         except (ValueError, IndexError) as exc:  # a maps file that is not one (a fake /proc's)
             return LiveEnv(None, None, f"unreadable maps: {exc}", tries, total)
         finally:
             reader.close(fd)
 
+    def _read_native(self, pids: list[int], exes: list[str | None]) -> list[LiveEnv]:
+        lr, nat = _liveread, self._native
+        root = self.proc_root
+
+        def resolve(key, start, index):
+            delta, word, why = self._resolve(f"{root}/{pids[index]}", key, start)
+            i = nat.add(key, delta, word)
+            if why:
+                self._why[i] = why
+
+        got = nat.read(root.encode("utf-8", "surrogateescape"), pids,
+                       [e.encode("utf-8", "surrogateescape") if e else None for e in exes], self.retries, resolve)
+        out = []
+        for pid, (st, records) in zip(pids, got):
+            n, tries, total = st[lr.ST_RC], st[lr.ST_RETRIES], st[lr.ST_BYTES]
+            if n >= 0:
+                values: dict[bytes, bytes] = {}
+                same: dict[bytes, bool] = {}
+                for kind, name, value in records:
+                    if name in values or name in same:
+                        continue  # getenv returns the first
+                    if kind == lr.OUT_VALUE:
+                        values[name] = value
+                    else:
+                        same[name] = kind == lr.OUT_EQUAL
+                out.append(self._result(values, same, tries, total))
+                continue
+            reason = {lr.NO_MEMORY: NO_MEMORY, lr.NO_LIBC: NO_LIBC, lr.TORN: torn_reason(self.retries),
+                      lr.BOUNDED: BOUNDED, lr.GONE: GONE, lr.BADMAPS: "unreadable maps"}.get(n)
+            if n == lr.NO_SLOT:
+                reason = next((self._why[i] for i in (st[lr.ST_NOSLOT0], st[lr.ST_NOSLOT1]) if i in self._why), NO_LIBC)
+            elif reason is None:
+                reason = self._reason(OSError(-n, os.strerror(-n)), pid)
+            out.append(LiveEnv(None, None, reason, tries, total))
+        return out
+
+    def _resolve(self, base: str, key: tuple, start: int) -> tuple[int | None, int, str | None]:
+        """(slot - start of its lowest mapping, pointer size, why none) of an object the native read met."""
+        path, _, _, inode, offset, static = key
+        shown = os.fsdecode(path)
+        st, file = _file(self.reader, base, shown, start, inode)
+        if st is None:
+            return None, 8, file
+        slot = _slot(shown, file, st, bool(static))
+        if slot.value is None:
+            return None, slot.word, slot.reason
+        bias = _bias(slot, start, offset)
+        if bias is None:
+            return None, slot.word, f"{shown}: its mappings do not match its program headers"
+        return bias + slot.value - start, slot.word, None
+
+
+_liveread = None  # the module, once a Reading has loaded it
+
+
+def torn_reason(retries: int) -> str:
+    return f"torn after {retries} retries"
+
 
 def live_env(pid: int, watched: Iterable[str] | Callable[[bytes], bool] | None = is_watched,
              expected: Mapping[str, str] = (), proc_root: str | Path = "/proc", *,
-             reader: MemReader | None = None, retries: int = RETRIES) -> LiveEnv:
+             reader: MemReader | None = None, retries: int = RETRIES, native: bool | None = None) -> LiveEnv:
     """The environment pid holds now: its watched variables (`watched`: names, or a predicate on the
     name as bytes; model.watched.is_watched by default) and, for each name of `expected`
     ({name: value}) it has, whether its value is the expected one. Never raises for the target's
     sake: whatever stops the read is the reason."""
-    return Reading(watched, expected, proc_root, reader=reader, retries=retries).read(pid)
+    return Reading(watched, expected, proc_root, reader=reader, retries=retries, native=native).read(pid)
