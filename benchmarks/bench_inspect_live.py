@@ -27,8 +27,11 @@ except ImportError:
 from ncclprobe.commands.inspection import inspect_processes  # noqa: E402
 from ncclprobe.witnesses import elf, livemem  # noqa: E402
 
-CHILD = ("import os, sys, time; os.environ['NCCL_SET_IN_CHILD'] = '1'; os.environ['NCCL_PROTO'] = 'Simple'; "
+CHILD = ("import os, sys, time; os.environ['NCCL_SET_IN_CHILD'] = '1'; {more}"
          "sys.stdout.write('x'); sys.stdout.flush(); time.sleep(600)")
+# --violate: the children also change a value the inspection expects, so --live has a finding about
+# every one of them to make (the plain inspection, blind to it, has none)
+VIOLATE = "os.environ['NCCL_PROTO'] = 'Simple'; "
 # A parent that starts N-1 children by fork+exec of a tiny interpreter (python -S -c), then waits.
 PARENT = r"""
 import os, sys, time
@@ -66,9 +69,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--violate", action="store_true", help="children also break the expectation NCCL_PROTO=LL")
     args = ap.parse_args()
     env = {**os.environ, "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
-    parent = subprocess.Popen([sys.executable, "-S", "-c", PARENT, str(args.procs), CHILD],
+    child = CHILD.format(more=VIOLATE if args.violate else "")
+    parent = subprocess.Popen([sys.executable, "-S", "-c", PARENT, str(args.procs), child],
                               stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert parent.stdout.readline().strip() == "ready"
@@ -79,7 +84,10 @@ def main() -> int:
         res = inspect_processes([parent.pid], scope="all", live=True, gpu_lookup=lambda: ({}, "benchmark: fds"))
         summary = res.data["live"]
         p, v = statistics.median(plain), statistics.median(live)
-        print(f"processes            {args.procs}  [{Path(ncclprobe.__file__).parent}]")
+        print(f"processes            {args.procs}  [{Path(ncclprobe.__file__).parent}]"
+              + ("  (children break the expectation)" if args.violate else ""))
+        print(f"live read            {'native (native/livemem.c)' if livemem.Reading().native else 'Python'}; "
+              f"findings {len(res.findings)}")
         print(f"inspect              median {p * 1e3:8.1f} ms  (range {min(plain) * 1e3:.1f}-{max(plain) * 1e3:.1f})")
         print(f"inspect --live       median {v * 1e3:8.1f} ms  (range {min(live) * 1e3:.1f}-{max(live) * 1e3:.1f})")
         print(f"per process (live)   {(v - p) / args.procs * 1e6:8.1f} us  ({summary['bytes_read'] / args.procs:.0f} bytes "

@@ -186,12 +186,11 @@ def _live(ctx: _Context, recs: list[dict], tree: procs.ProcTree, proc_root: Path
         watched, present = (lambda name: True), None
     reading = livemem.Reading(watched, ctx.expect, proc_root, reader=reader, present=present)
     read = retries = size = 0
+    todo = [r for r in recs if r["env_reason"] not in ("kernel thread", "zombie")]
+    results = dict(zip((r["pid"] for r in todo), reading.read_many([r["pid"] for r in todo],
+                                                                   [tree.procs[r["pid"]].exe for r in todo])))
     for r in recs:
-        p = tree.procs[r["pid"]]
-        if r["env_reason"] in ("kernel thread", "zombie"):
-            got = livemem.LiveEnv(None, None, r["env_reason"])
-        else:
-            got = reading.read(p.pid, exe=p.exe)
+        got = results.get(r["pid"]) or livemem.LiveEnv(None, None, r["env_reason"])
         read += got.env is not None
         retries, size = retries + got.retries, size + got.bytes_read
         env = got.env
