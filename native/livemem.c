@@ -74,7 +74,7 @@ struct lm_query {
 #define LM_PROCMAP_QUERY 0xC0686611 /* _IOWR('f', 17, struct procmap_query) */
 enum { Q_READABLE = 1, Q_WRITABLE = 2, Q_EXECUTABLE = 4, Q_SHARED = 8, Q_COVERING_OR_NEXT = 0x10, Q_FILE_BACKED = 0x20 };
 #define LM_QUERY_EXEC_MAX 64 /* executable mappings asked for the objects before reading maps instead */
-static int lm_no_query; /* the kernel has no PROCMAP_QUERY: read maps from then on */
+static int lm_no_query; /* read maps even where PROCMAP_QUERY would do (ncclprobe_live_read_maps) */
 
 typedef struct { uint64_t addr; char* data; int64_t len; } lm_win;
 typedef struct { uint64_t addr; const char* orig; int64_t len; } lm_used;
@@ -168,7 +168,9 @@ static int parse_maps(const char* b, int64_t len, const char* exe, uint64_t* ran
     while (q < eol && *q == ' ') q++;
     size_t n = (size_t)(eol - q);
     if (usable(perms, q, n)) {
-      if (*nranges && start < ranges[2 * *nranges - 1]) return LM_BADMAPS; /* rows are sorted */
+      /* rows come sorted; maps read while the process maps or unmaps can repeat or skip rows across
+       * the reads of one file (a seq_file restarts at the address it stopped at): read it again */
+      if (*nranges && start < ranges[2 * *nranges - 1]) return LM_TORN;
       ranges[2 * *nranges] = start, ranges[2 * *nranges + 1] = stop, (*nranges)++;
     }
     if (inode && n && q[0] == '/') {
@@ -489,10 +491,7 @@ static int query_objects(int qfd, const char* exe, lm_row* exe_row, lm_row* libc
     struct lm_query q;
     int rc = ask(qfd, addr, Q_COVERING_OR_NEXT | Q_FILE_BACKED | Q_EXECUTABLE, &q, name, sizeof name);
     if (rc == -ENOENT) return 0; /* no executable mapping after addr */
-    if (rc < 0) {
-      if (rc == -ENOTTY || rc == -EINVAL || rc == -EOPNOTSUPP) lm_no_query = 1;
-      return -1;
-    }
+    if (rc < 0) return -1; /* ENOTTY: a kernel before 6.11 (or not procfs): maps is read instead */
     addr = q.vma_end;
     size_t n = q.vma_name_size ? strnlen(name, sizeof name) : 0;
     if (!q.inode || !n || name[0] != '/' || n >= name_len) continue;
@@ -563,15 +562,17 @@ static int64_t read_process(const char* base, const char* exe, const lm_obj* obj
       for (const char* q = maps; (q = memchr(q, '\n', (size_t)(maps + len - q))); q++) rows++;
       free(ranges);
       if (!(ranges = malloc(sizeof *ranges * 2 * (size_t)rows))) { rc = -ENOMEM; break; }
-      if ((rc = parse_maps(maps, len, exe, ranges, &nranges, &exe_row, &libc_row)) < 0) break;
+      rc = parse_maps(maps, len, exe, ranges, &nranges, &exe_row, &libc_row);
       m.ranges = ranges, m.nranges = nranges;
     }
     uint64_t slot = 0;
     int word = 8;
-    if ((rc = locate(&exe_row, &libc_row, objs, nobjs, obj_paths, &slot, &word, info, st, need_path, need_len)) < 0)
-      break;
-    rc = snapshot(&m, slot, word, sink);
-    st[ST_BYTES] += m.read;
+    if (rc >= 0) {
+      if ((rc = locate(&exe_row, &libc_row, objs, nobjs, obj_paths, &slot, &word, info, st, need_path, need_len)) < 0)
+        break;
+      rc = snapshot(&m, slot, word, sink);
+      st[ST_BYTES] += m.read;
+    }
     if (rc != LM_TORN) break;
     if (attempt >= retries) { st[ST_RETRIES] = retries; break; }
     st[ST_RETRIES] = attempt + 1;
@@ -615,3 +616,6 @@ EXPORT int64_t ncclprobe_live_read_tree(const char* proc_root, const int32_t* pi
   }
   return npids;
 }
+
+/* 1: read maps files even where the kernel has PROCMAP_QUERY (NCCLPROBE_NATIVE_LIVE=maps, to compare). */
+EXPORT void ncclprobe_live_read_maps(int32_t on) { lm_no_query = on != 0; }

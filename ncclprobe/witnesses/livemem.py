@@ -275,7 +275,7 @@ class Maps:
         if i < 0:
             return None
         start, end, perms, _, _, _, path = _row(self.rows[i])
-        if addr >= end or not _usable(perms, path):
+        if not start <= addr < end or not _usable(perms, path):  # (rows read while they changed: not sorted)
             return None
         self._found.append((start, end))
         return end

@@ -112,22 +112,29 @@ def _records(data: bytes, at: int, count: int):
 
 
 _fn = None
+_lib_handle = None
 
 
 def load():
-    """The C function, or None (not built, not loadable, or NCCLPROBE_NATIVE_LIVE=0)."""
-    global _fn
-    if os.environ.get("NCCLPROBE_NATIVE_LIVE", "1") == "0":
+    """The C function, or None (not built, not loadable, or NCCLPROBE_NATIVE_LIVE=0). With
+    NCCLPROBE_NATIVE_LIVE=maps it reads maps files even where the kernel has PROCMAP_QUERY."""
+    global _fn, _lib_handle
+    mode = os.environ.get("NCCLPROBE_NATIVE_LIVE", "1")
+    if mode == "0":
         return None
     if _fn is None:
         try:
-            fn = ctypes.CDLL(str(_lib.lib_path(LIB_NAME)), mode=ctypes.RTLD_LOCAL).ncclprobe_live_read_tree
+            _lib_handle = ctypes.CDLL(str(_lib.lib_path(LIB_NAME)), mode=ctypes.RTLD_LOCAL)
+            fn = _lib_handle.ncclprobe_live_read_tree
             fn.restype = ctypes.c_int64
             fn.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p,
                            ctypes.c_int32, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64, ctypes.c_int32,
                            ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
                            ctypes.c_void_p]
+            _lib_handle.ncclprobe_live_read_maps.argtypes = [ctypes.c_int32]
             _fn = fn
         except (OSError, AttributeError):
             _fn = False
+    if _fn:
+        _lib_handle.ncclprobe_live_read_maps(mode == "maps")
     return _fn or None
