@@ -189,18 +189,29 @@ def _live(ctx: _Context, recs: list[dict], tree: procs.ProcTree, proc_root: Path
     todo = [r for r in recs if r["env_reason"] not in ("kernel thread", "zombie")]
     results = dict(zip((r["pid"] for r in todo), reading.read_many([r["pid"] for r in todo],
                                                                    [tree.procs[r["pid"]].exe for r in todo])))
+    # every value was there when the last read ended: one time for all (writes dated no earlier than
+    # their read), and processes holding the same environment share its dicts (never modified)
+    when = time.time()
+    alike: dict[tuple, tuple] = {}
     for r in recs:
         got = results.get(r["pid"]) or livemem.LiveEnv(None, None, r["env_reason"])
         read += got.env is not None
         retries, size = retries + got.retries, size + got.bytes_read
-        env = got.env
-        shown = env if env is None or not ctx.all_vars else select(env, True, ctx.redact)
+        r["live_reason"], r["live_t"] = got.reason, when if got.env is not None else None
+        if got.env is None:
+            r["live_env"] = r["live_diff"] = r["_live_watched"] = r["_live_exp"] = None
+            continue
         exec_env = r["env"] if r["env_source"] == "exec" and r["stale"] != "clobbered" else None
-        r["live_env"], r["live_reason"], r["live_t"] = shown, got.reason, got.t
-        r["live_diff"] = _live_diff(exec_env, shown, r["conf_files"]) if shown is not None else None
-        r["_live_watched"] = {k: v for k, v in env.items() if is_watched(k)} if env is not None else None
-        r["_live_exp"] = None if got.expected is None else {
-            k: ctx.expect[k] if same else LIVE_DIFFERS for k, same in got.expected.items() if not is_watched(k)}
+        key = (tuple(got.env.items()), tuple(got.expected.items()), id(exec_env), id(r["conf_files"]))
+        hit = alike.get(key)
+        if hit is None:
+            env = got.env
+            shown = env if not ctx.all_vars else select(env, True, ctx.redact)
+            hit = alike[key] = (exec_env, r["conf_files"], shown, _live_diff(exec_env, shown, r["conf_files"]),
+                                {k: v for k, v in env.items() if is_watched(k)},
+                                {k: ctx.expect[k] if same else LIVE_DIFFERS for k, same in got.expected.items()
+                                 if not is_watched(k)})
+        r["live_env"], r["live_diff"], r["_live_watched"], r["_live_exp"] = hit[2:]
     scope = livemem.yama_scope(proc_root)
     return {"read": read, "unread": len(recs) - read, "retries": retries, "bytes_read": size,
             "ptrace_scope": scope}
@@ -741,6 +752,6 @@ def _live_node(r: dict, show_wiring: bool = False) -> Tree:
     lines += [Tree(f"- {k}  (unset in-process)", style="warn") for k in diff["unset"] if k not in ours]
     if not lines:
         return Tree("live (read from memory): as at exec", style="dim")
-    t = Tree(f"live (read from memory): {len(lines)} differ from the exec-time block")
+    t = Tree(f"live (read from memory): {len(lines)} differ{'s' if len(lines) == 1 else ''} from the exec-time block")
     t.children.extend(lines)
     return t
