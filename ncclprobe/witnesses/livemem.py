@@ -18,6 +18,12 @@ Yama applies (security/yama/yama_lsm.c: ptrace_scope 1 descendants only, 2 CAP_S
 Secrets: only the values of names the caller watches are decoded into strings; a name is matched as
 bytes before anything is decoded, and an expected name outside the watched set has its value
 compared as bytes (equal or differs), never decoded.
+
+Reading: where the names are known in advance (the watched set, a list, expected names), a tree's
+read is one call into native/livemem.c (liveread), which does the same in C and asks the kernel for
+the mappings it needs (PROCMAP_QUERY) instead of reading maps; the Python read here is its reference
+(tests/test_live_env.py runs both) and the fallback. The ELF symbols are read with struct (elfsyms),
+once per file.
 """
 from __future__ import annotations
 
@@ -61,7 +67,7 @@ class LiveEnv:
     reason: str | None
     retries: int = 0                      # torn snapshots before the one kept (or given up)
     bytes_read: int = 0
-    t: float | None = None                # when the snapshot was taken (unix seconds)
+    t: float | None = None                # when the snapshot was known to hold (unix seconds)
 
 
 def watched_name(name: bytes) -> bool:
@@ -71,6 +77,8 @@ def watched_name(name: bytes) -> bool:
 
 _WATCHED_B = frozenset(n.encode() for n in WATCHED_NAMES)
 _PREFIXES_B = tuple(p.encode() for p in WATCHED_PREFIXES)
+
+
 class Names:
     """Which strings a read keeps: a watched name (its value is decoded) or an expected one (its value
     compared as bytes). Names known in advance are found in the strings' bytes with bytes.find (a
