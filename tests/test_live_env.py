@@ -469,6 +469,37 @@ def test_the_native_and_the_python_reads_agree(progs):
             assert results[0] == results[1]
 
 
+# --------------------------------------------------------------------------------- the model
+def _rules(parent_live: dict | None, child_live: dict | None, child_stale: str | None = "fork"):
+    """The propagation rules on a Python parent (exec-time block without NCCL_X) and its child (a fork
+    child, started at t=50), with what --live read at t=100; NCCL_X=1 expected."""
+    from ncclprobe import diagnose
+    from ncclprobe.model import Model
+    m = Model()
+    parent, child = m.process("h", 10), m.process("h", 11)
+    for p, argv in ((parent, ["python3", "serve.py"]), (child, ["python3", "serve.py"])):
+        p.sources.add("proc")
+        p.argv, p.exe, p.proc_exec_env, p.proc_expected = argv, "/usr/bin/python3", {}, {}
+        p.nccl_user, p.live_reason = p is child, None
+    parent.proc_start, child.proc_start, child.ppid, child.proc_stale = 1.0, 50.0, 10, child_stale
+    for p, live in ((parent, parent_live), (child, child_live)):
+        p.live_env, p.live_t = live, (100.0 if live is not None else None)
+        p.live_reason = None if live is not None else "permission: other user"
+    return diagnose.rules(m, {"NCCL_X": "1"})
+
+
+def test_the_model_takes_the_live_values_as_the_values_now():
+    # the child set it itself (an initializer): nothing is missing
+    assert not [f for f in _rules({}, {"NCCL_X": "1"}, None) if f.code.startswith("ENV_")]
+    # the parent has it now, the child (exec'ed at 50) does not: written after the child started
+    late = [f for f in _rules({"NCCL_X": "1"}, {}, None) if f.code == "ENV_SET_AFTER_START"]
+    assert late and late[0].edge["where"] == LIVE_WHERE and late[0].edge["parent"] == 10
+    # a fork child whose memory could not be read: when its parent wrote the value is not known (before
+    # the fork, the child has it), so the child stays a stated blind spot, not a guess
+    found = _rules({"NCCL_X": "1"}, None)
+    assert [f.code for f in found if f.pids == (11,)] == ["EXEC_ENV_STALE"], [(f.code, f.message) for f in found]
+
+
 # ------------------------------------------------------------------------------------- inspect
 def inspect_json(*args) -> dict:
     r = subprocess.run([*NCCLPROBE, "inspect", *map(str, args), "--json"], capture_output=True, text=True, timeout=120)

@@ -69,7 +69,9 @@ class Timeline:
 def with_live(p: ProcessView, tl: Timeline | None) -> Timeline:
     """The live witness over what the others show: the environment p started with (as they tell it,
     else /proc's block, else the live one itself), then a write at live_t of each value that differs
-    now (when it was written is not known: at or before live_t). Complete for the values now."""
+    now (when it was written is not known: at or before live_t). Its final values are the live ones;
+    its past is complete only where the others' was and the live read found nothing they missed (a
+    fork child copies the past: the environment at the fork)."""
     start = tl.start if tl is not None else (
         p.proc_exec_env if p.proc_exec_env is not None and p.proc_stale != "clobbered" else p.live_env)
     before = tl.final if tl is not None else start
@@ -80,7 +82,8 @@ def with_live(p: ProcessView, tl: Timeline | None) -> Timeline:
             new = p.live_env.get(var)
             writes.append(EnvWrite(var, before.get(var), new, LIVE_WHERE, "unset" if new is None else "set", False, t))
     basis = (tl.basis if tl is not None else "/proc") + " and its memory now (inspect --live)"
-    return Timeline(start, writes, basis, (tl.witnesses if tl is not None else ()) + ("live",), True)
+    complete = tl is not None and tl.complete and len(writes) == len(tl.writes)
+    return Timeline(start, writes, basis, (tl.witnesses if tl is not None else ()) + ("live",), complete)
 
 
 def net_writes(p: ProcessView) -> list:
