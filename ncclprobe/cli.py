@@ -82,10 +82,13 @@ def main():
               help="Also read this NCCL_DEBUG=INFO log (repeatable).")
 @click.option("--show-wiring", is_flag=True,
               help="Also show ncclprobe's own wiring (LD_PRELOAD, NCCL_*_PLUGIN, NCCLPROBE_*) in the tree.")
+@click.option("--live", is_flag=True,
+              help="Also read the environment each process holds now from its memory (setenv, os.environ and "
+                   "NCCL's nccl.conf values included), without stopping it; needs ptrace access to it.")
 @json_option
 @strict_option
-def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs, nccl_logs, show_wiring, as_json,
-            strict):
+def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs, nccl_logs, show_wiring, live,
+            as_json, strict):
     """The exec-time view of the process tree under each PID: environment, NCCL libraries, GPUs,
     nccl.conf files, and where that view cannot be trusted.
 
@@ -104,7 +107,7 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
     try:
         result = _guarded("inspect", as_json, inspection.inspect_processes, list(pids), pgrep=pgrep,
                           expect=expect, scope=scope, all_vars=all_vars, redact=not no_redact,
-                          log_dirs=list(dirs), nccl_logs=list(nccl_logs), show_wiring=show_wiring)
+                          log_dirs=list(dirs), nccl_logs=list(nccl_logs), show_wiring=show_wiring, live=live)
     except inspection.UsageError as exc:
         raise click.UsageError(str(exc)) from None
     _emit(result, as_json, strict)

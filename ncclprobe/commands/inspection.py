@@ -52,7 +52,8 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
                       log_dirs: list[str] | None = None, nccl_logs: list[str] | None = None, *,
                       proc_root: Path = procs.DEFAULT_PROC, reader: procs.Reader | None = None,
                       gpu_lookup: Callable[[], tuple[dict[int, list[int]], str]] | None = None,
-                      merge_probe_dirs: bool = True, show_wiring: bool = False) -> Result:
+                      merge_probe_dirs: bool = True, show_wiring: bool = False, live: bool = False,
+                      live_reader=None) -> Result:
     expect = dict(expect or {})
     events.check_sources(log_dirs or [], nccl_logs or [])
     fs = procs.ProcFS(proc_root, reader)
@@ -74,6 +75,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
         if r["in_scope"] or scope == "all":
             r["conf_files"] = ctx.conf(tree.procs[r["pid"]], r)
     _refuse_if_blind(recs, roots)
+    live_summary = _live(ctx, recs, tree, proc_root, live_reader) if live else None
     host = socket.gethostname()
     dirs = list(log_dirs or []) or (sorted({d for p in tree.procs.values() if p.env and p.env.env
                                             for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
@@ -94,15 +96,17 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
             "processes": _public(recs),
             "skipped": not_found + tree.skipped, "missing_pids": missing, "excluded": tree.excluded,
             "gpu_source": "nvml" if not gpu_reason else "fds", "gpu_reason": gpu_reason or None}
+    if live_summary is not None:
+        data["live"] = live_summary
     result = _InspectResult("inspect", findings, data, expect,
-                            lambda: _document(recs, tree, notes, gpu_reason, not_found, show_wiring))
+                            lambda: _document(recs, tree, notes, gpu_reason, not_found, show_wiring, live_summary))
     result.model = m
     if missing:
         result.code = EXIT_UNEXAMINABLE
     if dirs or nccl_logs:
         from ncclprobe.commands.report import augment_inspection
         return augment_inspection(result, m, dirs, in_process_error)
-    v = verdict.for_processes(data["processes"], findings, expect)
+    v = verdict.for_processes(data["processes"], findings, expect, witnesses=["proc", "live"] if live else None)
     data["verdict"] = v.to_json()
     result.head = verdict.doc(v)
     return result
@@ -165,6 +169,67 @@ def _roots(fs: procs.ProcFS, pids: list[int], pgrep: str | None) -> tuple[list[i
     if not roots and first_error is not None:
         raise first_error
     return list(dict.fromkeys(roots)), not_found
+
+
+def _live(ctx: _Context, recs: list[dict], tree: procs.ProcTree, proc_root: Path, reader=None) -> dict:
+    """--live: each process's environment as it holds it now, read from its memory (witnesses.livemem),
+    shown as its exec-time one is (watched variables, or --all-vars with secrets redacted: a redacted
+    value is never decoded), with the difference from the exec-time block. The summary for the JSON."""
+    from ncclprobe.model import LIVE_DIFFERS
+    from ncclprobe.witnesses import livemem
+    if not ctx.all_vars:
+        watched, present = is_watched, None
+    elif ctx.redact:  # every name; a secret-looking one's value stays in the target (its presence is shown)
+        watched = lambda name: livemem.watched_name(name) or not looks_secret(os.fsdecode(name))  # noqa: E731
+        present = lambda name: True  # noqa: E731
+    else:
+        watched, present = (lambda name: True), None
+    reading = livemem.Reading(watched, ctx.expect, proc_root, reader=reader, present=present)
+    read = retries = size = 0
+    todo = [r for r in recs if r["env_reason"] not in ("kernel thread", "zombie")]
+    results = dict(zip((r["pid"] for r in todo), reading.read_many([r["pid"] for r in todo],
+                                                                   [tree.procs[r["pid"]].exe for r in todo])))
+    # every value was there when the last read ended: one time for all (writes dated no earlier than
+    # their read), and processes holding the same environment share its dicts (never modified)
+    when = time.time()
+    alike: dict[tuple, tuple] = {}
+    for r in recs:
+        got = results.get(r["pid"]) or livemem.LiveEnv(None, None, r["env_reason"])
+        read += got.env is not None
+        retries, size = retries + got.retries, size + got.bytes_read
+        r["live_reason"], r["live_t"] = got.reason, when if got.env is not None else None
+        if got.env is None:
+            r["live_env"] = r["live_diff"] = r["_live_watched"] = r["_live_exp"] = None
+            continue
+        exec_env = r["env"] if r["env_source"] == "exec" and r["stale"] != "clobbered" else None
+        key = (tuple(got.env.items()), tuple(got.expected.items()), id(exec_env), id(r["conf_files"]))
+        hit = alike.get(key)
+        if hit is None:
+            env = got.env
+            shown = env if not ctx.all_vars else select(env, True, ctx.redact)
+            hit = alike[key] = (exec_env, r["conf_files"], shown, _live_diff(exec_env, shown, r["conf_files"]),
+                                {k: v for k, v in env.items() if is_watched(k)},
+                                {k: ctx.expect[k] if same else LIVE_DIFFERS for k, same in got.expected.items()
+                                 if not is_watched(k)})
+        r["live_env"], r["live_diff"], r["_live_watched"], r["_live_exp"] = hit[2:]
+    scope = livemem.yama_scope(proc_root)
+    return {"read": read, "unread": len(recs) - read, "retries": retries, "bytes_read": size,
+            "ptrace_scope": scope}
+
+
+def _live_diff(exec_env: dict | None, live: dict, conf_files: list | None) -> dict | None:
+    """What the process changed in its own environment since exec: set, changed, unset in-process; a value
+    set in-process that an nccl.conf file gives NCCL is named with that file (NCCL sets it on init)."""
+    if exec_env is None:
+        return None
+    conf = {e["var"]: (e["value"], f"{c['path']}:{e['line']}") for c in conf_files or []
+            for e in c.get("entries") or [] if e.get("effect") == "applies"}
+    added = {k: v for k, v in sorted(live.items()) if k not in exec_env}
+    return {"set": added,
+            "changed": {k: {"exec": exec_env[k], "live": v} for k, v in sorted(live.items())
+                        if k in exec_env and exec_env[k] != v},
+            "unset": sorted(k for k in exec_env if k not in live),
+            "conf": {k: conf[k][1] for k, v in added.items() if k in conf and conf[k][0] == v}}
 
 
 def _public(recs: list[dict]) -> list[dict]:
@@ -585,13 +650,14 @@ def lib_label(lib: dict) -> str:
 
 
 def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reason: str,
-              not_found: list[dict] = (), show_wiring: bool = False) -> list:
+              not_found: list[dict] = (), show_wiring: bool = False, live: dict | None = None) -> list:
     by_pid = {r["pid"]: r for r in recs}
     kids: dict[int, list[int]] = {}
     for r in recs:
         kids.setdefault(r["ppid"], []).append(r["pid"])
     doc: list = [Title(f"Process tree under {', '.join(str(r) for r in tree.roots)} "
-                       f"({len(recs)} process{'es' if len(recs) != 1 else ''}, exec-time view from /proc)")]
+                       f"({len(recs)} process{'es' if len(recs) != 1 else ''}, exec-time view from /proc"
+                       + (", live environment from memory" if live is not None else "") + ")")]
     drawn: set[int] = set()
 
     def node(pid: int) -> Tree:
@@ -600,6 +666,8 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
         label = f"{pid} {r['command']}  [{r['user'] or '?'}, {r['state']}, started {r['start_time'] or '?'}]"
         t = Tree(label, style="" if r["in_scope"] else "dim")
         t.children.append(_env_node(r, by_pid.get(r["ppid"]), show_wiring))
+        if live is not None:
+            t.children.append(_live_node(r, show_wiring))
         for lib in r["nccl_libs"]:
             t.children.append(Tree(f"{lib_label(lib)} — {lib['reached_by']}",
                                    style="warn" if lib["kind"] == "static" else ""))
@@ -626,6 +694,11 @@ def _document(recs: list[dict], tree: procs.ProcTree, notes: list[str], gpu_reas
         doc.append(Text(f"pid {s['pid']} (given) not examined: {s['reason'].replace('_', ' ')} (exit code 3)", "warn"))
     for s in tree.skipped:
         doc.append(Text(f"pid {s['pid']} skipped: {s['reason']} (exited mid-walk or refused)", "dim"))
+    if live is not None:
+        scope = live["ptrace_scope"]
+        doc.append(Text(f"live: {live['read']} of {len(recs)} read from memory ({live['bytes_read']} bytes, "
+                        f"{live['retries']} torn read(s) retried); Yama ptrace_scope "
+                        + (str(scope) if scope is not None else "absent (no Yama on this kernel)"), "dim"))
     if tree.excluded:
         doc.append(Text(f"left out: this ncclprobe process ({', '.join(map(str, tree.excluded))}) and anything "
                         "under it", "dim"))
@@ -658,4 +731,27 @@ def _env_node(r: dict, parent: dict | None, show_wiring: bool = False) -> Tree:
     t.children.extend(Tree(f"+ {k}={v}", style="good") for k, v in diff["added"].items())
     t.children.extend(Tree(f"- {k} (parent: {parent['env'][k]})", style="warn") for k in diff["removed"])
     t.children.extend(Tree(f"~ {k}: {c['parent']} -> {c['value']}", style="warn") for k, c in diff["changed"].items())
+    return t
+
+
+def _live_node(r: dict, show_wiring: bool = False) -> Tree:
+    """The environment the process holds now, as what changed since exec: set, changed, unset in-process."""
+    if r["live_env"] is None:
+        return Tree(f"live: not read ({r['live_reason']})", style="warn")
+    diff = r["live_diff"]
+    if diff is None:  # no exec-time block to compare with
+        env = r["live_env"] if show_wiring else wiring.job_env(r["live_env"]) or {}
+        t = Tree(f"live (read from memory): {len(env)} shown")
+        t.children.extend(Tree(f"{k}={v}") for k, v in sorted(env.items()))
+        return t
+    ours = set() if show_wiring else set(r["live_env"]) - set(wiring.job_env(r["live_env"]) or {})
+    lines = [Tree(f"+ {k}={v}  (set in-process" + (f"; NCCL's conf file {diff['conf'][k]}" if k in diff["conf"] else "")
+                  + ")", style="good") for k, v in diff["set"].items() if k not in ours]
+    lines += [Tree(f"~ {k}: {c['exec']} -> {c['live']}  (changed in-process)", style="warn")
+              for k, c in diff["changed"].items() if k not in ours]
+    lines += [Tree(f"- {k}  (unset in-process)", style="warn") for k in diff["unset"] if k not in ours]
+    if not lines:
+        return Tree("live (read from memory): as at exec", style="dim")
+    t = Tree(f"live (read from memory): {len(lines)} differ{'s' if len(lines) == 1 else ''} from the exec-time block")
+    t.children.extend(lines)
     return t

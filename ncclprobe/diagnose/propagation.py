@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ncclprobe.diagnose.findings import Finding, at
-from ncclprobe.model import Model, ProcessView
+from ncclprobe.model import LIVE_WHERE, EnvWrite, Model, ProcessView
 from ncclprobe.model import wiring
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
 from ncclprobe.model.watched import is_watched, one_line, redact_assignments
@@ -65,6 +65,26 @@ class Timeline:
     @property
     def final(self) -> dict[str, str]:
         return self.at(None)
+
+
+def with_live(p: ProcessView, tl: Timeline | None) -> Timeline:
+    """The live witness over what the others show: the environment p started with (as they tell it,
+    else /proc's block, else the live one itself), then a write at live_t of each value that differs
+    now (when it was written is not known: at or before live_t). Its final values are the live ones;
+    its past is complete only where the others' was and the live read found nothing they missed (a
+    fork child copies the past: the environment at the fork)."""
+    start = tl.start if tl is not None else (
+        p.proc_exec_env if p.proc_exec_env is not None and p.proc_stale != "clobbered" else p.live_env)
+    before = tl.final if tl is not None else start
+    t = p.live_t if p.live_t is not None else 0.0
+    writes = list(tl.writes) if tl is not None else []
+    for var in sorted(set(before) | set(p.live_env)):
+        if before.get(var) != p.live_env.get(var):
+            new = p.live_env.get(var)
+            writes.append(EnvWrite(var, before.get(var), new, LIVE_WHERE, "unset" if new is None else "set", False, t))
+    basis = (tl.basis if tl is not None else "/proc") + " and its memory now (inspect --live)"
+    complete = tl is not None and tl.complete and len(writes) == len(tl.writes)
+    return Timeline(start, writes, basis, (tl.witnesses if tl is not None else ()) + ("live",), complete)
 
 
 def net_writes(p: ProcessView) -> list:
@@ -159,6 +179,10 @@ class Knowledge:
         return tl
 
     def _timeline(self, p: ProcessView) -> Timeline | None:
+        tl = self._witnessed(p)
+        return with_live(p, tl) if p.live_env is not None and p.start_env is None else tl
+
+    def _witnessed(self, p: ProcessView) -> Timeline | None:
         writes = [w for w in net_writes(p) if not w.blocked]
         if p.start_env is not None:
             return Timeline(p.start_env, writes, "boot probe (start environment and every write)", ("boot",), True)
@@ -181,8 +205,9 @@ class Knowledge:
         tl = self.timeline(p)
         if tl is None:
             return False, None
-        if not is_watched(var):  # the model keeps only watched names; /proc read the expected ones
-            return p.proc_expected is not None, (p.proc_expected or {}).get(var)
+        if not is_watched(var):  # the model keeps only watched names; /proc (or memory) read the expected ones
+            seen = p.live_expected if p.live_expected is not None and p.start_env is None else p.proc_expected
+            return seen is not None, (seen or {}).get(var)
         return True, tl.at(t).get(var)
 
     def endpoints(self) -> list[ProcessView]:
@@ -582,7 +607,8 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
                                         "children": [], "key": key})
             for var, target, have, edge, comm in losses:
                 g["items"].setdefault(var, (target, have))
-                g["children"].extend(c for c in edge.children if c not in g["children"])
+                known = g.setdefault("child_ids", set())  # by identity: comparing ProcessViews compares every field
+                g["children"].extend(c for c in edge.children if id(c) not in known and not known.add(id(c)))
                 g.setdefault("sources", set()).add(comm.env_source if comm else
                                                    "+".join(k.timeline(e).witnesses) if k.timeline(e) else "?")
                 inst = at(e.host, e.pid, comm.rank, comm.group or comm.ident) if comm else at(e.host, e.pid)

@@ -312,8 +312,9 @@ def _reference(var, expect, sets, root_env) -> tuple[str | None, str]:
 def for_processes(recs: list[Mapping], findings: list[Finding], expect: Mapping[str, str],
                   sets: Mapping[str, str] | None = None, witnesses: list[str] | None = None,
                   local_host: str | None = None) -> Verdict:
-    """The verdict over processes (inspect without communicators): each in-scope process's environment;
-    a process whose /proc block is known not to be its environment (fork child, clobbered) is unknown.
+    """The verdict over processes (inspect without communicators): each in-scope process's environment
+    (as read from its memory where --live read it); a process whose /proc block is known not to be its
+    environment (fork child, clobbered) and whose memory was not read is unknown.
     Records without a host (inspect's) are on local_host."""
     if local_host is None:
         import socket
@@ -331,6 +332,8 @@ def for_processes(recs: list[Mapping], findings: list[Finding], expect: Mapping[
         for r in scoped:
             readable = r.get("env_source") == "exec" and not r.get("stale") and r.get("env") is not None
             value = r["env"].get(var) if readable else "?"
+            if r.get("live_env") is not None and is_watched(var):  # inspect --live: what it holds now
+                value = r["live_env"].get(var)
             host = r.get("host") or local_host
             g = _group(groups, value, _culprit_of(index, host, r["pid"], var, None, value != reference))
             g.processes.append((host, r["pid"]))

@@ -67,6 +67,12 @@ class ProcessView:
     script: str | None = None                     # a shell's script, as its fd 255 names it (absolute)
     images: list[list[str]] = field(default_factory=list)  # earlier command lines of this pid (it exec'd since)
     in_scope: bool | None = None                  # inspect's --scope (None: every process is)
+    # the live witness (inspect --live): the environment read from the process's memory at live_t
+    live_env: dict[str, str] | None = None        # watched variables as the process held them then
+    live_expected: dict[str, str] | None = None   # expected names outside the watched set (rules only, never
+    #                                               shown): the expected value if equal, LIVE_DIFFERS if not
+    live_t: float | None = None
+    live_reason: str | None = None                # why live_env is missing (where --live was asked)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -75,6 +81,10 @@ class ProcessView:
     def first_read(self, var: str) -> NcclRead | None:
         hits = [r for r in self.reads.values() if r.var == var]
         return min(hits, key=lambda r: r.t) if hits else None
+
+
+LIVE_WHERE = "in-process (read from memory)"  # where a value the live witness saw was written
+LIVE_DIFFERS = "<differs from the expected value (read from memory)>"
 
 
 @dataclass
@@ -379,6 +389,9 @@ def add_records(m: Model, recs, host: str) -> Model:
         p.proc_env_hash = r.get("_hash")
         p.nccl_user = bool(r.get("nccl_libs") or r.get("gpus"))
         p.in_scope = r.get("in_scope")
+        if "live_reason" in r:  # inspect --live
+            p.live_env, p.live_expected = r.get("_live_watched"), r.get("_live_exp")
+            p.live_t, p.live_reason = r.get("live_t"), r.get("live_reason")
     return m
 
 
@@ -390,7 +403,7 @@ def add_proc_view(m: Model, other: Model) -> Model:
         p = m.process(*key)
         p.sources.add("proc")
         for name in ("proc_exec_env", "proc_expected", "proc_start", "proc_env_reason", "proc_stale",
-                     "proc_env_hash", "nccl_user", "in_scope"):
+                     "proc_env_hash", "nccl_user", "in_scope", "live_env", "live_expected", "live_t", "live_reason"):
             setattr(p, name, getattr(q, name))
         p.ppid = p.ppid if p.ppid is not None else q.ppid
         p.argv, p.exe = p.argv or q.argv, p.exe or q.exe
