@@ -132,11 +132,13 @@ CASES = [
          Edge(NOT_IN_ROOT), needs_cc=True),
     Case("ray_shaped-ok", (PY, ex("ray_shaped/main.py"), "ok"), 2, None, None, needs_cc=True),
 ]
-DRIVES = ("run", "inspect")
+# inspect-live: `inspect --live` reads what each process holds now from its memory: an in-process write
+# is a value it holds (dated at the read), a fork child's own environment is read: it names what run does
+DRIVES = ("run", "inspect", "inspect-live")
 
 
 def expected(case: Case, drive: str) -> Edge | str | None:
-    return case.run if drive == "run" else case.inspect
+    return case.inspect if drive == "inspect" else case.run
 
 
 def _params(keep) -> list:
@@ -322,7 +324,8 @@ def drive_case(case: Case, drive: str, work: Path, daemon: str | None) -> Outcom
         if drive == "run":
             _wait_witnessed(log_dir, set(_records(out, "worker")))
         else:
-            res = subprocess.run([*NCCLPROBE, "inspect", str(proc.pid), "--json", "--expect", EXPECT],
+            live = ["--live"] if drive == "inspect-live" else []
+            res = subprocess.run([*NCCLPROBE, "inspect", str(proc.pid), *live, "--json", "--expect", EXPECT],
                                  capture_output=True, text=True, timeout=120, cwd=work)
             rc, doc = res.returncode, _json(res.stdout, f"inspect (rc {res.returncode}, {res.stderr[-500:]})")
         (hold / "release").touch()

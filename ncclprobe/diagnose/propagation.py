@@ -21,15 +21,13 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from ncclprobe.diagnose.exectime import LIVE_VIEW, NOT_SHOWN
 from ncclprobe.diagnose.findings import Finding, at
 from ncclprobe.model import LIVE_WHERE, EnvWrite, Model, ProcessView
 from ncclprobe.model import wiring
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
 from ncclprobe.model.watched import is_watched, one_line, redact_assignments
 
-LIVE_VIEW = ("`ncclprobe run -- CMD` (or `ncclprobe inject install`) records the live environment from "
-             "inside each process")
-NOT_SHOWN = "<not shown: outside the watched set>"
 TICK_S = 0.011  # /proc start times are floored to the clock tick (1/100 s)
 RESTORE_WINDOW_S = 1.0   # an unset-and-restore (accelerate's clear_environment) nets out within this
 # launcher helpers that run no user code: never endpoints of the job
@@ -702,6 +700,13 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         msg = (f"{edge.where or pdesc} set {var}={sv(edge.new)}{dt} after {first} had {how}: {pid_text} never "
                f"got it" + (f" ({what})" if expected and target != edge.new else ""))
         culprit = f"set after start at {_short_where(edge.where)}"
+        if edge.where == LIVE_WHERE:  # the memory read dates a value at the read, not at its write
+            msg = (f"{pdesc} holds {var}={sv(edge.new)} now, set in-process (read from its memory; when is not "
+                   f"known), but {pid_text} it started{via_inter} do not have it: it was set after they had "
+                   f"{how}, or they were started with an environment of their own"
+                   + (f" ({what})" if expected and target != edge.new else ""))
+            culprit = f"set in-process in pid {parent.pid} (time unknown)" if parent else "set in-process"
+            ev["written_at"] = None
     elif kind == "overwritten_in_child":
         code = "ENV_OVERRIDDEN"
         ev.update(where=edge.where, old=edge.old, new=edge.new, t=edge.written_at)
