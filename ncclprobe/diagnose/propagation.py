@@ -565,8 +565,10 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
     names = variables(m, k, expect)
     groups: dict[tuple, dict[str, Any]] = {}
     blind: dict[tuple, list[ProcessView]] = defaultdict(list)
-    _pitfall_groups(m, expect, groups)
-    for e in k.endpoints():
+    endpoints = k.endpoints()
+    workers = {p.pid for p in endpoints} | {p.pid for p in m.processes.values() if is_python(p) and not k.helper(p)}
+    _pitfall_groups(m, expect, groups, workers)
+    for e in endpoints:
         comms = [c for c in m.comms_of(e.host, e.pid) if c.env is not None]
         if k.timeline(e) is None and not comms:
             # a stated blind spot where /proc shows a block that is not the process's own (a fork child
@@ -619,10 +621,14 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
     return out
 
 
-def _pitfall_groups(m: Model, expect: dict[str, str], groups: dict) -> None:
-    """Every shell pitfall is a finding of its own (SHELL_PREFIX_SCOPE); the endpoints lost at that shell
-    join it."""
+def _pitfall_groups(m: Model, expect: dict[str, str], groups: dict, workers: set[int]) -> None:
+    """Every shell pitfall that reaches a worker (an endpoint, or any interpreter that is no launcher
+    helper) is a finding of its own (SHELL_PREFIX_SCOPE), naming those; the endpoints lost at that shell
+    join it. One that reaches only the shell's own helpers (`dirname`, a subshell) is none."""
     for pit in m.shell_pitfalls:
+        pit = {**pit, "pids": [p for p in pit["pids"] if p in workers]}
+        if not pit["pids"]:
+            continue
         shell = next((p for p in m.processes.values() if p.pid == pit.get("started_by", pit["shell"])), None)
         edge = Edge("shell_prefix", pit["var"], shell, [], launcher="shell", witnesses=("proc",), pitfall=pit,
                     parent_label=pit.get("shell_command"), parent_pid=pit.get("started_by", pit["shell"]))
