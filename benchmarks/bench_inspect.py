@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,25 +26,10 @@ except ImportError:
 from ncclprobe.witnesses import elf, procread  # noqa: E402
 from ncclprobe.commands.inspection import inspect_processes  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tree import start_tree  # noqa: E402
+
 CHILD = "import sys, time; sys.stdout.write('x'); sys.stdout.flush(); time.sleep(600)"
-# A parent that starts N-1 sleeping children by fork+exec of a tiny interpreter (python -S -c).
-PARENT = r"""
-import os, sys, time
-n = int(sys.argv[1])
-kids = []
-for _ in range(n - 1):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.dup2(w, 1)
-        os.execv(sys.executable, [sys.executable, "-S", "-c", sys.argv[2]])
-    os.close(w)
-    kids.append(r)
-for r in kids:
-    os.read(r, 1)
-print("ready", flush=True)
-time.sleep(600)
-"""
 
 
 def reader_used(pid: int) -> str:
@@ -91,10 +75,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=7)
     args = ap.parse_args()
     env = {**os.environ, "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
-    parent = subprocess.Popen([sys.executable, "-S", "-c", PARENT, str(args.procs), CHILD],
-                              stdout=subprocess.PIPE, text=True, env=env)
+    parent = start_tree(args.procs, CHILD, env)
     try:
-        assert parent.stdout.readline().strip() == "ready"
         pids = tree_pids(parent.pid)
         assert len(pids) == args.procs, f"expected {args.procs} processes, found {len(pids)}"
         base_t, insp_t = [], []

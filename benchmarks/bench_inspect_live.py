@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,9 @@ except ImportError:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ncclprobe.commands.inspection import inspect_processes  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tree import start_tree  # noqa: E402
 from ncclprobe.witnesses import elf, livemem  # noqa: E402
 
 CHILD = ("import os, sys, time; os.environ['NCCL_SET_IN_CHILD'] = '1'; {more}"
@@ -32,24 +34,6 @@ CHILD = ("import os, sys, time; os.environ['NCCL_SET_IN_CHILD'] = '1'; {more}"
 # --violate: the children also change a value the inspection expects, so --live has a finding about
 # every one of them to make (the plain inspection, blind to it, has none)
 VIOLATE = "os.environ['NCCL_PROTO'] = 'Simple'; "
-# A parent that starts N-1 children by fork+exec of a tiny interpreter (python -S -c), then waits.
-PARENT = r"""
-import os, sys, time
-n = int(sys.argv[1])
-kids = []
-for _ in range(n - 1):
-    r, w = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.dup2(w, 1)
-        os.execv(sys.executable, [sys.executable, "-S", "-c", sys.argv[2]])
-    os.close(w)
-    kids.append(r)
-for r in kids:
-    os.read(r, 1)
-print("ready", flush=True)
-time.sleep(600)
-"""
 
 
 def timed(pid: int, live: bool, n: int) -> float:
@@ -73,10 +57,8 @@ def main() -> int:
     args = ap.parse_args()
     env = {**os.environ, "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}
     child = CHILD.format(more=VIOLATE if args.violate else "")
-    parent = subprocess.Popen([sys.executable, "-S", "-c", PARENT, str(args.procs), child],
-                              stdout=subprocess.PIPE, text=True, env=env)
+    parent = start_tree(args.procs, child, env)
     try:
-        assert parent.stdout.readline().strip() == "ready"
         plain, live = [], []
         for _ in range(args.repeat):
             plain.append(timed(parent.pid, False, args.procs))

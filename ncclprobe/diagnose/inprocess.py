@@ -57,20 +57,12 @@ def _write_between(p: ProcessView | None, var: str, t0: float, t1: float):
 
 
 def env_at(p: ProcessView, t: float | None) -> dict[str, str] | None:
-    """The process's watched environment at time t: its start environment plus the writes up to t."""
+    """The process's watched environment at time t, as the boot probe saw it: its start environment
+    plus the writes up to t (propagation.Timeline, which every rule reads)."""
     if p.start_env is None:
         return None
-    env = dict(p.start_env)
-    for w in p.writes:
-        if t is not None and w.t > t:
-            break
-        if w.blocked:
-            continue
-        if w.new is None:
-            env.pop(w.var, None)
-        else:
-            env[w.var] = w.new
-    return env
+    from ncclprobe.diagnose.propagation import Timeline
+    return dict(Timeline(p.start_env, [w for w in p.writes if not w.blocked], "boot", ("boot",), True).at(t))
 
 
 def comm_tuning_divergent(m: Model) -> list[Finding]:
