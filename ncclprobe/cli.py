@@ -127,7 +127,9 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
 @click.option("--no-preload", is_flag=True, help="Do not LD_PRELOAD the probe library.")
 @click.option("--no-plugins", is_flag=True, help="Do not set NCCL_PROFILER_PLUGIN / NCCL_ENV_PLUGIN.")
 @click.option("--no-boot", is_flag=True, help="Do not wire the Python boot probe in.")
-@click.option("--expect", "expects", multiple=True, metavar="K=V", help="Expected value, checked in the report.")
+@click.option("--expect", "expects", multiple=True, metavar="K=V",
+              help="Expected value (repeatable), checked on every process that uses NCCL (at each communicator's "
+                   "creation) or, where none does, on every worker; the report names the edge where it was lost.")
 @click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
 @json_option
 @click.option("--strict", is_flag=True, help="When CMD exits 0, exit 1 on warnings too, not only on errors.")
