@@ -233,10 +233,14 @@ def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str], sets
     witnesses = sorted({s for p in m.processes.values() for s in p.sources} | {s for c in m.comms for s in c.seen_by})
     if not comms:
         import socket
-        live = _live_records(m)
+        from ncclprobe.diagnose.propagation import Knowledge
+        workers = {p.key for p in Knowledge(m).endpoints()}
+        live = _live_records(m, workers)
         here = socket.gethostname()
-        seen = {(r["host"], r["pid"]) for r in live}  # a process the probes saw: its live env, not /proc's
-        v = for_processes(live + [r for r in processes or [] if (r.get("host") or here, r["pid"]) not in seen],
+        # a process the probes saw: its live env, not /proc's; only the workers the rules check
+        seen = {p.key for p in m.processes.values() if p.start_env is not None}
+        v = for_processes(live + [r for r in processes or [] if (r.get("host") or here, r["pid"]) not in seen
+                                  and ((r.get("host") or here, r["pid"]) in workers or not workers)],
                           findings, expect, sets, witnesses + (["proc"] if processes else []), here)
         v.note = "no communicator was seen: the values are the processes' environments"
         return v
@@ -281,9 +285,11 @@ def _live_env(p) -> dict[str, str] | None:
     return env_at(p, None)
 
 
-def _live_records(m: Model) -> list[dict]:
+def _live_records(m: Model, workers: set) -> list[dict]:
+    """The processes the rules check (propagation's endpoints: the workers, not their launchers,
+    daemons or multiprocessing's helpers), with their live environments, as records."""
     return [{"host": p.host, "pid": p.pid, "env": _live_env(p), "in_scope": True, "env_source": "exec", "stale": None}
-            for p in m.processes.values() if p.start_env is not None]
+            for p in m.processes.values() if p.start_env is not None and p.key in workers]
 
 
 def _run_sets(m: Model) -> dict[str, str]:
