@@ -213,8 +213,10 @@ class Knowledge:
         `--scope all`, also every process that starts no other. Where no process uses NCCL, the leaves
         that run an interpreter (the workers) if there are any: a shell's `dirname`, `sleep` or subshell
         is no worker."""
-        scoped = [p for p in self.m.processes.values() if p.in_scope is not False and not self.helper(p)]
         with_comms = {(c.host, c.pid) for c in self.m.comms}
+        # NCCL use any witness saw counts, whatever a /proc snapshot's --scope said before NCCL was loaded
+        scoped = [p for p in self.m.processes.values() if not self.helper(p) and (
+            p.in_scope is not False or p.key in with_comms or p.libs)]
         users = {p.key for p in scoped if p.key in with_comms or p.libs or p.nccl_user}
         leaves = [p for p in scoped if p.key not in users and (p.in_scope is True or not users)
                   and not [c for c in self.children[p.key] if not self.helper(c)]]
