@@ -383,7 +383,8 @@ def add_records(m: Model, recs, host: str) -> Model:
         # shared with the records of processes started alike (never modified): the rules do them once
         p.proc_exec_env = (r.get("_watched") or {}) if readable else None
         p.proc_expected = (r.get("_exp") or {}) if readable else None
-        p.proc_start = r.get("_start")
+        # the boot probe's and the watch's start are to the tick: a /proc snapshot never replaces them
+        p.proc_start = p.proc_start if p.proc_start is not None else r.get("_start")
         p.proc_env_reason = None if readable else (r.get("env_reason") or r.get("env_source"))
         p.proc_stale = r.get("stale")
         p.proc_env_hash = r.get("_hash")
@@ -402,9 +403,10 @@ def add_proc_view(m: Model, other: Model) -> Model:
             continue
         p = m.process(*key)
         p.sources.add("proc")
-        for name in ("proc_exec_env", "proc_expected", "proc_start", "proc_env_reason", "proc_stale",
+        for name in ("proc_exec_env", "proc_expected", "proc_env_reason", "proc_stale",
                      "proc_env_hash", "nccl_user", "in_scope", "live_env", "live_expected", "live_t", "live_reason"):
             setattr(p, name, getattr(q, name))
+        p.proc_start = p.proc_start if p.proc_start is not None else q.proc_start
         p.ppid = p.ppid if p.ppid is not None else q.ppid
         p.argv, p.exe = p.argv or q.argv, p.exe or q.exe
     m.shell_pitfalls = [*m.shell_pitfalls, *other.shell_pitfalls]

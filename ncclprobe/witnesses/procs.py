@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import time
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
@@ -269,6 +270,14 @@ class ProcFS:
         return [int(n) for n in self.reader.listdir(self.root) if n.isdigit()]
 
     def boot_time(self) -> float | None:
+        """When the machine booted, in unix seconds: for the real /proc from CLOCK_BOOTTIME (to the
+        microsecond; /proc/stat's btime is whole seconds, up to 1 s off, more than a start time needs
+        to order a parent's write and a child's start), else from the root's stat file."""
+        if Path(self.root) == DEFAULT_PROC:
+            try:
+                return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+            except (AttributeError, OSError):
+                pass
         try:
             for line in self.reader.read_bytes(self.root / "stat").split(b"\n"):
                 if line.startswith(b"btime "):
