@@ -316,11 +316,15 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
         if ptl is None:
             return Edge("unseen", var, parent, [x], via=k.via(x))
         s = start_of(x)
-        if _get(ptl.at(s), var) == target:  # the parent had it when x started
+        # a start is known to the clock tick, a write to the microsecond (on clocks that can drift apart
+        # by as much): a write within a tick of the start may have come after it, and x lacking the
+        # value says it did
+        early = s - TICK_S if s is not None else None
+        late = [w for w in ptl.writes if w.var == var and w.new == target and early is not None and w.t > early]
+        if _get(ptl.at(early), var) == target:  # the parent had it when x started
             kind = "curated_env" if is_python(parent) or is_shell(parent) else "dropped_by_intermediate"
             return Edge(kind, var, parent, [x], via=k.via(x), launcher=_launcher(m, x, parent),
                         witnesses=ptl.witnesses + tl.witnesses)
-        late = [w for w in ptl.writes if w.var == var and w.new == target and s is not None and w.t > s]
         if late:  # ... and got it only after x had started
             w = late[0]
             return Edge("set_after_start", var, parent, [x], w.where, w.t, w.old, w.new, k.via(x),
