@@ -2,6 +2,7 @@
 interpreter (python -S -c CHILD), waits until each has written one byte, says "ready", then sleeps."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -30,3 +31,17 @@ def start_tree(n: int, child: str, env: dict[str, str] | None = None) -> subproc
                               text=True, env=env)
     assert parent.stdout.readline().strip() == "ready"
     return parent
+
+
+def children(root: int) -> list[int]:
+    """The pids whose parent is root (the tree's children), from /proc."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as fh:
+                    if int(fh.read().rpartition(b")")[2].split()[1]) == root:
+                        out.append(int(name))
+            except OSError:
+                pass
+    return out

@@ -27,7 +27,7 @@ from ncclprobe.witnesses import elf, procread  # noqa: E402
 from ncclprobe.commands.inspection import inspect_processes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _tree import start_tree  # noqa: E402
+from _tree import children, start_tree  # noqa: E402
 
 CHILD = "import sys, time; sys.stdout.write('x'); sys.stdout.flush(); time.sleep(600)"
 
@@ -57,16 +57,7 @@ def baseline(pids: list[int]) -> None:
 
 
 def tree_pids(root: int) -> list[int]:
-    out = [root]
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as fh:
-                    if int(fh.read().rpartition(b")")[2].split()[1]) == root:
-                        out.append(int(name))
-            except OSError:
-                pass
-    return out
+    return [root, *children(root)]
 
 
 def main() -> int:

@@ -26,7 +26,7 @@ except ImportError:
 from ncclprobe.commands.inspection import inspect_processes  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _tree import start_tree  # noqa: E402
+from _tree import children, start_tree  # noqa: E402
 from ncclprobe.witnesses import elf, livemem  # noqa: E402
 
 CHILD = ("import os, sys, time; os.environ['NCCL_SET_IN_CHILD'] = '1'; {more}"
@@ -78,7 +78,7 @@ def main() -> int:
         print(f"ratio live/plain     {ratio:8.2f}x  (goal <= 2x: {'ok' if ratio <= 2 else 'OVER'})")
         return 0
     finally:
-        kids = _children(parent.pid)  # before the parent goes: then they are init's
+        kids = children(parent.pid)  # before the parent goes: then they are init's
         parent.kill()
         parent.wait()
         for pid in kids:
@@ -86,19 +86,6 @@ def main() -> int:
                 os.kill(pid, 9)
             except OSError:
                 pass
-
-
-def _children(root: int) -> list[int]:
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat", "rb") as fh:
-                    if int(fh.read().rpartition(b")")[2].split()[1]) == root:
-                        out.append(int(name))
-            except OSError:
-                pass
-    return out
 
 
 if __name__ == "__main__":
