@@ -30,8 +30,13 @@ def readable(rec: Mapping) -> bool:
     return rec.get("env_source") == "exec" and not rec.get("stale")
 
 
+def runs_forkserver(argv) -> bool:
+    """Whether a command line is multiprocessing's forkserver."""
+    return any("multiprocessing.forkserver" in a for a in argv or ())
+
+
 def is_forkserver(rec: Mapping) -> bool:
-    return any("multiprocessing.forkserver" in a for a in rec.get("cmdline") or ())
+    return runs_forkserver(rec.get("cmdline"))
 
 
 def stale_kind(rec: Mapping, parent: Mapping | None) -> str | None:

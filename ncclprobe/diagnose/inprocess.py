@@ -17,11 +17,6 @@ NOT_TUNING_PREFIXES = ("NCCL_DEBUG", "NCCLPROBE_", "NCCL_PROFILER_PLUGIN", "NCCL
                        "NCCL_VERSION")  # NCCL_VERSION: a container image label, never read by NCCL
 
 
-def is_probe_wiring(value: str) -> bool:
-    """A value that is ncclprobe's own wiring (its library as a plugin), not the job's environment."""
-    return "libncclprobe" in value
-
-
 def is_tuning(var: str) -> bool:
     return var.startswith("NCCL_") and not var.startswith(NOT_TUNING_PREFIXES)
 

@@ -21,7 +21,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclprobe.diagnose.exectime import LIVE_VIEW, NOT_SHOWN
+from ncclprobe.diagnose.exectime import LIVE_VIEW, NOT_SHOWN, runs_forkserver
 from ncclprobe.diagnose.findings import Finding, at
 from ncclprobe.model import LIVE_WHERE, EnvWrite, Model, ProcessView
 from ncclprobe.model import wiring
@@ -124,7 +124,7 @@ def is_python(p: ProcessView) -> bool:
 
 
 def is_forkserver(p: ProcessView | None) -> bool:
-    return p is not None and any("multiprocessing.forkserver" in a for a in p.argv or ())
+    return p is not None and runs_forkserver(p.argv)
 
 
 def is_shell(p: ProcessView | None) -> bool:
