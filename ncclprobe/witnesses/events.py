@@ -25,11 +25,21 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            magic instead of version when it is wrong); null for a NULL config.
                            rank/nranks/dev: asked from the new communicator after success, else
                            the arguments
-  comm_plugin_init profiler comm_hash, comm_name, nnodes, nranks, rank, env, lib, call, plugin
+  comm_plugin_init profiler comm_hash, comm_name, nnodes, nranks, rank, env, lib, call, plugin, timing (gpu | off)
   coll_summary   profiler  comm_hash, func, algo, proto, nchannels, bytes_min, bytes_max, count,
-                           rank, reason (periodic | finalize | exit). Each line covers the
-                           collectives since the previous line for that communicator: sum counts,
-                           take min/max of sizes. bytes = count x element size
+                           rank, reason (periodic | finalize | exit), mode (eager | captured |
+                           replayed; null: unknown, profiler v4), size_log2 (the size bucket: bytes in
+                           [2^k, 2^(k+1))), bytes_sum; with GPU timing on also gpu_count, gpu_ns (sum
+                           of GPU times), untimed, gpu_hist ([[bin, n], ...], model/timing.py's bins).
+                           Each line covers the collectives of its shape since the previous line
+                           for it: sum counts, bytes, times and bins, take min/max of sizes (which
+                           hold since the communicator's start). bytes = count x element size
+  comm_activity  profiler  comm_hash, rank, nranks, first_t and last_t (its first and latest
+                           collective, unix seconds, to a few ms; null: none yet), api_eager and
+                           api_captured (collective calls since the previous line, eager or captured
+                           into a CUDA graph), timing (gpu | off), flush_s (the flush interval), flush
+                           (1, 2, ...), reason: with every flush that moved, and always at finalize
+                           and exit (a communicator whose last one is periodic ended unflushed)
   comm_plugin_finalize profiler comm_hash
   comm_destroy   preload   comm, api, rc, call, ms, lib
   proc_seen      proc      `ncclprobe run`'s /proc watch (commands/watch.py), one line per process of CMD's
@@ -188,10 +198,19 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
                   "flags": (OI32, "drop")},
     "comm_plugin_init": {"comm_hash": (OID, "drop"), "comm_name": (OS, "drop"), "nnodes": (OI32, "drop"),
                          "nranks": (OI32, "drop"), "rank": (OI32, "drop"), "env": (ENV, "drop"),
-                         "lib": (OT, "drop"), "call": (OU64, "drop"), "plugin": (OS, "drop")},
+                         "lib": (OT, "drop"), "call": (OU64, "drop"), "plugin": (OS, "drop"),
+                         "timing": (OS, "drop")},
     "coll_summary": {"comm_hash": (OID, "drop"), "func": (OS, "drop"), "algo": (OS, "drop"), "proto": (OS, "drop"),
                      "nchannels": (OI32, "drop"), "bytes_min": (OU64, "drop"), "bytes_max": (OU64, "drop"),
-                     "count": (OU64, "drop"), "rank": (OI32, "drop"), "reason": (OS, "drop")},
+                     "count": (OU64, "drop"), "rank": (OI32, "drop"), "reason": (OS, "drop"),
+                     "mode": (OS, "drop"), "size_log2": (_null(_int(-1, 63)), "drop"), "bytes_sum": (OU64, "drop"),
+                     "gpu_count": (OU64, "drop"), "gpu_ns": (OU64, "drop"), "untimed": (OU64, "drop"),
+                     "gpu_hist": (_null(_list(lambda v: v if type(v) is list and len(v) == 2 and all(
+                         type(x) is int and 0 <= x < 1 << 40 for x in v) else BAD)), "drop")},
+    "comm_activity": {"comm_hash": (OID, "drop"), "rank": (OI32, "drop"), "nranks": (OI32, "drop"),
+                      "first_t": (_null(_num(0, 1e12)), "drop"), "last_t": (_null(_num(0, 1e12)), "drop"),
+                      "api_eager": (OU64, "drop"), "api_captured": (OU64, "drop"), "timing": (OS, "drop"),
+                      "flush_s": (_null(_num(0, 1e7)), "drop"), "flush": (OU64, "drop"), "reason": (OS, "drop")},
     "comm_plugin_finalize": {"comm_hash": (OID, "drop")},
     "comm_destroy": {"comm": (OID, "drop"), "api": (OS, "drop"), "rc": (OI32, "drop"), "call": (OU64, "drop"),
                      "ms": (_null(_num(0, 1e15)), "drop"), "lib": (OT, "drop")},

@@ -304,7 +304,7 @@ int main(int argc, char** argv) {
   } else if (!strcmp(mode, "shapes")) {
     void* a = comm_init(0x5a, NULL, 2, 0);
     int k = atoi(argv[4]);
-    for (int i = 0; i < k; i++) coll(a, 0, "AllReduce", "Ring", "LL", (i % 255) + 1, 8, "ncclFloat32");
+    for (int i = 0; i < k; i++) coll(a, 0, "AllReduce", "Ring", "LL", (i % 255) + 1, (size_t)8 << (i / 255), "ncclFloat32");
     comm_finalize(a);
   } else if (!strcmp(mode, "loop")) loop(atol(argv[4]));
   else if (!strcmp(mode, "forkexit")) forkexit(atoi(argv[4]));
