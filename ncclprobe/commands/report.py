@@ -377,9 +377,14 @@ def model_json(m: Model) -> dict[str, Any]:
               "lib": c.lib, **_version_json(c, versions), "simulated": c.simulated, "ms": c.ms, "dev": c.dev,
               "comm_name": c.comm_name, "seen_by": sorted(c.seen_by), "destroyed": c.destroyed,
               **verdict.comm_reads(m, c).to_json(),
-              "collectives": [s.__dict__ for s in c.colls.values()]} for c in m.comms]
+              "collectives": [_coll_json(s) for s in c.colls.values()],
+              "activity": c.activity.__dict__ if c.activity is not None else None} for c in m.comms]
     return {"processes": procs, "communicators": comms, "simulated": m.simulated,
             "skipped": m.skipped, "runs": [_run_json(r) for r in m.runs], "watch": m.watch}
+
+
+def _coll_json(s) -> dict[str, Any]:
+    return {**s.__dict__, "gpu_hist": sorted(s.gpu_hist.items())}
 
 
 def _run_json(run: dict) -> dict:

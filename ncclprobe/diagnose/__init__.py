@@ -9,7 +9,7 @@ from ncclprobe.diagnose.findings import Finding, aggregate
 def rules(m, expect: dict[str, str] | None = None, recs=None, host: str | None = None) -> list[Finding]:
     """Every finding on model m, one per cause. recs: inspect's /proc records of the same processes
     (their libraries, conf files and unreadable environments are read from them)."""
-    from ncclprobe.diagnose import exectime, inprocess, propagation
+    from ncclprobe.diagnose import exectime, inprocess, nccltime, propagation
     from ncclprobe.diagnose.findings import with_host
     expect = dict(expect or {})
     found = propagation.rules(m, expect)
@@ -17,6 +17,7 @@ def rules(m, expect: dict[str, str] | None = None, recs=None, host: str | None =
     named = {(f.edge["var"], f.edge["where"]) for f in found if f.edge and f.edge["kind"] == "overwritten_in_child"}
     found += [f for f in inprocess.all_rules(m)
               if not (f.code == "ENV_OVERRIDDEN" and (f.var, f.evidence.get("where")) in named)]
+    found += nccltime.rules(m, expect)
     if recs is not None:
         found += with_host(exectime.observations(recs), host) if host else exectime.observations(recs)
     return aggregate(dedupe(found))

@@ -55,10 +55,12 @@ class Verdict:
     witnesses: list[str]
     more_vars: int = 0
     note: str = ""
+    time: list = field(default_factory=list)  # (line, model.timing.CommTime) per communicator the profiler counted
 
     def to_json(self) -> dict[str, Any]:
         return {"holders": self.holders, "witnesses": self.witnesses, "variables": [r.to_json() for r in self.rows],
-                "more_variables": self.more_vars, "note": self.note or None}
+                "more_variables": self.more_vars, "note": self.note or None,
+                "time": [{"line": line, **t.to_json()} for line, t in self.time]}
 
 
 # ---- what NCCL used -------------------------------------------------------------------------------
@@ -277,7 +279,21 @@ def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str], sets
             g.processes.append((host, pid))
             g.pids.add((host, pid))
         rows.append(Row(var, reference, basis, _ordered(groups, reference)))
-    return Verdict(rows, "communicators", witnesses, more)
+    return Verdict(rows, "communicators", witnesses, more, time=time_lines(m))
+
+
+def time_lines(m: Model) -> list:
+    """(line, CommTime) per communicator whose collectives the profiler plugin counted."""
+    from ncclprobe.model import timing
+    return [(timing.time_line(t, comm_label(t.ident, t.name, t.ranks, t.nranks)), t) for t in timing.comm_times(m.comms)]
+
+
+def comm_label(ident: str, name: str | None, ranks, nranks: int | None) -> str:
+    """`decode comm 0x2142313c (ranks 0-1 of 2)`: how a line names one communicator."""
+    who = f"{name} comm {short_id(ident)}" if name else f"comm {short_id(ident)}"
+    if ranks:
+        who += f" (rank{'s' if len(ranks) > 1 else ''} {ranges(ranks)}" + (f" of {nranks})" if nranks else ")")
+    return who
 
 
 def _live_env(p) -> dict[str, str] | None:
@@ -399,7 +415,7 @@ def doc(v: Verdict) -> list:
         out.append(Text(v.note, "note"))
     if not v.rows:
         out.append(Text("No NCCL variable was set, expected (--expect) or named by a finding.", "dim"))
-        return out
+        return out + _time_doc(v)
     rows = []
     for r in v.rows:
         parts = []
@@ -411,4 +427,15 @@ def doc(v: Verdict) -> list:
     out.append(Grid(rows))
     if v.more_vars:
         out.append(Text(f"+{v.more_vars} more variable(s): see --json (verdict.variables)", "dim"))
+    return out + _time_doc(v)
+
+
+def _time_doc(v: Verdict) -> list:
+    if not v.time:
+        return []
+    out: list = [Text("Time in NCCL (profiler plugin; GPU time = the longest channel of each collective, "
+                      "per rank; wall = from a communicator's first to its latest collective):", "dim")]
+    for line, t in v.time:
+        out.append(Text("  " + line))
+        out += [Text("    " + note, "dim") for note in t.notes]
     return out

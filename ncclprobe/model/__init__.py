@@ -96,6 +96,14 @@ class CollStat:
     bytes_min: int
     bytes_max: int
     count: int
+    # the profiler plugin's (model/timing.py says what they mean); NCCL's log gives none of them
+    mode: str | None = None          # eager | captured | replayed; None: unknown
+    size_log2: int | None = None     # bytes in [2^k, 2^(k+1))
+    bytes_sum: int = 0
+    gpu_count: int = 0
+    gpu_ns: int = 0
+    untimed: int = 0
+    gpu_hist: dict[int, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,7 +132,8 @@ class CommView:
     dev: int | None = None
     comm_name: str | None = None
     seen_by: set[str] = field(default_factory=set)
-    colls: dict[tuple[str, str, str, int], CollStat] = field(default_factory=dict)
+    colls: dict[tuple, CollStat] = field(default_factory=dict)
+    activity: Any = None                        # model.timing.Activity: the profiler's comm_activity lines
     destroyed: bool = False
 
     @property
@@ -332,6 +341,18 @@ def build(log: EventLog) -> Model:
                 m.comms.append(c)
                 by_hash[(host, pid, h)] = c
             _add_coll(c, e)
+        elif kind == "comm_activity":
+            h = _id(e.get("comm_hash"))
+            c = by_hash.get((host, pid, h))
+            if c is None:
+                c = CommView(host, pid, t, comm_hash=h, env_source=None, rank=e.get("rank"), nranks=e.get("nranks"))
+                c.seen_by.add("profiler")
+                m.comms.append(c)
+                by_hash[(host, pid, h)] = c
+            if c.activity is None:
+                from ncclprobe.model.timing import Activity
+                c.activity = Activity()
+            c.activity.add(e)
         elif kind in ("comm_destroy", "comm_plugin_finalize"):
             c = by_ptr.get((host, pid, _id(e.get("comm")))) or by_hash.get((host, pid, _id(e.get("comm_hash"))))
             if c is not None:
@@ -356,18 +377,27 @@ def _label_simulated(m: Model) -> None:
 
 
 def _add_coll(c: CommView, e: dict[str, Any]) -> None:
-    """Merge one flush. A flush carries counts since the previous one for the same key."""
+    """Merge one flush. A flush carries counts, bytes, GPU times and bins since the previous one for the
+    same key (sizes min/max since the start)."""
     try:
+        mode = e.get("mode") if e.get("mode") in ("eager", "captured", "replayed") else None
+        size_log2 = e.get("size_log2") if type(e.get("size_log2")) is int else None
         key = (str(e.get("func")), canonical(str(e.get("algo"))), canonical(str(e.get("proto"))),
-               int(e.get("nchannels") or 0))
+               int(e.get("nchannels") or 0), mode, size_log2)
         bmin, bmax, count = int(e.get("bytes_min", 0)), int(e.get("bytes_max", 0)), int(e.get("count", 0))
+        bytes_sum = int(e.get("bytes_sum") or 0)
+        gpu_count, gpu_ns, untimed = (int(e.get(k) or 0) for k in ("gpu_count", "gpu_ns", "untimed"))
+        hist = [(int(b), int(n)) for b, n in (e.get("gpu_hist") or [])]
     except (TypeError, ValueError):
         return
     s = c.colls.get(key)
     if s is None:
-        c.colls[key] = CollStat(*key, bmin, bmax, count)
-    else:
-        s.bytes_min, s.bytes_max, s.count = min(s.bytes_min, bmin), max(s.bytes_max, bmax), s.count + count
+        s = c.colls[key] = CollStat(*key[:4], bmin, bmax, 0, mode, size_log2)
+    s.bytes_min, s.bytes_max, s.count = min(s.bytes_min, bmin), max(s.bytes_max, bmax), s.count + count
+    s.bytes_sum += bytes_sum
+    s.gpu_count, s.gpu_ns, s.untimed = s.gpu_count + gpu_count, s.gpu_ns + gpu_ns, s.untimed + untimed
+    for b, n in hist:
+        s.gpu_hist[b] = s.gpu_hist.get(b, 0) + n
 
 
 def add_records(m: Model, recs, host: str) -> Model:
