@@ -127,6 +127,10 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
 @click.option("--no-preload", is_flag=True, help="Do not LD_PRELOAD the probe library.")
 @click.option("--no-plugins", is_flag=True, help="Do not set NCCL_PROFILER_PLUGIN / NCCL_ENV_PLUGIN.")
 @click.option("--no-boot", is_flag=True, help="Do not wire the Python boot probe in.")
+@click.option("--gpu-timing", is_flag=True,
+              help="Also time every collective on the GPU (the profiler's KernelCh events): GPU time per call, "
+                   "busbw and NCCL's share of the wall per communicator. It costs time: NCCL then adds a proxy "
+                   "operation to every collective and a host callback to captured CUDA graphs.")
 @click.option("--expect", "expects", multiple=True, metavar="K=V",
               help="Expected value (repeatable), checked on every process that uses NCCL (at each communicator's "
                    "creation) or, where none does, on every worker; the report names the edge where it was lost.")
@@ -134,8 +138,8 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
 @json_option
 @click.option("--strict", is_flag=True, help="When CMD exits 0, exit 1 on warnings too, not only on errors.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot, expects, quiet, as_json, strict,
-        cmd):
+def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot, gpu_timing, expects, quiet, as_json,
+        strict, cmd):
     """Run CMD with the probes wired in, then print the report.
 
     \b
@@ -157,6 +161,12 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
     part of its exec-time environment.
 
     \b
+    The profiler plugin counts every communicator's collectives (function, algorithm, protocol,
+    channels, size, and launch: eager, captured into a CUDA graph, replayed from one) and writes
+    them every 5 s (NCCLPROBE_FLUSH_S), at teardown and at exit: a killed job loses at most the
+    last interval. The report's verdict has a time line per communicator.
+
+    \b
     Example: ncclprobe run --set NCCL_PROTO=LL -- python serve.py --tp 8
     """
     import errno
@@ -170,7 +180,7 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
         result = _guarded("run", as_json, launch.run_command, list(cmd), profile=profile, given=given,
                           log_dir=log_dir,
                           preload=not no_preload, plugins=not no_plugins, boot=not no_boot,
-                          expect=expect, stdout_to_stderr=as_json)
+                          expect=expect, stdout_to_stderr=as_json, gpu_timing=gpu_timing)
     except launch.LaunchError as exc:
         if not as_json:
             render.error(str(exc))

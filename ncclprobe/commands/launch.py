@@ -53,11 +53,12 @@ def make_log_dir(log_dir: str | os.PathLike | None) -> Path:
 
 
 def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = True, plugins: bool = True,
-         boot: bool = True) -> Wiring:
-    """The environment for the command: base_env plus the probe wiring and the profile's values."""
+         boot: bool = True, gpu_timing: bool = False) -> Wiring:
+    """The environment for the command: base_env plus the probe wiring and the profile's values.
+    gpu_timing: the profiler plugin also times each collective on the GPU (NCCLPROBE_GPU_TIMING=1)."""
     env = dict(base_env)
     notes: list[str] = []
-    meta: dict[str, Any] = {"preload": False, "plugins": [], "boot": False}
+    meta: dict[str, Any] = {"preload": False, "plugins": [], "boot": False, "gpu_timing": False}
     env["NCCLPROBE_DIR"] = str(log_dir)
     if preload or plugins:
         from ncclprobe.witnesses import probelib
@@ -79,6 +80,13 @@ def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = 
                 else:
                     env[var] = lib
                     meta["plugins"].append(role)
+    if gpu_timing:
+        if "profiler" in meta["plugins"]:
+            env["NCCLPROBE_GPU_TIMING"] = "1"
+            meta["gpu_timing"] = True
+            notes.append(GPU_TIMING_NOTE)
+        else:
+            notes.append("--gpu-timing needs ncclprobe's profiler plugin, which is not loaded: no GPU times")
     profile_file = None
     if boot:  # the profile goes into CMD's environment and is re-applied in every Python interpreter
         from ncclprobe.commands import inject
@@ -98,6 +106,11 @@ def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = 
         if profile.pins:
             notes.append(f"--pin {' '.join(profile.pins)} needs the boot probe: not enforced with --no-boot")
     return Wiring(env, log_dir, notes, meta, profile_file)
+
+
+GPU_TIMING_NOTE = ("GPU timing is on (--gpu-timing): NCCL adds a proxy operation to every collective, and a host "
+                   "callback to every CUDA graph captured with one, to report its kernels' channels; that costs time "
+                   "(benchmarks/probe_profiler_cost.py prices the plugin's part)")
 
 
 def _watched_job_env(env: dict[str, str]) -> dict[str, str]:
@@ -177,7 +190,7 @@ def _interpreter(path: str) -> str | None:
 
 def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True, plugins: bool = True,
                 boot: bool = True, expect: dict[str, str] | None = None,
-                stdout_to_stderr: bool = False, given=None) -> Result:
+                stdout_to_stderr: bool = False, given=None, gpu_timing: bool = False) -> Result:
     """Run cmd under the probes and return the report, with exit code CMD's own when it is not 0
     (Result.code; None lets the findings decide). With stdout_to_stderr (for --json) CMD's output
     goes to stderr so that stdout carries only the JSON document. A fresh log directory is removed
@@ -193,7 +206,7 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
             base = dict(os.environ)
             set_env = given.env_changes(base) if given is not None else {}
             base.update(set_env)  # `env K=V CMD`
-            wiring = wire(base, d, profile, preload, plugins, boot)
+            wiring = wire(base, d, profile, preload, plugins, boot, gpu_timing)
             grace, grace_note = supervise.grace_from_env(os.environ)
             notes = wiring.notes + ([grace_note] if grace_note else [])
             watch_s = proc_watch.interval_from_env(os.environ)[0]  # 0: off (a note says so)

@@ -237,7 +237,7 @@ RUN_FIELDS = {"command": (_list(T), "drop"), "host": (S, "drop"), "started": (_n
               "preload": (_bool, "drop"), "plugins": (_list(S), "drop"), "boot": (_bool, "drop"),
               "returncode": (OI32, "drop"), "status": (T, "drop"), "run_pid": (PID, "drop"),
               "set": (_map(T), "drop"), "enforced": (_map(T), "drop"), "given_env": (_map(T), "drop"),
-              "watch_s": (_num(0, 3600), "drop")}
+              "watch_s": (_num(0, 3600), "drop"), "gpu_timing": (_bool, "drop")}
 
 
 @dataclass
