@@ -123,6 +123,7 @@ class CommTime:
     ranks: list[int]
     nranks: int | None
     simulated: bool
+    t: float = 0.0                                     # its creation (the earliest rank's)
     per_func: dict[str, dict[str, Any]] = field(default_factory=dict)
     modes: Counter = field(default_factory=Counter)    # collectives per mode, summed over ranks
     api: Counter = field(default_factory=Counter)      # CollApi calls: eager / captured (summed over ranks)
@@ -160,12 +161,12 @@ def comm_times(comms: Iterable[Any]) -> list[CommTime]:
     the profiler plugin counted collectives for."""
     groups: dict[str, list[Any]] = {}
     for c in comms:
-        if c.colls and c.activity is not None:
+        if c.activity is not None:
             groups.setdefault(c.group or f"{c.host}:{c.pid}:{c.ident}", []).append(c)
     out = []
     for key, cs in groups.items():
         out.append(_one(key, cs))
-    return sorted(out, key=lambda t: (min(t.ranks) if t.ranks else 0, t.ident))
+    return sorted(out, key=lambda t: (t.t, t.ident))
 
 
 def _one(key: str, cs: list[Any]) -> CommTime:
@@ -173,7 +174,7 @@ def _one(key: str, cs: list[Any]) -> CommTime:
     ranks = sorted({c.rank for c in cs if c.rank is not None})
     nranks = first.nranks
     t = CommTime(first.comm_hash or first.group or first.ident, first.comm_name, ranks, nranks,
-                 any(c.simulated for c in cs))
+                 any(c.simulated for c in cs), min(c.t for c in cs))
     timings = {c.activity.timing for c in cs}
     t.timing = "gpu" if timings == {"gpu"} else ("off" if "off" in timings or "gpu" in timings else None)
     walls, gpus = [], []
@@ -231,6 +232,8 @@ def _one(key: str, cs: list[Any]) -> CommTime:
 
 def _notes(t: CommTime) -> list[str]:
     notes = []
+    if not t.count:
+        return notes
     if t.modes["unknown"]:
         notes.append(f"launch mode unknown for {t.modes['unknown']} collective(s): no collective-API event tied them "
                      "to a call (NCCL 2.27's profiler v4 has none)")
@@ -306,6 +309,10 @@ def mode_words(modes: Mapping[str, int], api: Mapping[str, int]) -> str:
 def time_line(t: CommTime, label: str) -> str:
     """`verify comm (ranks 0-7): 122 all-reduces per second of wall of 14-56 KB, eager, 4.1 ms GPU time
     per 100 ms wall (4 %)`."""
+    if not t.count:
+        why = ("a one-rank communicator takes NCCL's shortcut: NCCL reports none of its collectives"
+               if t.nranks == 1 else "none ran, or NCCL reported none")
+        return f"{label}: no collective reported ({why})" + (" [simulated]" if t.simulated else "")
     parts = []
     for func, f in sorted(t.per_func.items(), key=lambda kv: -kv[1]["count"]):
         sizes = size_range(f["bytes_min"] or 0, f["bytes_max"] or 0)
