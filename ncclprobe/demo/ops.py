@@ -24,8 +24,17 @@ class SimOps:
         self.torchlike = ctypes.CDLL(str(lib_path("sim/libsimtorch.so")))
         self.nccl = ctypes.CDLL(str(lib_path("sim/libnccl.so.2")))  # same copy as libsimtorch's NEEDED
         declare(self.nccl)
+        for name in ("ncclprobeSimStreamBeginCapture", "ncclprobeSimGraphLaunch", "ncclprobeSimGraphDestroy"):
+            getattr(self.nccl, name).argtypes = [ctypes.c_void_p]
+        self.nccl.ncclprobeSimStreamEndCapture.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p)]
+        self.torchlike.simtorch_graph_capture_end.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        for name in ("simtorch_graph_replay", "simtorch_graph_destroy"):
+            getattr(self.torchlike, name).argtypes = [ctypes.c_void_p]
         self.comms: list[tuple[str, object]] = []
+        self.graphs: list[tuple[str, ctypes.c_void_p]] = []
         self.buf = ctypes.create_string_buffer(1 << 20)
+        self._stream_obj = ctypes.create_string_buffer(1)  # a ctypes caller's capture stream: any non-NULL token
+        self.stream = ctypes.cast(self._stream_obj, ctypes.c_void_p)
 
     def init_linked(self, world: int, uid_hex: str, rank: int, name: str):
         comm = ctypes.c_void_p()
@@ -54,7 +63,40 @@ class SimOps:
         if rc != 0:
             raise RuntimeError(f"all-reduce failed: {rc}")
 
+    def capture_all_reduce(self, handle, nbytes: int):
+        """One all-reduce captured into a (simulated) CUDA graph, as torch.cuda.graph captures it: the
+        API events fire now with graphCaptured; each replay() runs it again."""
+        kind, comm = handle
+        graph = ctypes.c_void_p()
+        if kind == "linked":
+            rc = self.torchlike.simtorch_graph_capture_begin()
+            if rc == 0:
+                self.all_reduce(handle, nbytes)  # on the capture stream
+                rc = self.torchlike.simtorch_graph_capture_end(ctypes.byref(graph))
+        else:
+            rc = self.nccl.ncclprobeSimStreamBeginCapture(self.stream)
+            if rc == 0:
+                arc = self.nccl.ncclAllReduce(self.buf, self.buf, ctypes.c_size_t(nbytes // 2), NCCL_BFLOAT16, NCCL_SUM,
+                                              comm, self.stream)
+                rc = self.nccl.ncclprobeSimStreamEndCapture(self.stream, ctypes.byref(graph)) or arc
+        if rc != 0:
+            raise RuntimeError(f"graph capture failed: {rc}")
+        self.graphs.append((kind, graph))
+        return (kind, graph)
+
+    def replay(self, graph) -> None:
+        kind, g = graph
+        rc = self.torchlike.simtorch_graph_replay(g) if kind == "linked" else self.nccl.ncclprobeSimGraphLaunch(g)
+        if rc != 0:
+            raise RuntimeError(f"graph replay failed: {rc}")
+
     def close(self) -> None:
+        for kind, g in reversed(self.graphs):
+            if kind == "linked":
+                self.torchlike.simtorch_graph_destroy(g)
+            else:
+                self.nccl.ncclprobeSimGraphDestroy(g)
+        self.graphs.clear()
         for kind, comm in reversed(self.comms):
             if kind == "linked":
                 self.torchlike.simtorch_destroy(comm)

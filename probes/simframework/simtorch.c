@@ -26,6 +26,12 @@ ncclResult_t ncclCommCount(const ncclComm_t comm, int* count);
 ncclResult_t ncclCommUserRank(const ncclComm_t comm, int* rank);
 ncclResult_t ncclCommCuDevice(const ncclComm_t comm, int* device);
 const char* ncclGetErrorString(ncclResult_t result);
+/* the simulated CUDA runtime the sim libnccl exports (probes/simnccl/graph.c) */
+ncclResult_t ncclprobeSimStreamBeginCapture(void* stream);
+ncclResult_t ncclprobeSimStreamEndCapture(void* stream, void** graph);
+ncclResult_t ncclprobeSimGraphLaunch(void* graph);
+ncclResult_t ncclprobeSimGraphDestroy(void* graph);
+ncclResult_t ncclprobeSimSynchronize(void);
 
 /* the caller's compile-time view: nccl.h of 2.28 (ncclConfig_v22800, 80 bytes) */
 #define SIMTORCH_NCCL_VERSION NCCL_ABI_VERSION(2, 28, 9)
@@ -80,9 +86,34 @@ EXPORT int simtorch_split(void* comm, int color, int key, void** newcomm) {
   return ncclCommSplit((ncclComm_t)comm, color, key, (ncclComm_t*)newcomm, NULL);
 }
 
+/* The calling thread's current stream: the default (NULL) one, or while it captures a graph the
+ * side stream torch.cuda.graph captures on (one per thread, as each thread has its own). */
+static __thread char captureStream;
+static __thread void* currentStream;
+
 EXPORT int simtorch_all_reduce(void* comm, const void* sendbuf, void* recvbuf, size_t count, int datatype, int op) {
-  return ncclAllReduce(sendbuf, recvbuf, count, (ncclDataType_t)datatype, (ncclRedOp_t)op, (ncclComm_t)comm, NULL);
+  return ncclAllReduce(sendbuf, recvbuf, count, (ncclDataType_t)datatype, (ncclRedOp_t)op, (ncclComm_t)comm,
+                       currentStream);
 }
+
+/* torch.cuda.graph(g): capture begins on a side stream; collectives issued meanwhile are recorded */
+EXPORT int simtorch_graph_capture_begin(void) {
+  if (currentStream) return ncclInvalidUsage;
+  ncclResult_t r = ncclprobeSimStreamBeginCapture(&captureStream);
+  if (r == ncclSuccess) currentStream = &captureStream;
+  return r;
+}
+
+EXPORT int simtorch_graph_capture_end(void** graph) {
+  if (!currentStream) return ncclInvalidUsage;
+  ncclResult_t r = ncclprobeSimStreamEndCapture(currentStream, graph);
+  currentStream = NULL;
+  return r;
+}
+
+EXPORT int simtorch_graph_replay(void* graph) { return ncclprobeSimGraphLaunch(graph); }
+EXPORT int simtorch_graph_destroy(void* graph) { return ncclprobeSimGraphDestroy(graph); }
+EXPORT int simtorch_synchronize(void) { return ncclprobeSimSynchronize(); }
 
 EXPORT int simtorch_comm_info(void* comm, int* rank, int* nranks, int* device) {
   ncclResult_t r = ncclCommUserRank((ncclComm_t)comm, rank);

@@ -32,7 +32,9 @@ static pthread_mutex_t commsLock = PTHREAD_MUTEX_INITIALIZER;
 static struct ncclComm* liveComms;
 
 static void registerComm(struct ncclComm* c) {
+  static uint64_t nextUid;
   pthread_mutex_lock(&commsLock);
+  c->uid = ++nextUid;
   c->next = liveComms;
   liveComms = c;
   pthread_mutex_unlock(&commsLock);
@@ -43,6 +45,15 @@ static int isLive(const struct ncclComm* c) {
   pthread_mutex_lock(&commsLock);
   struct ncclComm* p = liveComms;
   while (p && p != c) p = p->next;
+  pthread_mutex_unlock(&commsLock);
+  return p != NULL;
+}
+
+int simCommIsLive(const struct ncclComm* comm, uint64_t uid) {
+  if (!comm) return 0;
+  pthread_mutex_lock(&commsLock);
+  struct ncclComm* p = liveComms;
+  while (p && !(p == comm && p->uid == uid)) p = p->next;
   pthread_mutex_unlock(&commsLock);
   return p != NULL;
 }
@@ -423,6 +434,15 @@ static ncclResult_t teardown(ncclComm_t comm, int abort) {
     WARN("%s : invalid communicator %p", abort ? "ncclCommAbort" : "ncclCommDestroy", (void*)comm);
     return ncclInvalidArgument;
   }
+  /* the plugin context outlives every event queued for it; the last comm takes the threads along */
+  simWorkDrainComm(comm);
+  pthread_mutex_lock(&commsLock);
+  int last = liveComms == NULL;
+  pthread_mutex_unlock(&commsLock);
+  if (last) {
+    simWorkStop();
+    simGraphsFreeAll();
+  }
   simProfilerCommFinalize(comm);
   INFO(SIM_INIT, "comm %p rank %d nranks %d cudaDev %d busId %lx - %s COMPLETE", (void*)comm, comm->rank,
        comm->nranks, comm->cudaDev, (long)(comm->cudaDev + 1) << 12, abort ? "Abort" : "Destroy");
@@ -462,6 +482,9 @@ ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, 
   }
   size_t nbytes = count * ts;
   simSetThreadDev(comm->cudaDev);
+  void* graph = simCaptureGraph(stream); /* a capturing stream records instead of running */
+  simTask t = {.comm = comm, .sendbuff = sendbuff, .recvbuff = recvbuff, .count = count, .nbytes = nbytes,
+               .dt = datatype, .stream = stream};
   if (comm->nranks > 1 && count > 0) {
     /* a single rank takes NCCL's shortcut: no algorithm, no TUNING line, no profiler event */
     int algo, proto;
@@ -469,12 +492,22 @@ ncclResult_t pncclAllReduce(const void* sendbuff, void* recvbuff, size_t count, 
     if (r != ncclSuccess) return r;
     int64_t threads = proto == SIM_PROTO_LL128 ? simParamGet(&simParamLl128Nthreads) : simParamGet(&simParamNthreads);
     if (threads <= 0) threads = proto == SIM_PROTO_LL128 ? SIM_LL128_THREADS : 512;
-    int nWarps = clampInt(threads / 32, 1, 255);
-    comm->seq++;
+    t.algo = algo;
+    t.proto = proto;
+    t.nChannels = comm->nChannels;
+    t.nWarps = clampInt(threads / 32, 1, 255);
     if (comm->rank == 0)
       INFO(SIM_TUNING, "%s: %ld Bytes -> Algo %s proto %s channel{Lo..Hi}={%d..%d}", "AllReduce", (long)nbytes,
            simAlgoToString(algo), simProtoToString(proto), 0, comm->nChannels - 1);
-    simProfilerColl(comm, sendbuff, recvbuff, count, datatype, algo, proto, comm->nChannels, nWarps);
+    if (graph) {
+      ncclResult_t rec = simGraphReserve(graph); /* room in the graph before any event fires */
+      if (rec != ncclSuccess) return rec;
+      int replayEvents = simProfilerEnqueue(&t, 1);
+      return simGraphRecord(graph, &t, replayEvents);
+    }
+    simProfilerEnqueue(&t, 0);
+  } else if (graph) {
+    return count > 0 ? simGraphRecord(graph, &t, 0) : ncclSuccess; /* ncclLaunchOneRank: a copy in the graph */
   }
   /* simulated: no peers to reduce with, the result is this rank's own data */
   if (nbytes && sendbuff != recvbuff) memmove(recvbuff, sendbuff, nbytes);

@@ -108,18 +108,64 @@ struct ncclComm {
   char commName[128];
   simTuning tuning;
   int nChannels;
-  uint64_t seq;
+  uint64_t seqNumber; /* comm->seqNumber[ncclFuncAllReduce]: the next Coll's, from 0 */
+  uint64_t uid;       /* never reused: a graph's op names its communicator by it */
+  uint64_t gpuFreeAt; /* simulated GPU clock (ns): when this comm's stream runs dry */
+  int pending;        /* queued host-callback and proxy work naming this comm (under the work lock) */
   void* profilerCtx;
   int profilerActive;
 };
 
+/* One all-reduce as a kernel plan carries it (NCCL's ncclTaskColl). */
+typedef struct {
+  struct ncclComm* comm;
+  const void* sendbuff;
+  void* recvbuff;
+  size_t count, nbytes;
+  ncclDataType_t dt;
+  int algo, proto, nChannels, nWarps;
+  void* stream;
+  int mask;      /* the global mask when the task was appended (enq.cc collTaskAppend) */
+  void* collApi; /* the CollApi handle; a captured task keeps it for every replay */
+} simTask;
+
 /* profiler.c */
 void simProfilerCommInit(struct ncclComm* comm);
 void simProfilerCommFinalize(struct ncclComm* comm);
-void simProfilerColl(struct ncclComm* comm, const void* sendbuff, void* recvbuff, size_t count,
-                     ncclDataType_t dt, int algo, int proto, int nChannels, int nWarps);
+/* API events, KernelLaunch and, for an eager task or a captured one without proxy ops, Group/Coll
+ * (+ KernelCh to the proxy thread). Returns 1 when a captured task needs a host callback per replay. */
+int simProfilerEnqueue(simTask* t, int captured);
+/* a replay's host callback (runs on the callback thread): Group/Coll, KernelCh to the proxy */
+void simProfilerReplay(const simTask* t, uint64_t kstart, uint64_t dur);
+/* the proxy thread's KernelCh events for one task */
+void simProfilerKernelCh(struct ncclComm* comm, void* coll, int mask, int nChannels, uint64_t kstart, uint64_t dur);
+uint64_t simKernelNs(int algo, int proto, size_t nbytes, int nranks);
+uint64_t simGpuSchedule(struct ncclComm* comm, uint64_t dur);
+uint64_t simNowNs(void);
+
+/* work.c: the simulated CUDA host-callback thread and proxy progress thread */
+enum { SIM_WORK_CALLBACK, SIM_WORK_PROXY, SIM_NUM_WORKERS };
+typedef struct {
+  simTask task;   /* callback: the replayed task; proxy: comm and mask only */
+  void* coll;     /* proxy: the Coll handle (KernelCh parentObj) */
+  uint64_t kstart, dur;
+  uint64_t commUid; /* nonzero: post only if that communicator is still live */
+} simWork;
+int simWorkPost(int worker, const simWork* w);
+void simWorkDrainComm(struct ncclComm* comm);
+void simWorkSync(void);
+void simWorkStop(void);
+void simWorkForkInit(void); /* pthread_atfork for work.c and graph.c, once */
+
+/* graph.c: stream capture */
+void* simCaptureGraph(void* stream); /* the graph `stream` is capturing into, or NULL */
+ncclResult_t simGraphReserve(void* graph);
+ncclResult_t simGraphRecord(void* graph, const simTask* t, int replayEvents);
+void simGraphsFreeAll(void);
+void simGraphAtfork(int phase); /* 0 prepare, 1 parent, 2 child */
 
 /* api.c */
 const char* simDatatypeToString(ncclDataType_t dt);
+int simCommIsLive(const struct ncclComm* comm, uint64_t uid);
 
 #endif

@@ -1,5 +1,6 @@
 /* Test profiler plugin: ncclProfiler_v5 (or ncclProfiler_v4 with -DPROF_V4) writing one line per
- * init, collective event and finalize to $SIMTEST_PROF_LOG, and the NCCL_PROTO it sees at init. */
+ * init, collective event (start and stop) and finalize to $SIMTEST_PROF_LOG, and the NCCL_PROTO it
+ * sees at init. Other events get another handle, whose stop is not logged. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -7,7 +8,8 @@
 
 typedef struct { uint64_t hash; int rank; } ctx_t;
 static FILE* out;
-static int handle;
+static int handle; /* the collectives' */
+static int other;  /* every other event's */
 
 static void open_out(void) {
   if (!out) {
@@ -59,7 +61,7 @@ static ncclResult_t init4(void** context, int* mask, const char* name, uint64_t 
 }
 static ncclResult_t start4(void* context, void** h, ncclProfilerEventDescr_v4_t* d) {
   if (d->type == ncclProfileColl) { LOG_COLL((ctx_t*)context, d) }
-  *h = &handle;
+  *h = d->type == ncclProfileColl ? (void*)&handle : (void*)&other;
   return ncclSuccess;
 }
 __attribute__((visibility("default"))) ncclProfiler_v4_t ncclProfiler_v4 = {"simtest-prof4", init4, start4, stopEvent,
@@ -72,7 +74,7 @@ static ncclResult_t init5(void** context, uint64_t commId, int* mask, const char
 }
 static ncclResult_t start5(void* context, void** h, ncclProfilerEventDescr_v5_t* d) {
   if (d->type == ncclProfileColl) { LOG_COLL((ctx_t*)context, d) }
-  *h = &handle;
+  *h = d->type == ncclProfileColl ? (void*)&handle : (void*)&other;
   return ncclSuccess;
 }
 __attribute__((visibility("default"))) ncclProfiler_v5_t ncclProfiler_v5 = {"simtest-prof", init5, start5, stopEvent,
