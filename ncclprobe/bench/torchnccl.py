@@ -20,7 +20,7 @@ def gpu_count() -> int:
 
 class TorchOps:
     """Real NCCL through torch, with the demo's worker interface (init_linked, init_ctypes,
-    all_reduce, close)."""
+    all_reduce, capture_all_reduce, replay, close)."""
 
     def __init__(self, rank: int, sync: Path):
         import torch
@@ -61,6 +61,19 @@ class TorchOps:
                                          ctypes.c_void_p(stream))
             if rc != 0:
                 raise RuntimeError(f"ncclAllReduce failed: {rc}")
+        self.torch.cuda.synchronize()
+
+    def capture_all_reduce(self, handle, nbytes: int):
+        """One all-reduce of the default group captured into a CUDA graph (torch.cuda.graph), to replay."""
+        t = self.torch.ones(nbytes // 2, dtype=self.torch.bfloat16, device="cuda")
+        graph = self.torch.cuda.CUDAGraph()
+        with self.torch.cuda.graph(graph):
+            self.dist.all_reduce(t)
+        self.torch.cuda.synchronize()
+        return (graph, t)  # the tensor lives as long as the graph
+
+    def replay(self, captured) -> None:
+        captured[0].replay()
         self.torch.cuda.synchronize()
 
     def close(self) -> None:

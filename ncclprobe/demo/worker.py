@@ -1,6 +1,7 @@
 """One worker of the demo's miniature server: a decode communicator created the PyTorch way (through a
-library linked against NCCL), then, after the engine turns on speculative decoding, a verify
-communicator created the SGLang/vLLM way (ctypes on the NCCL library)."""
+library linked against NCCL), whose all-reduce is captured into a CUDA graph and replayed, then, after
+the engine turns on speculative decoding, a verify communicator created the SGLang/vLLM way (ctypes on
+the NCCL library), whose all-reduces run eagerly."""
 from __future__ import annotations
 
 import argparse
@@ -34,11 +35,14 @@ def serve(rank: int, world: int, uids: dict[str, str], sync_dir: str, backend: s
     try:
         if role == "tp":
             decode = ops.init_linked(world, uids["decode"], rank, "decode")
+            # decode as serving stacks run it: one eager warm-up, then captured into a CUDA graph and replayed
+            ops.all_reduce(decode, HIDDEN * DTYPE_BYTES)
+            step = ops.capture_all_reduce(decode, HIDDEN * DTYPE_BYTES)
             for _ in range(DECODE_STEPS):
-                ops.all_reduce(decode, HIDDEN * DTYPE_BYTES)
+                ops.replay(step)
             engine.enable_speculative()
             verify = ops.init_ctypes(world, uids["verify"], rank)
-            for k in VERIFY_DRAFTS:
+            for k in VERIFY_DRAFTS:  # the verify step runs eagerly (the seed's server: no CUDA graph for it)
                 ops.all_reduce(verify, (1 + k) * HIDDEN * DTYPE_BYTES)
         else:  # a replica started with a curated environment: its own single-rank communicator
             comm = ops.init_linked(1, uids["replica"], 0, "replica")

@@ -35,7 +35,7 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            for it: sum counts, bytes, times and bins, take min/max of sizes (which
                            hold since the communicator's start). bytes = count x element size
   comm_activity  profiler  comm_hash, rank, nranks, first_t and last_t (its first and latest
-                           collective, unix seconds, to a few ms; null: none yet), api_eager and
+                           collective, unix seconds; null: none yet), api_eager and
                            api_captured (collective calls since the previous line, eager or captured
                            into a CUDA graph), timing (gpu | off), flush_s (the flush interval), flush
                            (1, 2, ...), reason: with every flush that moved, and always at finalize

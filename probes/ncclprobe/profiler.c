@@ -28,7 +28,7 @@
  * collective slot is updated with atomics, in a fixed ring per communicator.
  *
  * Hot path (startEvent of a collective): a hash lookup of the shape, a few relaxed atomic adds, a
- * coarse clock read. No allocation, no lock (a new shape takes a short spin lock, at most
+ * clock read (vDSO). No allocation, no lock (a new shape takes a short spin lock, at most
  * NP_SHAPES times per communicator), no I/O.
  *
  * Fork and exit: the registry lock is taken to add or remove a communicator, by the flusher and by
@@ -122,7 +122,7 @@ struct pctx {
   int timing;   /* GPU timing on for this communicator */
   uint32_t since_check;
   uint64_t last_flush_ns;
-  uint64_t first_ns, last_ns; /* CLOCK_REALTIME_COARSE of the first and the latest collective */
+  uint64_t first_ns, last_ns; /* CLOCK_REALTIME of the first and the latest collective */
   uint64_t api_eager_n, api_captured_n; /* CollApi calls (eager, captured into a graph) */
   uint64_t flushes;
   int insert_lock;
@@ -157,9 +157,9 @@ static void read_config(void) {
   g_timing = t && t[0] == '1' && !t[1];
 }
 
-static uint64_t coarse_ns(void) {
+static uint64_t wall_ns(void) { /* vDSO: tens of ns; the coarse clock's 4 ms would blur a short window */
   struct timespec ts;
-  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
+  clock_gettime(CLOCK_REALTIME, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
@@ -343,7 +343,7 @@ static inline void* record(struct pctx* c, const char* func, const char* algo, c
       handle = sl;
     }
   }
-  uint64_t now = coarse_ns();
+  uint64_t now = wall_ns();
   if (!__atomic_load_n(&c->first_ns, __ATOMIC_RELAXED)) {
     uint64_t zero = 0;
     __atomic_compare_exchange_n(&c->first_ns, &zero, now, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED);
