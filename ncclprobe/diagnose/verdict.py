@@ -433,8 +433,7 @@ def doc(v: Verdict) -> list:
 def _time_doc(v: Verdict) -> list:
     if not v.time:
         return []
-    out: list = [Text("Time in NCCL (profiler plugin; GPU time = the longest channel of each collective, "
-                      "per rank; wall = from a communicator's first to its latest collective):", "dim")]
+    out: list = [Text("Time in NCCL, per rank (profiler plugin; README: Time in NCCL):", "dim")]
     for line, t in v.time:
         out.append(Text("  " + line))
         out += [Text("    " + note, "dim") for note in t.notes]

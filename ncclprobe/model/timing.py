@@ -300,10 +300,11 @@ def mode_words(modes: Mapping[str, int], api: Mapping[str, int]) -> str:
         return "launch unknown"
     named = {"eager": "eager", "captured": "captured into a CUDA graph", "replayed": "replayed from a CUDA graph",
              "unknown": "launch unknown"}
-    parts = [(named[k], n) for k, n in modes.items() if n and k in named]
+    short = {"eager": "eager", "captured": "graph captures", "replayed": "graph replays", "unknown": "launch unknown"}
+    parts = [(k, n) for k, n in modes.items() if n and k in named]
     if len(parts) == 1:
-        return parts[0][0]
-    return ", ".join(f"{w} {100 * n / total:.0f} %" for w, n in sorted(parts, key=lambda p: -p[1]))
+        return named[parts[0][0]]
+    return ", ".join(f"{100 * n / total:.0f} % {short[k]}" for k, n in sorted(parts, key=lambda p: -p[1]))
 
 
 def time_line(t: CommTime, label: str) -> str:
@@ -322,7 +323,7 @@ def time_line(t: CommTime, label: str) -> str:
             parts.append(f"{f['per_rank']:.0f} {func_words(func, f['per_rank'])} of {sizes}")
     text = f"{label}: " + "; ".join(parts) + ", " + mode_words(t.modes, t.api)
     if t.timing == "gpu" and t.share is not None:
-        text += f", {duration_words(t.share * 1e8)} GPU time per 100 ms wall ({100 * t.share:.1f} %)"
+        text += f", {duration_words(t.share * 1e8)} GPU per 100 ms wall ({100 * t.share:.1f} %)"
     elif t.timing == "gpu":
         text += f", {duration_words((t.gpu_s or 0) * 1e9)} GPU time"
     else:
