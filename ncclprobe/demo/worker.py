@@ -13,6 +13,9 @@ from pathlib import Path
 HIDDEN = 7168          # DeepSeek-V3 / Kimi-K2 hidden size
 DTYPE_BYTES = 2        # bf16
 DECODE_STEPS = 8
+# the seed's server: a decode step of 12 ms, a verify step of 30 ms (compute, simulated by sleeping; NCCL's own
+# share of them is what the time lines measure)
+DECODE_STEP_S, VERIFY_STEP_S = 0.012, 0.030
 VERIFY_DRAFTS = (1, 2, 3)   # k draft tokens: the verify step all-reduces (1 + k) tokens
 GO_TIMEOUT_S = 60.0
 
@@ -40,10 +43,12 @@ def serve(rank: int, world: int, uids: dict[str, str], sync_dir: str, backend: s
             step = ops.capture_all_reduce(decode, HIDDEN * DTYPE_BYTES)
             for _ in range(DECODE_STEPS):
                 ops.replay(step)
+                time.sleep(DECODE_STEP_S)
             engine.enable_speculative()
             verify = ops.init_ctypes(world, uids["verify"], rank)
             for k in VERIFY_DRAFTS:  # the verify step runs eagerly (the seed's server: no CUDA graph for it)
                 ops.all_reduce(verify, (1 + k) * HIDDEN * DTYPE_BYTES)
+                time.sleep(VERIFY_STEP_S)
         else:  # a replica started with a curated environment: its own single-rank communicator
             comm = ops.init_linked(1, uids["replica"], 0, "replica")
             for _ in range(DECODE_STEPS):

@@ -326,6 +326,8 @@ def build(log: EventLog) -> Model:
             c.nranks = c.nranks if c.nranks is not None else e.get("nranks")
             c.rank = c.rank if c.rank is not None else e.get("rank")
             c.lib = c.lib or e.get("lib")
+            c.version = c.version or e.get("version")
+            c.simulated = c.simulated or bool(e.get("simulated"))
             if e.get("lib"):
                 proc.libs.add(e["lib"])
             if c.env is None:

@@ -23,6 +23,7 @@ OCT_LO, OCT_HI = 8, 33
 BINS = (OCT_HI - OCT_LO + 1) * 8
 MODES = ("eager", "captured", "replayed")
 SMALL_SHARE = 0.10  # NCCL GPU time under this share of the wall: tuning NCCL can buy little
+MIN_WALL_S = 0.05   # a shorter window (first to latest collective) gives no rate or share: one kernel's lag swamps it
 
 
 def bin_bounds(b: int) -> tuple[float, float]:
@@ -210,13 +211,13 @@ def _one(key: str, cs: list[Any]) -> CommTime:
     t.wall_s = sum(walls) / len(walls) if walls else None
     if t.timing == "gpu":
         t.gpu_s = sum(gpus) / n
-        t.share = t.gpu_s / t.wall_s if t.wall_s else None
+        t.share = t.gpu_s / t.wall_s if t.wall_s and t.wall_s >= MIN_WALL_S else None
     t.unflushed.sort()
     for name, f in t.per_func.items():
         hist = f.pop("hist")
         f["algo_proto"], f["modes"] = dict(f["algo_proto"]), dict(f["modes"])
         f["per_rank"] = f["count"] / n
-        f["rate_per_s"] = f["per_rank"] / t.wall_s if t.wall_s else None
+        f["rate_per_s"] = f["per_rank"] / t.wall_s if t.wall_s and t.wall_s >= MIN_WALL_S else None
         f["gpu_median_ns"] = _r(quantile(hist, 0.5), 1)
         f["gpu_p90_ns"] = _r(quantile(hist, 0.9), 1)
         f["gpu_hist"] = sorted(hist.items())
@@ -244,6 +245,9 @@ def _notes(t: CommTime) -> list[str]:
         every = f"{t.flush_s:g} s" if t.flush_s else "one flush interval"
         notes.append(f"rank(s) {_ranges(t.unflushed)} ended without a final flush (killed?): their counts stop at "
                      f"their last periodic flush; at most the last {every} of collectives is missing")
+    if t.share is not None and t.share > 1:
+        notes.append("GPU time exceeds the wall: collectives overlap (several streams), or NCCL's kernels ran past "
+                     "the latest collective's launch")
     untimed = sum(f["untimed"] for f in t.per_func.values())
     if t.timing == "gpu" and untimed:
         notes.append(f"{untimed} collective(s) got no complete GPU timing (channels unseen)")
@@ -272,6 +276,12 @@ def size_words(n: float) -> str:
             v = n / div
             return f"{v:.0f} {unit}" if v >= 10 or v == int(v) else f"{v:.1f} {unit}"
     return f"{int(n)} B"
+
+
+def percent(share: float) -> str:
+    """0.0452 -> '4.5 %', 0.000452 -> '0.045 %'."""
+    pct = 100 * share
+    return f"{pct:.2g} %" if pct < 1 else f"{pct:.1f} %"
 
 
 def size_range(lo: float, hi: float) -> str:
@@ -317,15 +327,16 @@ def time_line(t: CommTime, label: str) -> str:
     parts = []
     for func, f in sorted(t.per_func.items(), key=lambda kv: -kv[1]["count"]):
         sizes = size_range(f["bytes_min"] or 0, f["bytes_max"] or 0)
-        if f["rate_per_s"] is not None and t.wall_s and t.wall_s >= 0.01:
+        if f["rate_per_s"] is not None:
             parts.append(f"{f['rate_per_s']:.0f} {func_words(func, f['rate_per_s'])} per second of wall of {sizes}")
         else:
             parts.append(f"{f['per_rank']:.0f} {func_words(func, f['per_rank'])} of {sizes}")
     text = f"{label}: " + "; ".join(parts) + ", " + mode_words(t.modes, t.api)
     if t.timing == "gpu" and t.share is not None:
-        text += f", {duration_words(t.share * 1e8)} GPU per 100 ms wall ({100 * t.share:.1f} %)"
+        text += f", {duration_words(t.share * 1e8)} GPU per 100 ms wall ({percent(t.share)})"
     elif t.timing == "gpu":
-        text += f", {duration_words((t.gpu_s or 0) * 1e9)} GPU time"
+        text += (f", {duration_words((t.gpu_s or 0) * 1e9)} GPU time in {duration_words((t.wall_s or 0) * 1e9)} "
+                 f"(too short a window for a share)")
     else:
         text += "; GPU time not measured (ncclprobe run --gpu-timing)"
     if t.simulated:

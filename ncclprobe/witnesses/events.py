@@ -25,7 +25,8 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            magic instead of version when it is wrong); null for a NULL config.
                            rank/nranks/dev: asked from the new communicator after success, else
                            the arguments
-  comm_plugin_init profiler comm_hash, comm_name, nnodes, nranks, rank, env, lib, call, plugin, timing (gpu | off)
+  comm_plugin_init profiler comm_hash, comm_name, nnodes, nranks, rank, env, lib, call, plugin, timing (gpu | off),
+                           version (the library's ncclGetVersion), simulated
   coll_summary   profiler  comm_hash, func, algo, proto, nchannels, bytes_min, bytes_max, count,
                            rank, reason (periodic | finalize | exit), mode (eager | captured |
                            replayed; null: unknown, profiler v4), size_log2 (the size bucket: bytes in
@@ -199,7 +200,7 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
     "comm_plugin_init": {"comm_hash": (OID, "drop"), "comm_name": (OS, "drop"), "nnodes": (OI32, "drop"),
                          "nranks": (OI32, "drop"), "rank": (OI32, "drop"), "env": (ENV, "drop"),
                          "lib": (OT, "drop"), "call": (OU64, "drop"), "plugin": (OS, "drop"),
-                         "timing": (OS, "drop")},
+                         "timing": (OS, "drop"), "version": (OI32, "drop"), "simulated": (OB, "drop")},
     "coll_summary": {"comm_hash": (OID, "drop"), "func": (OS, "drop"), "algo": (OS, "drop"), "proto": (OS, "drop"),
                      "nchannels": (OI32, "drop"), "bytes_min": (OU64, "drop"), "bytes_max": (OU64, "drop"),
                      "count": (OU64, "drop"), "rank": (OI32, "drop"), "reason": (OS, "drop"),

@@ -381,7 +381,7 @@ static void jb_nullable(np_jb* jb, const char* key, const char* s) {
 }
 
 static void jb_time(np_jb* jb, const char* key, uint64_t ns) {
-  if (ns) np_jb_dbl(jb, key, ns / 1e9, 3);
+  if (ns) np_jb_dbl(jb, key, ns / 1e9, 6);
   else np_jb_null(jb, key);
 }
 
@@ -583,6 +583,9 @@ static ncclResult_t init_impl(void** context, int* mask, const char* commName, u
   else np_jb_null(&jb, "call");
   np_jb_str(&jb, "plugin", plugin);
   np_jb_str(&jb, "timing", g_timing ? "gpu" : "off");
+  if (lib && lib->version) np_jb_int(&jb, "version", lib->version);
+  else np_jb_null(&jb, "version");
+  np_jb_bool(&jb, "simulated", lib && lib->simulated);
   np_jb_env(&jb); /* as NCCL has it now: includes values NCCL set from nccl.conf files */
   np_event_end(&jb);
 
