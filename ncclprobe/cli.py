@@ -134,12 +134,15 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
 @click.option("--expect", "expects", multiple=True, metavar="K=V",
               help="Expected value (repeatable), checked on every process that uses NCCL (at each communicator's "
                    "creation) or, where none does, on every worker; the report names the edge where it was lost.")
+@click.option("--live", is_flag=True,
+              help="The /proc watch also reads the environment each process holds from its memory (setenv, "
+                   "os.environ, NCCL's nccl.conf values), without stopping it, and records it where it changed.")
 @click.option("--quiet", is_flag=True, help="Do not print the report at the end.")
 @json_option
 @click.option("--strict", is_flag=True, help="When CMD exits 0, exit 1 on warnings too, not only on errors.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot, gpu_timing, expects, quiet, as_json,
-        strict, cmd):
+def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot, gpu_timing, expects, live, quiet,
+        as_json, strict, cmd):
     """Run CMD with the probes wired in, then print the report.
 
     \b
@@ -158,7 +161,11 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
     \b
     While CMD runs, its tree is watched from /proc every 0.5 s (NCCLPROBE_WATCH_S; 0: off): each
     process, Python or not, is recorded once in the log directory with its parent and the watched
-    part of its exec-time environment.
+    part of its exec-time environment. With --live, each process is also read from its memory when
+    the watch records it, and the whole tree every 2 s (NCCLPROBE_LIVE_S; 0: every scan; a read of
+    256 processes costs about 15 ms of CPU); a process's live environment is recorded where it
+    changed, so a write is dated between two reads. --live needs ptrace access to the processes
+    (same user, not made undumpable) and the watch (off with NCCLPROBE_WATCH_S=0).
 
     \b
     The profiler plugin counts every communicator's collectives (function, algorithm, protocol,
@@ -180,7 +187,7 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
         result = _guarded("run", as_json, launch.run_command, list(cmd), profile=profile, given=given,
                           log_dir=log_dir,
                           preload=not no_preload, plugins=not no_plugins, boot=not no_boot,
-                          expect=expect, stdout_to_stderr=as_json, gpu_timing=gpu_timing)
+                          expect=expect, stdout_to_stderr=as_json, gpu_timing=gpu_timing, live=live)
     except launch.LaunchError as exc:
         if not as_json:
             render.error(str(exc))

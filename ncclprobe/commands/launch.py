@@ -190,13 +190,15 @@ def _interpreter(path: str) -> str | None:
 
 def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True, plugins: bool = True,
                 boot: bool = True, expect: dict[str, str] | None = None,
-                stdout_to_stderr: bool = False, given=None, gpu_timing: bool = False) -> Result:
+                stdout_to_stderr: bool = False, given=None, gpu_timing: bool = False,
+                live: bool = False) -> Result:
     """Run cmd under the probes and return the report, with exit code CMD's own when it is not 0
     (Result.code; None lets the findings decide). With stdout_to_stderr (for --json) CMD's output
     goes to stderr so that stdout carries only the JSON document. A fresh log directory is removed
     again when CMD could not be started; a given one keeps run.json with what happened.
     given: the --set/--set-default values (a Profile), put into CMD's environment exactly as
-    `env K=V CMD` would; profile: what the boot probe re-applies in every interpreter (--enforce, --pin)."""
+    `env K=V CMD` would; profile: what the boot probe re-applies in every interpreter (--enforce, --pin);
+    live: the watch also reads the environment each process of the tree holds (--live)."""
     fresh = log_dir is None
     d = make_log_dir(log_dir)
     shown = redact_argv(cmd)  # as the boot probe logs it: stored and printed only so
@@ -210,12 +212,14 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
             grace, grace_note = supervise.grace_from_env(os.environ)
             notes = wiring.notes + ([grace_note] if grace_note else [])
             watch_s = proc_watch.interval_from_env(os.environ)[0]  # 0: off (a note says so)
+            live_s = proc_watch.live_from_env(os.environ)[0] if live and watch_s else None
             meta = {"command": shown, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
                     "notes": notes, "expect": shown_values(expect or {}),
                     "profile": profile.to_json() if profile is not None else None,
                     "run_pid": os.getpid(), "set": shown_values(set_env),
                     "enforced": shown_values(dict(profile.sets)) if profile is not None else {},
-                    "given_env": _watched_job_env(wiring.env), "watch_s": watch_s, **wiring.meta}
+                    "given_env": _watched_job_env(wiring.env), "watch_s": watch_s, "live_s": live_s,
+                    **wiring.meta}
             _write_meta(d, meta)
             try:
                 group = Group(cmd, wiring.env, stdout=sys.stderr if stdout_to_stderr else None,
@@ -233,7 +237,7 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
                 shutil.rmtree(d, ignore_errors=True)
         rc, failed, watch = None, True, None
         try:
-            watch, watch_notes = proc_watch.start(d, group, os.environ)
+            watch, watch_notes = proc_watch.start(d, group, os.environ, live=live)
             notes += watch_notes
             rc = group.wait()
             failed = False

@@ -17,9 +17,10 @@ from ncclprobe.model.watched import redact_argv
 SHOWN_VARS_MAX = 8
 # witness -> its name in the processes table (one line per process at 80 columns)
 WITNESS_SHORT = {"boot": "boot", "preload": "pre", "profiler": "prof", "envplugin": "env", "nccl-log": "log",
-                 "proc": "proc"}
+                 "proc": "proc", "live": "live"}
 WITNESS_WORDS = {"boot": "boot probe", "preload": "preload hook", "profiler": "profiler plugin",
-                 "envplugin": "env plugin", "nccl-log": "NCCL's log", "proc": "run's /proc watch"}
+                 "envplugin": "env plugin", "nccl-log": "NCCL's log", "proc": "run's /proc watch",
+                 "live": "its memory (run --live)"}
 
 
 def load(dirs, nccl_logs=()) -> Model:
@@ -80,7 +81,7 @@ def augment_inspection(result, m: Model, log_dirs, error: Unexaminable | None = 
     result.head = verdict.doc(v)
     result.data["communicators"] = model_json(m)["communicators"]
     result.data["in_process"] = {"dirs": [str(d) for d in log_dirs],
-                                 "processes": sum(1 for p in m.processes.values() if p.sources - {"proc"})}
+                                 "processes": sum(1 for p in m.processes.values() if p.sources - {"proc", "live"})}
     result.tail.extend([Title("In-process view (probes)"), *header_doc(m, log_dirs, title=False), *model_doc(m)])
     return result
 
@@ -249,6 +250,9 @@ def watch_line(w: dict[str, Any], host: str | None = None) -> str:
     text += (f"; {missed} short-lived process(es) known to have run between two scans (their boot probe or "
              "run's reaping saw them)" if missed else "; none known missed")
     text += f" (one that lives less than {w.get('interval_s')} s and runs no boot probe can go unseen: NCCLPROBE_WATCH_S)"
+    if w.get("live_s") is not None:
+        text += (f"; --live: {w.get('live_processes', 0)} read(s) of a process's memory, the whole tree every "
+                 f"{w['live_s'] or w.get('interval_s')} s and each new process when seen")
     if w.get("stuck"):
         text += "; the watch was stuck on a /proc read at the end"
     return text
@@ -277,6 +281,7 @@ def model_doc(m: Model) -> list:
     if legend:
         doc.append(Text(f"witnesses: {legend}", "dim"))
     doc.extend(_copies_doc(m, procs))
+    doc.extend(_live_doc(procs))
     boot_expected = any(r.get("boot") for r in m.runs)
     blind = [p for p in procs if boot_expected and "boot" not in p.sources]
     if blind:
@@ -309,6 +314,37 @@ def _copies_doc(m: Model, procs) -> list:
                 words.append(f"{_short_lib(lib)} {_version(got.code if got else None)}{mark}")
             by_set.setdefault(tuple(words), []).append(p.pid)
     return [Text(f"libnccl copies in pid {_pids(pids)}: " + ", ".join(words), "note") for words, pids in by_set.items()]
+
+
+def _live_doc(procs) -> list:
+    """run --live: what each process held in its memory where it differs from its start (or exec-time)
+    environment, each change between the two reads that bracket it; then the processes it could not read."""
+    from ncclprobe.model import wiring
+    from ncclprobe.diagnose.propagation import start_of
+    out, unread = [], {}
+    for p in procs:
+        if p.live_reason is not None and not p.live_readings and p.live_env is None:
+            unread.setdefault(p.live_reason, []).append(p.pid)
+        if not p.live_readings:
+            continue
+        before = p.start_env if p.start_env is not None else (p.proc_exec_env or {})
+        s0, words = start_of(p), []
+        for r in p.live_readings:
+            env = wiring.job_env(r.env) or {}
+            old = wiring.job_env(before) or {}
+            changed = [f"{k}={v}" for k, v in sorted(env.items()) if old.get(k) != v]
+            changed += [f"-{k}" for k in sorted(old) if k not in env]
+            if changed:
+                rel = (lambda x: f"{x - s0:.2f}") if s0 is not None else (lambda x: f"{x:.3f}")
+                span = f"by {rel(r.t)} s" if r.since is None else f"between {rel(r.since)} and {rel(r.t)} s"
+                words.append(f"{' '.join(changed)} ({span}{' after its start' if s0 is not None else ''})")
+            before = r.env
+        if words:
+            out.append(Text(f"live (read from memory), pid {p.pid}: " + "; ".join(words), "note"))
+    if unread:
+        out.append(Text("live: not read in " + "; ".join(f"{_pids(pids)} ({why})" for why, pids in unread.items()),
+                        "dim"))
+    return out
 
 
 def _pids(pids: list[int]) -> str:
@@ -370,7 +406,10 @@ def model_json(m: Model) -> dict[str, Any]:
               "nccl_reads": [{**r.__dict__, "t": _finite(r.t)} for r in sorted(p.reads.values(), key=lambda r: r.t)],
               "probe_errors": p.errors, "start": _finite(p.proc_start) if p.proc_start is not None else None,
               "proc_env": p.proc_exec_env, "proc_env_reason": p.proc_env_reason, "injected": p.injected,
-              "earlier_argv": p.images} for p in m.processes.values()]
+              "earlier_argv": p.images, "live_env": p.live_env, "live_t": p.live_t, "live_since": p.live_since,
+              "live_reason": p.live_reason,
+              "live_readings": [{"env": r.env, "t": r.t, "since": r.since} for r in p.live_readings]}
+             for p in m.processes.values()]
     comms = [{"host": c.host, "pid": c.pid, "t": _finite(c.t), "api": c.api, "comm": c.comm, "comm_hash": c.comm_hash,
               "rank": c.rank, "nranks": c.nranks, "parent": c.parent, "color": c.color, "key": c.key,
               "uid": c.uid, "config": c.config, "env": c.env, "env_source": c.env_source, "rc": c.rc,

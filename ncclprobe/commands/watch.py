@@ -11,6 +11,12 @@ supervise.Group ends; a watch that does not end within JOIN_S is left behind (a 
 the summary says it was stuck. A failure of a scan is counted, never raised; should run itself be
 killed, what was written stays and the summary is missing.
 
+With `run --live`, the watch also reads the environment each process of the tree holds now from its
+memory (witnesses/livewatch.py: the watched names only) and records a `live_env` event where it
+changed: every process it records is read in the scan that records it, and every process of the tree
+every NCCLPROBE_LIVE_S seconds (LIVE_S by default; at most every scan) and at the last scan, as a
+read of the whole tree costs about 15 ms of CPU for 256 processes (benchmarks/bench_run_watch.py).
+
 Its file is `<host>-<run's pid>.jsonl` under the log discipline (logdir.LogFile); each line names the
 observed process in `pid`.
 """
@@ -29,6 +35,8 @@ from ncclprobe.commands.supervise import printable
 from ncclprobe.witnesses.procwatch import Scanner, Sighting
 
 WATCH_ENV = "NCCLPROBE_WATCH_S"
+LIVE_ENV = "NCCLPROBE_LIVE_S"
+LIVE_S = 2.0  # a live read of the whole tree: 256 processes cost ~15 ms of CPU, under 1 % of a core at 2 s
 WATCH_S = 0.5  # benchmarks/bench_run_watch.py: about 1 % of a core on a 256-process tree, under 2 % on a loaded machine
 MAX_WATCH_S = 60.0
 JOIN_S = 3.0  # how long stop waits for the last scan
@@ -37,29 +45,44 @@ ARG_MAX_CHARS, ARGV_MAX_CHARS = 8192, 256 * 1024  # bounds on what a line holds 
 MISSED_SHOWN = 100
 
 
-def interval_from_env(environ) -> tuple[float, str | None]:
+def interval_from_env(environ, name: str = WATCH_ENV, default: float = WATCH_S,
+                      zero: str = "off") -> tuple[float, str | None]:
     """The interval in seconds (0: off) and a note when the variable held something else."""
-    raw = environ.get(WATCH_ENV)
+    raw = environ.get(name)
     if raw is None:
-        return WATCH_S, None
+        return default, None
     try:
         value = float(raw)
     except ValueError:
         value = math.nan
     if not 0 <= value <= MAX_WATCH_S:  # NaN fails both
-        return WATCH_S, (f"{WATCH_ENV}={printable(raw)} is not a number of seconds from 0 (off) to "
-                         f"{MAX_WATCH_S:g}; using {WATCH_S:g}")
+        return default, (f"{name}={printable(raw)} is not a number of seconds from 0 ({zero}) to "
+                         f"{MAX_WATCH_S:g}; using {default:g}")
     return value, None
+
+
+def live_from_env(environ) -> tuple[float, str | None]:
+    """How often --live reads the whole tree (0: at every scan), and a note on a bad value."""
+    return interval_from_env(environ, LIVE_ENV, LIVE_S, "every scan")
 
 
 class Watch:
     """The watch of the tree under this process (less `exclude` and what is under it)."""
 
     def __init__(self, log_dir: Path, interval: float, exclude: frozenset[int] = frozenset(),
-                 extra_roots: bool = False, scanner: Scanner | None = None):
+                 extra_roots: bool = False, scanner: Scanner | None = None, live: float | None = None,
+                 tracker=None):
         self.host = os.uname().nodename
         self.interval = interval
         self.scanner = scanner or Scanner(os.getpid(), os.urandom(16), exclude=exclude, extra_roots=extra_roots)
+        self.live_s = live  # None: no live reads; else the whole tree is read this often (and new processes at once)
+        self.tracker = tracker
+        if live is not None and tracker is None:
+            from ncclprobe.witnesses.livewatch import Tracker
+            self.tracker = Tracker()
+        self._next_live = 0.0
+        self._exes: dict[int, str | None] = {}
+        self._live_cpu = 0.0
         self.file = logdir.LogFile(log_dir, f"{self.host.replace('/', '_')}-{os.getpid()}.jsonl")
         self.errors, self.error = 0, None
         self.summary: dict | None = None
@@ -114,6 +137,45 @@ class Watch:
         with self._lock:
             if self.summary is None:
                 self.file.write_lines(lines)
+        if self.tracker is None:
+            return
+        try:  # after the sightings: a process's live_env lines follow its proc_seen
+            lines = self._live(found, final)
+        except Exception as exc:
+            self._failed(exc)
+            return
+        with self._lock:
+            if self.summary is None:
+                self.file.write_lines(lines)
+
+    def _live(self, found: list[Sighting], final: bool) -> list[bytes]:
+        """The live_env lines of this scan: the processes it recorded, and, when a read of the whole
+        tree is due, every process recorded that still runs (not a fork child held back, not a zombie)."""
+        sc, t0 = self.scanner, time.thread_time()
+        for s in found:
+            self._exes[s.pid] = s.exe
+        now = time.monotonic()
+        targets = {s.pid: (s.pid, s.start_ticks, s.execs, s.exe) for s in found}
+        if final or now >= self._next_live:
+            self._next_live = now + self.live_s
+            alive = set()
+            for pid, (ticks, _, execs) in list(sc.known.items()):
+                if (pid, ticks) in sc.seen and pid not in sc.pending and (pid, ticks) not in sc.zombies:
+                    alive.add((pid, ticks))
+                    targets.setdefault(pid, (pid, ticks, execs, self._exes.get(pid)))
+            self.tracker.forget(alive | {(s.pid, s.start_ticks) for s in found})
+            self._exes = {pid: exe for pid, exe in self._exes.items() if pid in targets}
+        changes = self.tracker.read(list(targets.values()))
+        lines = []
+        for c in changes:
+            fields = c.fields()
+            env, cut = _cut_env(fields["env"])
+            event = {"ev": "live_env", "t": c.t, "host": self.host, "pid": c.pid, "src": "proc", **fields, "env": env}
+            if cut:
+                event["truncated"] = True
+            lines.append((json.dumps(event, separators=(",", ":")) + "\n").encode("ascii"))
+        self._live_cpu += time.thread_time() - t0
+        return lines
 
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
@@ -131,10 +193,8 @@ class Watch:
                 break
             argv.append(arg)
         fields["argv"] = argv
-        if fields["exec_env"] and any(len(v) > ARG_MAX_CHARS for v in fields["exec_env"].values()):
-            cut = True  # a copy: the scanner shares one dict among the processes of one block
-            fields["exec_env"] = {k: v if len(v) <= ARG_MAX_CHARS else v[:ARG_MAX_CHARS] + "...[truncated]"
-                                  for k, v in fields["exec_env"].items()}
+        fields["exec_env"], cut_env = _cut_env(fields["exec_env"])
+        cut = cut or cut_env
         event = {"ev": "proc_seen", "t": time.time(), "host": self.host, "pid": s.pid, "src": "proc", **fields}
         if cut:
             event["truncated"] = True
@@ -166,6 +226,11 @@ class Watch:
                 "cpu_s": None if cpu is None else round(cpu, 4),
                 "wall_s": round(time.monotonic() - self._t0, 3), "reader": sc.reader,
                 "errors": self.errors, "error": self.error, "lost_lines": self.file.lost, "stuck": stuck}
+            tr = self.tracker
+            if tr is not None:
+                self.summary.update(live_s=self.live_s, live_reads=tr.reads, live_processes=tr.processes,
+                                    live_bytes=tr.bytes, live_cpu_s=round(self._live_cpu, 4),
+                                    live_reader="native" if tr.native else "python")
             event = {"ev": "watch_summary", "t": time.time(), "host": self.host, "pid": os.getpid(), "src": "proc",
                      **self.summary}
             self.file.write_lines([(json.dumps(event, separators=(",", ":")) + "\n").encode("ascii")])
@@ -174,17 +239,29 @@ class Watch:
             self._lock.release()
 
 
-def start(log_dir: Path, group, environ) -> tuple[Watch | None, list[str]]:
+def _cut_env(env: dict[str, str] | None) -> tuple[dict[str, str] | None, bool]:
+    """env with each value cut at ARG_MAX_CHARS (a copy where one is: the callers share their dicts)."""
+    if not env or not any(len(v) > ARG_MAX_CHARS for v in env.values()):
+        return env, False
+    return {k: v if len(v) <= ARG_MAX_CHARS else v[:ARG_MAX_CHARS] + "...[truncated]" for k, v in env.items()}, True
+
+
+def start(log_dir: Path, group, environ, live: bool = False) -> tuple[Watch | None, list[str]]:
     """The watch of a supervise.Group's tree, started (None when off or when it cannot start), and
-    what to say about it in the report's header."""
+    what to say about it in the report's header; `live`: it also reads the tree's live environments."""
     interval, note = interval_from_env(environ)
     notes = [note] if note else []
+    live_s = None
+    if live:
+        live_s, live_note = live_from_env(environ)
+        notes += [live_note] if live_note else []
     if interval == 0:
         return None, notes + [f"the /proc watch is off ({WATCH_ENV}=0): processes the probes do not see "
-                              "(not Python, no boot probe) are not in the report"]
+                              "(not Python, no boot probe) are not in the report"
+                              + ("; --live reads through the watch, so it is off too" if live else "")]
     try:
         watch = Watch(log_dir, interval, exclude=frozenset(pid for pid, _ in group.tree.foreign),
-                      extra_roots=group.outcome.subreaper is not None)
+                      extra_roots=group.outcome.subreaper is not None, live=live_s)
         watch.start()
     except Exception as exc:  # never fatal: CMD runs, the probes still report
         return None, notes + [f"the /proc watch did not start ({type(exc).__name__}: {exc})"]

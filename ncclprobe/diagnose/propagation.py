@@ -23,7 +23,7 @@ from typing import Any
 
 from ncclprobe.diagnose.exectime import LIVE_VIEW, NOT_SHOWN, runs_forkserver
 from ncclprobe.diagnose.findings import Finding, at
-from ncclprobe.model import LIVE_WHERE, EnvWrite, Model, ProcessView
+from ncclprobe.model import LIVE_WHERE, LiveReading, LiveWrite, Model, ProcessView
 from ncclprobe.model import wiring
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
 from ncclprobe.model.watched import is_watched, one_line, redact_assignments
@@ -67,20 +67,26 @@ class Timeline:
 
 def with_live(p: ProcessView, tl: Timeline | None) -> Timeline:
     """The live witness over what the others show: the environment p started with (as they tell it,
-    else /proc's block, else the live one itself), then a write at live_t of each value that differs
-    now (when it was written is not known: at or before live_t). Its final values are the live ones;
-    its past is complete only where the others' was and the live read found nothing they missed (a
-    fork child copies the past: the environment at the fork)."""
+    else /proc's block, else the first live reading itself), then, for each reading in turn (run
+    --live records each change; inspect --live reads once), a write of each value that differs from
+    the reading before, dated by the reading's bracket: made after its `since` (None: at any time
+    before) and at or before its `t` (a LiveWrite at t). Its final values are the last reading's; its
+    past is complete only where the others' was and the live reads found nothing they missed (a fork
+    child copies the past: the environment at the fork)."""
+    readings = p.live_readings or [LiveReading(p.live_env, p.live_t if p.live_t is not None else 0.0, p.live_since)]
     start = tl.start if tl is not None else (
-        p.proc_exec_env if p.proc_exec_env is not None and p.proc_stale != "clobbered" else p.live_env)
+        p.proc_exec_env if p.proc_exec_env is not None and p.proc_stale != "clobbered" else readings[0].env)
     before = tl.final if tl is not None else start
-    t = p.live_t if p.live_t is not None else 0.0
     writes = list(tl.writes) if tl is not None else []
-    for var in sorted(set(before) | set(p.live_env)):
-        if before.get(var) != p.live_env.get(var):
-            new = p.live_env.get(var)
-            writes.append(EnvWrite(var, before.get(var), new, LIVE_WHERE, "unset" if new is None else "set", False, t))
-    basis = (tl.basis if tl is not None else "/proc") + " and its memory now (inspect --live)"
+    for r in readings:
+        for var in sorted(set(before) | set(r.env)):
+            if before.get(var) != r.env.get(var):
+                new = r.env.get(var)
+                writes.append(LiveWrite(var, before.get(var), new, LIVE_WHERE, "unset" if new is None else "set",
+                                        False, r.t, r.since))
+        before = r.env
+    basis = (tl.basis if tl is not None else "/proc") + (" and its memory (run --live)" if p.live_readings
+                                                         else " and its memory now (inspect --live)")
     complete = tl is not None and tl.complete and len(writes) == len(tl.writes)
     return Timeline(start, writes, basis, (tl.witnesses if tl is not None else ()) + ("live",), complete)
 
@@ -264,6 +270,7 @@ class Edge:
     pitfall: dict[str, Any] | None = None
     parent_label: str | None = None   # where the parent is no process of the model (ncclprobe run)
     parent_pid: int | None = None     # ... and its pid, where it has one (an ancestor shell outside the tree)
+    written_after: float | None = None  # a write the live witness found: made in (written_after, written_at]
 
     @property
     def key(self) -> tuple:
@@ -276,7 +283,8 @@ class Edge:
                 "parent_command": self.parent_label or (_cmd(self.parent) if self.parent else None),
                 "children": sorted({c.pid for c in self.children}), "where": self.where,
                 "written_at": self.written_at, "started_at": min(starts) if starts else None,
-                "via": self.via, "launcher": self.launcher, "witnesses": sorted(set(self.witnesses))}
+                "via": self.via, "launcher": self.launcher, "witnesses": sorted(set(self.witnesses)),
+                **({"written_after": self.written_after} if self.where == LIVE_WHERE else {})}
 
 
 def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float | None) -> Edge:
@@ -296,7 +304,7 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
             if w is None:
                 return Edge("unseen", var, x, [below or x], via=k.via(below or x), witnesses=tl.witnesses)
             return Edge("overwritten_in_child", var, x, [x], w.where, w.t, w.old, w.new, k.via(x),
-                        witnesses=tl.witnesses)
+                        witnesses=tl.witnesses, written_after=getattr(w, "after", None))
         pit = _pitfall(m, x, e, var)
         if pit is not None:
             by = pit.get("started_by", pit["shell"])
@@ -318,7 +326,8 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
         s = start_of(x)
         # a start is known to the clock tick, a write to the microsecond (on clocks that can drift apart
         # by as much): a write within a tick of the start may have come after it, and x lacking the
-        # value says it did
+        # value says it did. A write the live witness found is known to its bracket (after, t]: one
+        # read after x had started (by a tick) says it came after, one x started after t says before
         early = s - TICK_S if s is not None else None
         late = [w for w in ptl.writes if w.var == var and w.new == target and early is not None and w.t > early]
         if _get(ptl.at(early), var) == target:  # the parent had it when x started
@@ -328,7 +337,8 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
         if late:  # ... and got it only after x had started
             w = late[0]
             return Edge("set_after_start", var, parent, [x], w.where, w.t, w.old, w.new, k.via(x),
-                        launcher=_launcher(m, x, parent), witnesses=ptl.witnesses + tl.witnesses)
+                        launcher=_launcher(m, x, parent), witnesses=ptl.witnesses + tl.witnesses,
+                        written_after=getattr(w, "after", None))
         x, below = parent, x
     return Edge("unseen", var, x, [below or x])
 
@@ -712,13 +722,26 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         msg = (f"{edge.where or pdesc} set {var}={sv(edge.new)}{dt} after {first} had {how}: {pid_text} never "
                f"got it" + (f" ({what})" if expected and target != edge.new else ""))
         culprit = f"set after start at {_short_where(edge.where)}"
-        if edge.where == LIVE_WHERE:  # the memory read dates a value at the read, not at its write
-            msg = (f"{pdesc} holds {var}={sv(edge.new)} now, set in-process (read from its memory; when is not "
-                   f"known), but {pid_text} it started{via_inter} do not have it: it was set after they had "
-                   f"{how}, or they were started with an environment of their own"
-                   + (f" ({what})" if expected and target != edge.new else ""))
-            culprit = f"set in-process in pid {parent.pid} (time unknown)" if parent else "set in-process"
-            ev["written_at"] = None
+        if edge.where == LIVE_WHERE:  # memory reads date a value by their bracket (after, t], not at its write
+            after, s0 = edge.written_after, min(started) if started else None
+            ev["written_at"], ev["written_between"] = None, [after, edge.written_at]
+            who = f"pid {parent.pid}" if parent else "the parent"
+            if after is not None and started and all(
+                    (x := start_of(c)) is not None and x + TICK_S <= after for c in edge.children):
+                msg = (f"{pdesc} set {var}={sv(edge.new)} in-process after {first} had {how}: its memory did not hold "
+                       f"it at a read {after - s0:.2f} s after that start and did at a read {edge.written_at - s0:.2f} "
+                       f"s after: {pid_text} never got it" + (f" ({what})" if expected and target != edge.new else ""))
+                culprit = f"set after start in {who} (between two reads of its memory)"
+            else:
+                when = "when is not known" if after is None else (
+                    "between two reads of its memory" + (f", {after - s0:+.2f} s and {edge.written_at - s0:+.2f} s "
+                                                         "from their start" if s0 is not None else ""))
+                msg = (f"{pdesc} holds {var}={sv(edge.new)} now, set in-process (read from its memory; {when}), but "
+                       f"{pid_text} it started{via_inter} do not have it: it was set after they had "
+                       f"{how}, or they were started with an environment of their own"
+                       + (f" ({what})" if expected and target != edge.new else ""))
+                culprit = (f"set in-process in {who} (time unknown)" if after is None
+                           else f"set in-process in {who} (around their start)")
     elif kind == "overwritten_in_child":
         code = "ENV_OVERRIDDEN"
         ev.update(where=edge.where, old=edge.old, new=edge.new, t=edge.written_at)

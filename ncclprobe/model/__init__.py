@@ -24,6 +24,25 @@ class EnvWrite:
 
 
 @dataclass
+class LiveWrite(EnvWrite):
+    """A write the live witness found: made after `after` (the start of the latest read that still showed
+    the old value; None: at any time since the process started) and at or before `t` (the read that
+    showed it)."""
+    after: float | None = None
+
+
+@dataclass(frozen=True)
+class LiveReading:
+    """One reading of a process's environment from its memory: the watched variables it held, read
+    by `t`; `since`: the start of the latest read before it that still showed the reading before
+    (None: none did, the first reading); `execs`: the image (run's watch: proc_seen's execs)."""
+    env: dict[str, str]
+    t: float
+    since: float | None = None
+    execs: int = 0
+
+
+@dataclass
 class NcclRead:
     """The first value NCCL read for a variable in one process through one library copy."""
     var: str
@@ -67,12 +86,14 @@ class ProcessView:
     script: str | None = None                     # a shell's script, as its fd 255 names it (absolute)
     images: list[list[str]] = field(default_factory=list)  # earlier command lines of this pid (it exec'd since)
     in_scope: bool | None = None                  # inspect's --scope (None: every process is)
-    # the live witness (inspect --live): the environment read from the process's memory at live_t
-    live_env: dict[str, str] | None = None        # watched variables as the process held them then
+    # the live witness (inspect --live, run --live): the environment read from the process's memory at live_t
+    live_env: dict[str, str] | None = None        # watched variables as the process held them then (the last reading)
     live_expected: dict[str, str] | None = None   # expected names outside the watched set (rules only, never
     #                                               shown): the expected value if equal, LIVE_DIFFERS if not
     live_t: float | None = None
     live_reason: str | None = None                # why live_env is missing (where --live was asked)
+    live_since: float | None = None               # the last reading's since (LiveReading): None for inspect's
+    live_readings: list[LiveReading] = field(default_factory=list)  # run --live: each change, in order
 
     @property
     def key(self) -> tuple[str, int]:
@@ -272,6 +293,8 @@ def build(log: EventLog) -> Model:
             q.argv = q.argv or (redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None)
             q.script = q.script or (e.get("script") if isinstance(e.get("script"), str) else None)
         elif kind == "proc_seen":  # a later one is the same process after an exec: it replaces the earlier
+            if proc.live_readings and proc.live_readings[-1].execs != (e.get("execs") or 0):
+                _forget_live(proc)  # what the live witness read was the earlier image's
             proc.proc_exec_env = _env(e.get("exec_env"))
             proc.proc_start, proc.proc_env_reason = e.get("start"), e.get("env_reason")
             proc.proc_env_hash = e.get("env_hash")
@@ -283,6 +306,19 @@ def build(log: EventLog) -> Model:
             else:  # the boot probe's, where it had them
                 proc.ppid = proc.ppid if proc.ppid is not None else e.get("ppid")
                 proc.exe, proc.argv = proc.exe or e.get("exe"), proc.argv if proc.argv is not None else argv
+        elif kind == "live_env":  # run --live: the environment the process holds, where it changed
+            execs = e.get("execs") or 0
+            if proc.live_readings and proc.live_readings[-1].execs != execs:
+                _forget_live(proc)
+            env = _env(e.get("env"))
+            if env is None:
+                proc.live_reason = None if proc.live_readings else str(e.get("reason") or "not read")
+                continue
+            since = e.get("since")
+            since = float(since) if since is not None and since < t else None
+            proc.live_readings.append(LiveReading(env, t, since, execs))
+            proc.live_env, proc.live_t, proc.live_since, proc.live_reason = env, t, since, None
+            proc.sources.add("live")
         elif kind == "env_write":
             proc.writes.append(EnvWrite(str(e.get("var")), e.get("old"), e.get("new"), str(e.get("where", "?")),
                                         str(e.get("op", "set")), bool(e.get("blocked")), t))
@@ -369,6 +405,12 @@ def build(log: EventLog) -> Model:
     return m
 
 
+def _forget_live(p: ProcessView) -> None:
+    p.live_readings = []
+    p.live_env = p.live_t = p.live_since = p.live_reason = None
+    p.sources.discard("live")
+
+
 def _label_simulated(m: Model) -> None:
     """A communicator only the profiler saw runs on the same library copy as one the preload saw:
     carry over what that copy is (version, simulated)."""
@@ -422,9 +464,11 @@ def add_records(m: Model, recs, host: str) -> Model:
         p.proc_env_hash = r.get("_hash")
         p.nccl_user = bool(r.get("nccl_libs") or r.get("gpus"))
         p.in_scope = r.get("in_scope")
-        if "live_reason" in r:  # inspect --live
+        if "live_reason" in r:  # inspect --live: one reading, now (after any a run --live log holds)
             p.live_env, p.live_expected = r.get("_live_watched"), r.get("_live_exp")
-            p.live_t, p.live_reason = r.get("live_t"), r.get("live_reason")
+            p.live_t, p.live_reason, p.live_since = r.get("live_t"), r.get("live_reason"), None
+            if p.live_readings and p.live_env is not None and p.live_t is not None:
+                p.live_readings = [*p.live_readings, LiveReading(p.live_env, p.live_t, None, p.live_readings[-1].execs)]
     return m
 
 
@@ -436,8 +480,15 @@ def add_proc_view(m: Model, other: Model) -> Model:
         p = m.process(*key)
         p.sources.add("proc")
         for name in ("proc_exec_env", "proc_expected", "proc_env_reason", "proc_stale",
-                     "proc_env_hash", "nccl_user", "in_scope", "live_env", "live_expected", "live_t", "live_reason"):
+                     "proc_env_hash", "nccl_user", "in_scope"):
             setattr(p, name, getattr(q, name))
+        if q.live_env is not None or q.live_reason is not None:  # it was read live: its reading is the latest
+            if q.live_env is not None and p.live_readings and not q.live_readings and q.live_t is not None:
+                p.live_readings = [*p.live_readings, LiveReading(q.live_env, q.live_t, None, p.live_readings[-1].execs)]
+            elif q.live_readings:
+                p.live_readings = list(q.live_readings)
+            for name in ("live_env", "live_expected", "live_t", "live_reason", "live_since"):
+                setattr(p, name, getattr(q, name))
         p.proc_start = p.proc_start if p.proc_start is not None else q.proc_start
         p.ppid = p.ppid if p.ppid is not None else q.ppid
         p.argv, p.exe = p.argv or q.argv, p.exe or q.exe

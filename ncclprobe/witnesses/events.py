@@ -55,7 +55,17 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            interval_s, seen, missed_known (processes known to have run that no scan saw
                            running: first seen as zombies, orphans run reaped, CMD itself), missed_pids
                            (the first 100), cpu_s (the watch thread's CPU), wall_s, reader (native |
-                           python), errors, error (first error's type), lost_lines, stuck (did not end in time)
+                           python), errors, error (first error's type), lost_lines, stuck (did not end in time);
+                           with --live also live_s (how often the whole tree was read), live_reads (reads),
+                           live_processes (process reads), live_bytes, live_cpu_s (the watch's CPU in them),
+                           live_reader (native | python)
+  live_env       proc      `ncclprobe run --live`'s watch: the environment a process of CMD's tree holds, read
+                           from its memory (witnesses/livewatch.py), where it changed; `pid` is THAT process's.
+                           env (its watched variables now; null: not read, see reason), reason (null, or why
+                           it could not be read: permission, static binary, process gone...; said once, before
+                           any reading), since (the start of the latest read that still showed the previous
+                           env; null for the first reading), execs (the image, as proc_seen's). `t` is the end
+                           of the read: a write it shows was made in (since, t]
 
 `call` joins a profiler init to the preload hook whose real NCCL call it ran inside (same thread;
 null when NCCL ran the init on another thread, e.g. inside ncclGroupEnd or non-blocking init).
@@ -225,7 +235,11 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
                       "seen": (OU64, "drop"), "missed_known": (OU64, "drop"), "missed_pids": (_null(_list(PID)), "drop"),
                       "cpu_s": (_null(_num(0, 1e9)), "drop"), "wall_s": (_null(_num(0, 1e9)), "drop"),
                       "reader": (OS, "drop"), "errors": (OU64, "drop"), "error": (OS, "drop"),
-                      "lost_lines": (OU64, "drop"), "stuck": (OB, "drop")},
+                      "lost_lines": (OU64, "drop"), "stuck": (OB, "drop"), "live_s": (_null(_num(0, 3600)), "drop"),
+                      "live_reads": (OU64, "drop"), "live_processes": (OU64, "drop"), "live_bytes": (OU64, "drop"),
+                      "live_cpu_s": (_null(_num(0, 1e9)), "drop"), "live_reader": (OS, "drop")},
+    "live_env": {"env": (ENV, "drop"), "reason": (OT, "drop"), "since": (_null(_num(0, 1e12)), "drop"),
+                 "execs": (OI32, "drop")},
 }
 KINDS = tuple(FIELDS)
 # run.json as `ncclprobe run` writes it (launch.py); an open object in the JSON, but only these are kept
@@ -238,7 +252,8 @@ RUN_FIELDS = {"command": (_list(T), "drop"), "host": (S, "drop"), "started": (_n
               "preload": (_bool, "drop"), "plugins": (_list(S), "drop"), "boot": (_bool, "drop"),
               "returncode": (OI32, "drop"), "status": (T, "drop"), "run_pid": (PID, "drop"),
               "set": (_map(T), "drop"), "enforced": (_map(T), "drop"), "given_env": (_map(T), "drop"),
-              "watch_s": (_num(0, 3600), "drop"), "gpu_timing": (_bool, "drop")}
+              "watch_s": (_num(0, 3600), "drop"), "gpu_timing": (_bool, "drop"),
+              "live_s": (_null(_num(0, 3600)), "drop")}
 
 
 @dataclass
