@@ -162,10 +162,11 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
     While CMD runs, its tree is watched from /proc every 0.5 s (NCCLPROBE_WATCH_S; 0: off): each
     process, Python or not, is recorded once in the log directory with its parent and the watched
     part of its exec-time environment. With --live, each process is also read from its memory when
-    the watch records it, and the whole tree every 2 s (NCCLPROBE_LIVE_S; 0: every scan; a read of
-    256 processes costs about 15 ms of CPU); a process's live environment is recorded where it
+    the watch records it, and the whole tree as often as 1 % of a core allows (a read of 256
+    processes costs about 15 ms of CPU: every 1.5 s; a small tree at every scan), or every
+    NCCLPROBE_LIVE_S seconds (0: every scan); a process's live environment is recorded where it
     changed, so a write is dated between two reads. --live needs ptrace access to the processes
-    (same user, not made undumpable) and the watch (off with NCCLPROBE_WATCH_S=0).
+    (same user, or root) and the watch (off with NCCLPROBE_WATCH_S=0).
 
     \b
     The profiler plugin counts every communicator's collectives (function, algorithm, protocol,

@@ -60,9 +60,10 @@ def wait_until(what, why: str):
 class Run:
     """`ncclprobe run --dir DIR -- CMD` with a pipe on stdin; CMD's lines read as they come."""
 
-    def __init__(self, tmp_path: Path, cmd: list[str], env: dict[str, str] | None = None, name: str = "logs"):
+    def __init__(self, tmp_path: Path, cmd: list[str], env: dict[str, str] | None = None, name: str = "logs",
+                 opts: tuple[str, ...] = ()):
         self.dir = tmp_path / name
-        self.proc = subprocess.Popen([*NCCLPROBE, "run", "--dir", str(self.dir), "--", *cmd], env=env,
+        self.proc = subprocess.Popen([*NCCLPROBE, "run", *opts, "--dir", str(self.dir), "--", *cmd], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
         self._cv = threading.Condition()

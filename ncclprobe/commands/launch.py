@@ -218,7 +218,8 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
                     "profile": profile.to_json() if profile is not None else None,
                     "run_pid": os.getpid(), "set": shown_values(set_env),
                     "enforced": shown_values(dict(profile.sets)) if profile is not None else {},
-                    "given_env": _watched_job_env(wiring.env), "watch_s": watch_s, "live_s": live_s,
+                    "given_env": _watched_job_env(wiring.env), "watch_s": watch_s, "live": bool(live and watch_s),
+                    "live_s": live_s,
                     **wiring.meta}
             _write_meta(d, meta)
             try:

@@ -250,9 +250,11 @@ def watch_line(w: dict[str, Any], host: str | None = None) -> str:
     text += (f"; {missed} short-lived process(es) known to have run between two scans (their boot probe or "
              "run's reaping saw them)" if missed else "; none known missed")
     text += f" (one that lives less than {w.get('interval_s')} s and runs no boot probe can go unseen: NCCLPROBE_WATCH_S)"
-    if w.get("live_s") is not None:
-        text += (f"; --live: {w.get('live_processes', 0)} read(s) of a process's memory, the whole tree every "
-                 f"{w['live_s'] or w.get('interval_s')} s and each new process when seen")
+    if w.get("live_reads") is not None:
+        every = (f"every {w['live_s'] or w.get('interval_s')} s" if w.get("live_s") is not None
+                 else "as often as 1 % of a core allows")
+        text += (f"; --live: {w.get('live_processes', 0)} read(s) of a process's memory, each new process when seen "
+                 f"and the whole tree {every} (NCCLPROBE_LIVE_S)")
     if w.get("stuck"):
         text += "; the watch was stuck on a /proc read at the end"
     return text

@@ -14,8 +14,9 @@ killed, what was written stays and the summary is missing.
 With `run --live`, the watch also reads the environment each process of the tree holds now from its
 memory (witnesses/livewatch.py: the watched names only) and records a `live_env` event where it
 changed: every process it records is read in the scan that records it, and every process of the tree
-every NCCLPROBE_LIVE_S seconds (LIVE_S by default; at most every scan) and at the last scan, as a
-read of the whole tree costs about 15 ms of CPU for 256 processes (benchmarks/bench_run_watch.py).
+at the first scan after the last read of the whole tree had cost its share (LIVE_SHARE: that read's CPU
+time over LIVE_SHARE seconds later; a read of 256 processes costs ~15 ms, so about every 1.5 s, and a
+small tree at every scan), or every NCCLPROBE_LIVE_S seconds where that is set, and at the last scan.
 
 Its file is `<host>-<run's pid>.jsonl` under the log discipline (logdir.LogFile); each line names the
 observed process in `pid`.
@@ -36,7 +37,7 @@ from ncclprobe.witnesses.procwatch import Scanner, Sighting
 
 WATCH_ENV = "NCCLPROBE_WATCH_S"
 LIVE_ENV = "NCCLPROBE_LIVE_S"
-LIVE_S = 2.0  # a live read of the whole tree: 256 processes cost ~15 ms of CPU, under 1 % of a core at 2 s
+LIVE_SHARE = 0.01  # of one core, at most, for the live reads of the whole tree (unless NCCLPROBE_LIVE_S is set)
 WATCH_S = 0.5  # benchmarks/bench_run_watch.py: about 1 % of a core on a 256-process tree, under 2 % on a loaded machine
 MAX_WATCH_S = 60.0
 JOIN_S = 3.0  # how long stop waits for the last scan
@@ -61,23 +62,29 @@ def interval_from_env(environ, name: str = WATCH_ENV, default: float = WATCH_S,
     return value, None
 
 
-def live_from_env(environ) -> tuple[float, str | None]:
-    """How often --live reads the whole tree (0: at every scan), and a note on a bad value."""
-    return interval_from_env(environ, LIVE_ENV, LIVE_S, "every scan")
+def live_from_env(environ) -> tuple[float | None, str | None]:
+    """How often --live reads the whole tree (0: at every scan; None: as LIVE_SHARE allows), and a
+    note on a bad value."""
+    if environ.get(LIVE_ENV) is None:
+        return None, None
+    value, note = interval_from_env(environ, LIVE_ENV, math.nan, "every scan")
+    if note:
+        return None, note.replace("using nan", f"reading at most {LIVE_SHARE:.0%} of a core")
+    return value, None
 
 
 class Watch:
     """The watch of the tree under this process (less `exclude` and what is under it)."""
 
     def __init__(self, log_dir: Path, interval: float, exclude: frozenset[int] = frozenset(),
-                 extra_roots: bool = False, scanner: Scanner | None = None, live: float | None = None,
-                 tracker=None):
+                 extra_roots: bool = False, scanner: Scanner | None = None, live: bool = False,
+                 live_s: float | None = None, tracker=None):
         self.host = os.uname().nodename
         self.interval = interval
         self.scanner = scanner or Scanner(os.getpid(), os.urandom(16), exclude=exclude, extra_roots=extra_roots)
-        self.live_s = live  # None: no live reads; else the whole tree is read this often (and new processes at once)
+        self.live_s = live_s  # the whole tree is read this often (None: as LIVE_SHARE allows); new processes at once
         self.tracker = tracker
-        if live is not None and tracker is None:
+        if live and tracker is None:
             from ncclprobe.witnesses.livewatch import Tracker
             self.tracker = Tracker()
         self._next_live = 0.0
@@ -156,8 +163,8 @@ class Watch:
             self._exes[s.pid] = s.exe
         now = time.monotonic()
         targets = {s.pid: (s.pid, s.start_ticks, s.execs, s.exe) for s in found}
-        if final or now >= self._next_live:
-            self._next_live = now + self.live_s
+        whole = final or now >= self._next_live
+        if whole:
             alive = set()
             for pid, (ticks, _, execs) in list(sc.known.items()):
                 if (pid, ticks) in sc.seen and pid not in sc.pending and (pid, ticks) not in sc.zombies:
@@ -166,6 +173,9 @@ class Watch:
             self.tracker.forget(alive | {(s.pid, s.start_ticks) for s in found})
             self._exes = {pid: exe for pid, exe in self._exes.items() if pid in targets}
         changes = self.tracker.read(list(targets.values()))
+        if whole:  # the next read of the whole tree once this one's cost is within its share
+            cost = time.thread_time() - t0
+            self._next_live = now + (self.live_s if self.live_s is not None else cost / LIVE_SHARE)
         lines = []
         for c in changes:
             fields = c.fields()
@@ -261,7 +271,7 @@ def start(log_dir: Path, group, environ, live: bool = False) -> tuple[Watch | No
                               + ("; --live reads through the watch, so it is off too" if live else "")]
     try:
         watch = Watch(log_dir, interval, exclude=frozenset(pid for pid, _ in group.tree.foreign),
-                      extra_roots=group.outcome.subreaper is not None, live=live_s)
+                      extra_roots=group.outcome.subreaper is not None, live=live, live_s=live_s)
         watch.start()
     except Exception as exc:  # never fatal: CMD runs, the probes still report
         return None, notes + [f"the /proc watch did not start ({type(exc).__name__}: {exc})"]

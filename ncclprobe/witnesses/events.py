@@ -56,7 +56,8 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            running: first seen as zombies, orphans run reaped, CMD itself), missed_pids
                            (the first 100), cpu_s (the watch thread's CPU), wall_s, reader (native |
                            python), errors, error (first error's type), lost_lines, stuck (did not end in time);
-                           with --live also live_s (how often the whole tree was read), live_reads (reads),
+                           with --live also live_s (how often the whole tree was read: NCCLPROBE_LIVE_S;
+                           null: as its cost allowed, watch.LIVE_SHARE), live_reads (reads),
                            live_processes (process reads), live_bytes, live_cpu_s (the watch's CPU in them),
                            live_reader (native | python)
   live_env       proc      `ncclprobe run --live`'s watch: the environment a process of CMD's tree holds, read
@@ -252,7 +253,7 @@ RUN_FIELDS = {"command": (_list(T), "drop"), "host": (S, "drop"), "started": (_n
               "preload": (_bool, "drop"), "plugins": (_list(S), "drop"), "boot": (_bool, "drop"),
               "returncode": (OI32, "drop"), "status": (T, "drop"), "run_pid": (PID, "drop"),
               "set": (_map(T), "drop"), "enforced": (_map(T), "drop"), "given_env": (_map(T), "drop"),
-              "watch_s": (_num(0, 3600), "drop"), "gpu_timing": (_bool, "drop"),
+              "watch_s": (_num(0, 3600), "drop"), "gpu_timing": (_bool, "drop"), "live": (_bool, "drop"),
               "live_s": (_null(_num(0, 3600)), "drop")}
 
 
