@@ -12,10 +12,13 @@ prints "ready" once every child runs, holds the tree for --hold seconds, then en
 Two trees: "quiet" (nothing starts once it is up: most scans find no new pid and read nothing) and
 "churn" (the parent starts a thread every 20 ms, so every scan sees a new pid and walks the whole
 tree: the watch's cost on a busy machine).
+With --live, a third case in the same rotation: `run --live` at the default interval, its watch CPU
+(and the live reads' own share, live_cpu_s) against the watch without --live, as a ratio; and the
+steady-state cost of one live read of the whole tree.
 
 Measures the installed ncclprobe (`pip install .`: the native reader is built at install).
 
-    python benchmarks/bench_run_watch.py [--procs 256] [--repeat 5] [--hold 10] [--intervals 0.25,1]
+    python benchmarks/bench_run_watch.py [--procs 256] [--repeat 5] [--hold 10] [--intervals 0.25,1] [--live]
 """
 from __future__ import annotations
 
@@ -61,8 +64,8 @@ for pid in kids:
 """
 
 
-def one(procs: int, hold: float, tree: str, interval: float | None) -> dict:
-    """One `ncclprobe run` of the tree; interval None: the watch at its default, 0: off."""
+def one(procs: int, hold: float, tree: str, interval: float | None, live: bool = False) -> dict:
+    """One `ncclprobe run` of the tree; interval None: the watch at its default, 0: off; live: --live."""
     env = dict(os.environ)
     env.pop("NCCLPROBE_WATCH_S", None)
     if interval is not None:
@@ -70,7 +73,8 @@ def one(procs: int, hold: float, tree: str, interval: float | None) -> dict:
     watch = interval != 0
     with tempfile.TemporaryDirectory(prefix="bench-watch-") as tmp:
         d = Path(tmp) / "logs"
-        cmd = [sys.executable, "-m", "ncclprobe", "run", "--dir", str(d), "--", sys.executable, "-S", "-c", PARENT,
+        cmd = [sys.executable, "-m", "ncclprobe", "run", *(["--live"] if live else []), "--dir", str(d), "--",
+               sys.executable, "-S", "-c", PARENT,
                str(procs), str(hold), tree, CHILD]
         t0 = time.perf_counter()
         p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
@@ -89,9 +93,38 @@ def one(procs: int, hold: float, tree: str, interval: float | None) -> dict:
                 if '"watch_summary"' in line:
                     summary = json.loads(line)
         seen = sum(f.read_text().count('"proc_seen"') for f in d.glob("*.jsonl"))
+        lives = sum(f.read_text().count('"live_env"') for f in d.glob("*.jsonl"))
     assert (summary is not None) == watch, "watch_summary missing" if watch else "a watch ran with NCCLPROBE_WATCH_S=0"
-    return {"start": marks["start"], "ready": marks["ready"], "summary": summary, "seen": seen,
+    return {"start": marks["start"], "ready": marks["ready"], "summary": summary, "seen": seen, "live_lines": lives,
             "tree_cpu": usage.ru_utime + usage.ru_stime}
+
+
+def steady_live(procs: int, reads: int) -> tuple[float, float]:
+    """One live read of the whole tree (livewatch.Tracker, as run --live's watch does it), on a tree that
+    is up: its CPU (ms, median of `reads`) and wall time (ms)."""
+    from ncclprobe.witnesses.livewatch import Tracker
+    p = subprocess.Popen([sys.executable, "-S", "-c", PARENT, str(procs), "3600", "quiet", CHILD],
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "start" and p.stdout.readline().strip() == "ready"
+        from ncclprobe.witnesses.procwatch import Scanner
+        sc = Scanner(os.getpid(), os.urandom(16))
+        sc.scan(final=True)
+        targets = [(pid, k[0], k[2], None) for pid, k in sc.known.items()]
+        assert len(targets) == procs
+        tr = Tracker()
+        assert len(tr.read(targets)) == procs  # the first reading of each is recorded
+        cpu, wall = [], []
+        for _ in range(reads):
+            time.sleep(0.05)
+            t, w = time.thread_time(), time.perf_counter()
+            tr.read(targets)
+            cpu.append((time.thread_time() - t) * 1e3)
+            wall.append((time.perf_counter() - w) * 1e3)
+        return statistics.median(cpu), statistics.median(wall)
+    finally:
+        p.kill()
+        p.wait()
 
 
 def steady(procs: int, tree: str, interval: float, scans: int) -> tuple[float, int]:
@@ -133,6 +166,7 @@ def main() -> int:
     ap.add_argument("--trees", default="quiet,churn")
     ap.add_argument("--intervals", default="", help="other intervals to measure beside the default, e.g. 0.25,1")
     ap.add_argument("--steady-scans", type=int, default=30, help="scans of the steady-state measurement")
+    ap.add_argument("--live", action="store_true", help="also measure run --live at the default interval")
     args = ap.parse_args()
     import ncclprobe
     from ncclprobe.commands import watch as watch_mod
@@ -143,11 +177,11 @@ def main() -> int:
           f"{default:g} s; {args.repeat} repeats, the order of the cases rotating")
     verdict = True
     for tree in args.trees.split(","):
-        cases = [0.0, *intervals]  # 0: the watch off, the baseline
-        rows: dict[float, list[dict]] = {c: [] for c in cases}
+        cases = [0.0, *intervals] + (["live"] if args.live else [])  # 0: the watch off, the baseline
+        rows: dict = {c: [] for c in cases}
         for i in range(args.repeat):
             for c in cases[i % len(cases):] + cases[:i % len(cases)]:
-                rows[c].append(one(args.procs, args.hold, tree, None if c == default else c))
+                rows[c].append(one(args.procs, args.hold, tree, None if c in (default, "live") else c, c == "live"))
         for c in intervals:
             ms, walks = steady(args.procs, tree, c, args.steady_scans)
             print(f"\n[{tree}] steady state, every {c:g} s: {ms:.3f} ms of CPU a scan ({walks} of {args.steady_scans} "
@@ -177,6 +211,26 @@ def main() -> int:
             a, b = med(on, lambda r: r["tree_cpu"]), med(off, lambda r: r["tree_cpu"])
             print(f"    run + tree CPU    {a:.3f} s vs {b:.3f} s off ({a - b:+.3f} s; a noisy cross-check)")
             verdict &= ok if c == default else True
+        if args.live:
+            on, base = rows["live"], rows[default]
+            s, b = [r["summary"] for r in on], [r["summary"] for r in base]
+            share = [x["cpu_s"] / x["wall_s"] * 100 for x in s]
+            share_b = [x["cpu_s"] / x["wall_s"] * 100 for x in b]
+            live_share = [x["live_cpu_s"] / x["wall_s"] * 100 for x in s]
+            print(f"  --live at the default interval: live reads {med(s, lambda x: x['live_reads']):.0f}, process reads "
+                  f"{med(s, lambda x: x['live_processes']):.0f}, live_env lines {med(on, lambda r: r['live_lines']):.0f}, "
+                  f"{med(s, lambda x: x['live_bytes']) / 1e6:.1f} MB read (medians), reader {s[0]['live_reader']}")
+            print(f"    watch CPU         median {statistics.median(share):6.3f} % of one core with --live vs "
+                  f"{statistics.median(share_b):6.3f} % without: ratio {statistics.median(share) / statistics.median(share_b):5.2f} "
+                  f"(the live reads alone {statistics.median(live_share):.3f} %)")
+            for mark in ("start", "ready"):
+                a, c = med(on, lambda r: r[mark]), med(base, lambda r: r[mark])
+                print(f"    to '{mark}'{' ' * (6 - len(mark))}      {a * 1e3:7.0f} ms vs {c * 1e3:7.0f} ms without --live: "
+                      f"ratio of medians {a / c:5.3f}")
+            if tree == args.trees.split(",")[0]:
+                cpu, wall = steady_live(args.procs, args.steady_scans)
+                print(f"    one live read of the whole tree (steady state): {cpu:.2f} ms of CPU, {wall:.2f} ms wall "
+                      f"(median of {args.steady_scans})")
     return 0 if verdict else 1
 
 
