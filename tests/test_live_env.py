@@ -213,9 +213,12 @@ def test_static_binaries(mode, progs):
 def test_a_writer_thread_racing_1000_reads(mode, progs):
     """setenv in a loop on another thread (new names, unset names, the array reallocated) while the
     environment is read 1,000 times: every read is a consistent snapshot (the writer sets A then B
-    to the same counter, so B is A or A - 1) or says it was torn, and both sides survive."""
+    to the same counter, so B is A or A - 1) or says it was torn, and both sides survive. The writer
+    rests 100 us every 64 iterations (~200 us of writes): one that never rests changes the array
+    faster than two reads of it can agree, and a read then succeeds only when the scheduler happens
+    to stop the writer (on a busy 2-core machine, in some runs never)."""
     with running([progs["plain"]]) as p:
-        p("stress 2000")  # 2 us of work between iterations
+        p("stress 2000 64 100")  # 2 us of work between iterations, a 100 us rest every 64
         start = int(p("count").split()[1])
         reading = livemem.Reading(native=mode != "python")
         ok = torn = 0

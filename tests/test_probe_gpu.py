@@ -147,3 +147,41 @@ def test_in_process_change_between_two_communicators(probe, tmp_path):
     inits, plugin, _ = joined(log)
     assert [e["env"]["NCCL_PROTO"] for e in inits] == ["LL", "Simple"]
     assert [plugin[e["call"]]["env"]["NCCL_PROTO"] for e in inits] == ["LL", "Simple"]
+
+
+def test_one_rank_time_accounting_with_gpu_timing_and_a_cuda_graph(probe, tmp_path):
+    """What fires on one GPU (issue 15): eager all-reduces, one on a side stream, then one captured into a CUDA
+    graph and replayed, with GPU timing on. NCCL's one-rank shortcut (enqueue.cc taskAppend) comes before the
+    API events, so nothing but init and finalize reaches the plugin: no collective is counted, the
+    communicator's activity line says none ran, and the report's time line says why."""
+    log = tmp_path / "log"
+    run_torch(probe, log, """
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
+        t = torch.ones(8192, device="cuda")
+        for _ in range(3):
+            dist.all_reduce(t)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            dist.all_reduce(t)
+        for _ in range(5):
+            g.replay()
+        torch.cuda.synchronize()
+        dist.destroy_process_group()
+    """, NCCLPROBE_GPU_TIMING="1", NCCLPROBE_FLUSH_S="0.5")
+    result = events.read_dirs([log])
+    assert result.skipped_total == 0
+    inits = [e for e in result.events if e["ev"] == "comm_plugin_init"]
+    assert inits and all(e["timing"] == "gpu" and e["nranks"] == 1 for e in inits)
+    assert [e for e in result.events if e["ev"] == "coll_summary"] == []
+    acts = [e for e in result.events if e["ev"] == "comm_activity"]
+    assert acts and all(a["api_eager"] == 0 and a["api_captured"] == 0 and a["first_t"] is None for a in acts)
+    assert {a["reason"] for a in acts} <= {"finalize", "exit"}
+    from ncclprobe.commands import report as report_mod
+    from ncclprobe.model import timing
+    m = report_mod.load([log])
+    lines = [timing.time_line(t, "comm") for t in timing.comm_times(m.comms)]
+    assert lines and all("one-rank communicator takes NCCL's shortcut" in ln for ln in lines)

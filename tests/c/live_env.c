@@ -8,8 +8,11 @@
  *                      reallocates it as it grows)
  *   replace N=V ...    environ = a new array of these strings (direct replacement)
  *   clear              clearenv() (environ becomes NULL)
- *   stress SPIN        a thread that loops: setenv NCCL_STRESS_A=i then NCCL_STRESS_B=i, every 16th
- *                      iteration a new name NCCL_STRESS_N<i%64> set or unset, then SPIN ns of busy wait
+ *   stress SPIN [EVERY PAUSE_US]
+ *                      a thread that loops: setenv NCCL_STRESS_A=i then NCCL_STRESS_B=i, every 16th
+ *                      iteration a new name NCCL_STRESS_N<i%64> set or unset, then SPIN ns of busy wait;
+ *                      every EVERY iterations it sleeps PAUSE_US (a writer that never pauses changes
+ *                      the array faster than any two reads of it can agree)
  *   count              the stress thread's iterations so far ("ok <n>")
  *   undump             prctl(PR_SET_DUMPABLE, 0): /proc/<pid>/mem and environ become root's
  *   exit               exit(0)
@@ -34,7 +37,7 @@ static char ***environ_slot(void) { return (char ***)dlsym(RTLD_DEFAULT, "enviro
 #endif
 
 static atomic_long iterations;
-static long spin_ns;
+static long spin_ns, pause_every, pause_us;
 
 static void spin(long ns) {
   struct timespec a, b;
@@ -60,6 +63,8 @@ static void *stress(void *arg) {
     atomic_store(&iterations, i);
     if (spin_ns)
       spin(spin_ns);
+    if (pause_every && i % pause_every == 0)
+      usleep((useconds_t)pause_us);
   }
   return arg;
 }
@@ -104,7 +109,10 @@ int main(void) {
       printf("ok\n");
     } else if (!strcmp(cmd, "stress") && a) {
       pthread_t t;
+      char* rest = b;
       spin_ns = atol(a);
+      pause_every = rest ? strtol(rest, &rest, 10) : 0;
+      pause_us = rest ? strtol(rest, &rest, 10) : 0;
       pthread_create(&t, NULL, stress, NULL);
       while (!atomic_load(&iterations))
         ;
