@@ -133,6 +133,10 @@ def test_a_write_after_start_is_bracketed_and_decides_each_childs_edge(tmp_path,
     # B started after the read that showed it: its parent had it, and B got an environment of its own
     assert own["code"] == "ENV_MISSING" and own["edge"]["kind"] == "curated_env" and own["edge"]["parent"] == cmd
     assert "live" in doc["verdict"]["witnesses"]
+    # the verdict's values for processes no boot probe saw are what their memory showed
+    row = next(r for r in doc["verdict"]["variables"] if r["var"] == "NCCL_X")
+    unset = {p for g in row["groups"] if g["value"] is None for p in g["pids"]}
+    assert {a, b} <= unset and not any(g["value"] == "?" for g in row["groups"] if {a, b} & set(g["pids"]))
     text = subprocess.run([*NCCLPROBE, "report", str(run.dir)], capture_output=True, text=True, timeout=WAIT_S).stdout
     flat = " ".join(text.split())
     assert f"live (read from memory), pid {cmd}: TORCH_NCCL_TEST_PHASE=1 (between" in flat

@@ -16,7 +16,8 @@ from ncclprobe.diagnose.findings import Finding
 
 Kinds = list[tuple[Mapping, list[int]]]  # kinds_of: a group's first record, the pids of all
 LIVE_VIEW = ("`ncclprobe inspect --live PID` reads the environment each process holds now from its memory; "
-             "`ncclprobe run -- CMD` (or `ncclprobe inject install`) records it from inside each process")
+             "`ncclprobe run --live -- CMD` reads it while CMD runs, and `ncclprobe run -- CMD` (or `ncclprobe inject "
+             "install`) records it from inside each Python process")
 NOT_SHOWN = "<not shown: outside the watched set>"
 PTRACE_HINT = ("run ncclprobe as the processes' user, as root, or with CAP_SYS_PTRACE; in a container "
                "run it inside the same PID namespace (docker --pid=host / kubectl debug --target)")

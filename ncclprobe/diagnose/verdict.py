@@ -240,7 +240,7 @@ def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str], sets
         live = _live_records(m, workers)
         here = socket.gethostname()
         # a process the probes saw: its live env, not /proc's; only the workers the rules check
-        seen = {p.key for p in m.processes.values() if p.start_env is not None}
+        seen = {p.key for p in m.processes.values() if p.start_env is not None or p.live_env is not None}
         v = for_processes(live + [r for r in processes or [] if (r.get("host") or here, r["pid"]) not in seen
                                   and ((r.get("host") or here, r["pid"]) in workers or not workers)],
                           findings, expect, sets, witnesses + (["proc"] if processes else []), here)
@@ -297,7 +297,11 @@ def comm_label(ident: str, name: str | None, ranks, nranks: int | None) -> str:
 
 
 def _live_env(p) -> dict[str, str] | None:
+    """What p holds last: the boot probe's start environment and writes, else what its memory showed
+    (run --live, inspect --live)."""
     from ncclprobe.diagnose.inprocess import env_at
+    if p.start_env is None and p.live_env is not None:
+        return dict(p.live_env)
     return env_at(p, None)
 
 
@@ -305,7 +309,7 @@ def _live_records(m: Model, workers: set) -> list[dict]:
     """The processes the rules check (propagation's endpoints: the workers, not their launchers,
     daemons or multiprocessing's helpers), with their live environments, as records."""
     return [{"host": p.host, "pid": p.pid, "env": _live_env(p), "in_scope": True, "env_source": "exec", "stale": None}
-            for p in m.processes.values() if p.start_env is not None and p.key in workers]
+            for p in m.processes.values() if (p.start_env is not None or p.live_env is not None) and p.key in workers]
 
 
 def _run_sets(m: Model) -> dict[str, str]:
