@@ -688,3 +688,35 @@ def test_fork_child_runs_its_own_threads_and_exit_never_waits(libs, rec, tmp_pat
     parent = [r for r in rows if r["pid"] == parent_pid]
     ca, = starts(parent, "CollApi")[:1]
     assert starts(parent, "Coll")[0]["parent"] == ca["h"] and starts(parent, "Coll")[0]["tid"] != main_tid
+
+
+SIMOPS = """
+import ctypes, sys
+from pathlib import Path
+from ncclprobe.demo.ops import SimOps
+ops = SimOps(0, Path("."))
+uid = (ctypes.c_char * 128)()
+ops.nccl.ncclGetUniqueId(uid)
+for h in (ops.init_linked(2, bytes(uid).hex(), 0, "decode"), ops.init_ctypes(2, bytes(uid).hex(), 0)):
+    g = ops.capture_all_reduce(h, 2048)
+    ops.replay(g)
+    ops.replay(g)
+ops.nccl.ncclprobeSimSynchronize()
+ops.close()
+"""
+
+
+def test_simops_capture_and_replay_both_ways(libs, rec, tmp_path):
+    """The demo's SimOps (installed package): PyTorch's graph capture through libsimtorch, and a
+    ctypes caller's on its own stream, each replayed twice."""
+    log = tmp_path / "ops.log"
+    env = clean_env(NCCL_PROFILER_PLUGIN=rec[5], REC_PROF_LOG=log, REC_PROF_MASK=f"{COLL | KCH:x}",
+                    NCCL_MAX_NCHANNELS=2)
+    p = subprocess.run([sys.executable, "-c", SIMOPS], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = prof_lines(log)
+    apis = starts(rows, "CollApi")
+    assert [(a["cap"], a["count"], a["dt"]) for a in apis] == [("1", "1024", "ncclBfloat16")] * 2
+    assert apis[0]["stream"] != apis[1]["stream"]  # torch's side stream, the ctypes caller's own
+    assert sorted(c["parent"] for c in starts(rows, "Coll")) == sorted([apis[0]["h"], apis[1]["h"]] * 2)
+    assert len(starts(rows, "KernelCh")) == 4 * 2 and kinds(rows).count("finalize") == 2
