@@ -720,3 +720,51 @@ def test_simops_capture_and_replay_both_ways(libs, rec, tmp_path):
     assert apis[0]["stream"] != apis[1]["stream"]  # torch's side stream, the ctypes caller's own
     assert sorted(c["parent"] for c in starts(rows, "Coll")) == sorted([apis[0]["h"], apis[1]["h"]] * 2)
     assert len(starts(rows, "KernelCh")) == 4 * 2 and kinds(rows).count("finalize") == 2
+
+
+# ------------------------------------------------------------------ tests/c/prof_driver.c follows the same rules
+
+@pytest.fixture(scope="session")
+def driver(libs):
+    return ps.build_prof_driver(libs["dir"])
+
+
+def drive_rec(driver, rec, tmp_path, mask, *args):
+    log = tmp_path / f"drv-{mask:x}-{'-'.join(map(str, args))}.log"
+    r = ps.run([driver, rec[5], 5, *args], clean_env(REC_PROF_LOG=log, REC_PROF_MASK=f"{mask:x}"))
+    assert r.returncode == 0, r.stderr
+    rows = prof_lines(log)
+    return rows, rows[0]["tid"], r.stdout
+
+
+def test_driver_eager_sequence_matches_the_sim(driver, rec, tmp_path):
+    rows, _, _ = drive_rec(driver, rec, tmp_path, COLL, "shapes", 1)
+    assert kinds(rows) == ["init", *EAGER, "finalize"]
+    rows, _, _ = drive_rec(driver, rec, tmp_path, COLL_API, "shapes", 1)
+    assert kinds(rows) == ["init", "start:GroupApi", "record:23", "start:CollApi", "stop", "record:24", "stop",
+                           "finalize"]
+
+
+@pytest.mark.parametrize("mask,proxy", [(COLL | KCH, 0), (COLL, 1), (COLL, 0)])
+def test_driver_graph_mode(driver, rec, tmp_path, mask, proxy):
+    rows, main_tid, out = drive_rec(driver, rec, tmp_path, mask, "graph", 2, 3, proxy)
+    callback = bool(proxy or mask & KCH)
+    assert f"callback={int(callback)}" in out
+    apis = starts(rows, "CollApi")
+    captured = {a["h"] for a in apis if a["cap"] == "1"}
+    assert len(captured) == 2 and len(apis) == 4
+    replayed = [c for c in starts(rows, "Coll") if c["parent"] in captured]
+    assert len(replayed) == (6 if callback else 2)
+    assert all((c["tid"] != main_tid) == callback for c in replayed)
+    if mask & KCH:
+        kernel_ch_checks(rows, [c["h"] for c in starts(rows, "Coll")], 2, main_tid)
+    assert kinds(rows)[-1] == "finalize"
+
+
+def test_driver_timed_and_loop_kernel_ch(driver, rec, tmp_path):
+    rows, main_tid, out = drive_rec(driver, rec, tmp_path, COLL | KCH, "timed", 50)
+    assert "timed=50 gpu_ns_sum=573000" in out
+    kernel_ch_checks(rows, [c["h"] for c in starts(rows, "Coll")], 2, main_tid)
+    assert kinds(rows)[-1] == "finalize"
+    rows, _, out = drive_rec(driver, rec, tmp_path, COLL | KCH, "loop", 100, "kernelch")
+    assert "ns_per_coll=" in out and len(starts(rows, "KernelCh")) == 2 * 110
