@@ -473,3 +473,298 @@ def test_ids_with_leading_zeros_are_spelled_alike_by_every_witness(libs, tmp_pat
     assert len({c["comm_hash"] for c in spec}) == 1 and spec[0]["comm_hash"] != expected
     by_pid = {c["pid"]: c for c in world}
     assert all(c["parent"] == by_pid[c["pid"]]["comm"] for c in spec)
+
+
+# ------------------------------------------------------------------ the event sequence of NCCL 2.28 (research-15)
+
+COLL, KCH, GROUP_API, COLL_API, KLAUNCH = 0x2, 0x40, 0x100, 0x200, 0x800
+
+
+@pytest.fixture(scope="session")
+def rec(libs):
+    """tests/c/rec_profiler.c as a v5 and a v4 plugin."""
+    d = libs["dir"]
+    return {v: ps.cc(d / f"librec{v}.so", [ROOT / "tests" / "c" / "rec_profiler.c"],
+                     *(["-DREC_V4"] if v == 4 else []), shared=True) for v in (4, 5)}
+
+
+def record(libs, rec, tmp_path, plan, mask=COLL, version=5, null=0, nch=2, tag="rec"):
+    """Runs the plan under the recording plugin: (the calls it saw as dicts, the caller's thread id)."""
+    log = tmp_path / f"{tag}.log"
+    env = clean_env(NCCL_PROFILER_PLUGIN=rec[version], REC_PROF_LOG=log, REC_PROF_MASK=f"{mask:x}",
+                    REC_PROF_NULL=f"{null:x}", NCCL_MAX_NCHANNELS=nch)
+    p = subprocess.run([sys.executable, str(CSIM / "recdriver.py"), str(libs["sim"]), json.dumps(plan)], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    main_tid = p.stdout.split("main_tid=")[1].split()[0]
+    return (prof_lines(log) if log.exists() else []), main_tid
+
+
+def kinds(rows):
+    """Each call as one short word: start:Coll, stop, record:23, init, finalize."""
+    out = []
+    for r in rows:
+        if r["kind"] == "start":
+            out.append(f"start:{r['type']}")
+        elif r["kind"] == "record":
+            out.append(f"record:{r['state']}")
+        else:
+            out.append(r["kind"])
+    return out
+
+
+def starts(rows, type_):
+    return [r for r in rows if r["kind"] == "start" and r["type"] == type_]
+
+
+EAGER = ["start:GroupApi", "record:23", "start:CollApi", "stop", "record:24",
+         "start:Group", "start:Coll", "stop", "stop", "stop"]
+
+
+def test_eager_all_reduce_sequence_and_parents(libs, rec, tmp_path):
+    rows, main_tid = record(libs, rec, tmp_path, [["init", "c", 2], ["ar", "c", 256, None], ["destroy", "c"]])
+    assert kinds(rows) == ["init", *EAGER, "finalize"]
+    ga, = starts(rows, "GroupApi")
+    ca, = starts(rows, "CollApi")
+    g, = starts(rows, "Group")
+    c, = starts(rows, "Coll")
+    assert (ga["cap"], ga["depth"], ga["parent"]) == ("0", "1", "0")
+    assert (ca["parent"], ca["cap"], ca["func"], ca["count"], ca["dt"]) == (ga["h"], "0", "AllReduce", "256",
+                                                                             "ncclFloat32")
+    assert (c["parent"], c["pgroup"], g["parent"]) == (ca["h"], g["h"], "0")
+    assert (c["nch"], c["seq"], c["count"]) == ("2", "0", "256")
+    # stops, innermost first: CollApi at once, then Coll, Group, and GroupApi last
+    assert [r["h"] for r in rows if r["kind"] == "stop"] == [ca["h"], c["h"], g["h"], ga["h"]]
+    assert [r["h"] for r in rows if r["kind"] == "record"] == [ga["h"], ga["h"]]
+    assert {r["tid"] for r in rows} == {main_tid}
+
+
+@pytest.mark.parametrize("mask,expect", [
+    (0, []),
+    (0x20, []),  # ProxyCtrl is in no gate of a collective
+    (GROUP_API, ["start:GroupApi", "record:23", "record:24", "stop"]),
+    (COLL_API, ["start:GroupApi", "record:23", "start:CollApi", "stop", "record:24", "stop"]),
+    (COLL, EAGER),
+    (KLAUNCH | COLL, EAGER[:5] + ["start:KernelLaunch", "stop"] + EAGER[5:]),
+])
+def test_events_follow_nccls_gates(libs, rec, tmp_path, mask, expect):
+    rows, _ = record(libs, rec, tmp_path, [["init", "c", 2], ["ar", "c", 8, None], ["destroy", "c"]], mask=mask)
+    assert kinds(rows) == ["init", *expect, "finalize"]
+    if mask & KLAUNCH:
+        kl, = starts(rows, "KernelLaunch")
+        assert kl["parent"] == starts(rows, "GroupApi")[0]["h"]
+
+
+def test_null_handles_are_never_stopped_and_coll_keeps_a_null_parent(libs, rec, tmp_path):
+    rows, _ = record(libs, rec, tmp_path, [["init", "c", 2], ["ar", "c", 8, None], ["destroy", "c"]],
+                     null=GROUP_API | COLL_API | 0x1)
+    assert kinds(rows) == ["init", "start:GroupApi", "start:CollApi", "start:Group", "start:Coll", "stop", "finalize"]
+    c, = starts(rows, "Coll")
+    assert (c["parent"], c["pgroup"]) == ("0", "0")
+
+
+def kernel_ch_checks(rows, coll_handles, nch, main_tid):
+    """Every Coll handle got nch KernelCh events (start, KernelChStop with a later stamp, stop) from
+    one thread that is not the caller's."""
+    kch = starts(rows, "KernelCh")
+    assert sorted(r["parent"] for r in kch) == sorted(h for h in coll_handles for _ in range(nch))
+    for h in coll_handles:
+        assert sorted(r["ch"] for r in kch if r["parent"] == h) == [str(i) for i in range(nch)]
+    for s in kch:
+        calls = [r for r in rows if r.get("h") == s["h"]]
+        assert [r["kind"] for r in calls] == ["start", "record", "stop"]
+        assert calls[1]["state"] == "22" and int(calls[1]["ptimer"]) > int(s["ptimer"]) > 0
+    tids = {r["tid"] for r in rows if r.get("h") in {s["h"] for s in kch}}
+    assert len(tids) == 1 and main_tid not in tids
+    return tids.pop()
+
+
+def test_kernel_ch_comes_from_the_proxy_thread_under_the_coll_handle(libs, rec, tmp_path):
+    plan = [["init", "c", 2], ["ar", "c", 256, None], ["ar", "c", 4096, None], ["destroy", "c"]]
+    rows, main_tid = record(libs, rec, tmp_path, plan, mask=COLL | KCH, nch=4)
+    colls = [c["h"] for c in starts(rows, "Coll")]
+    assert len(colls) == 2
+    kernel_ch_checks(rows, colls, 4, main_tid)
+    assert kinds(rows)[-1] == "finalize"  # destroy waited for the proxy's events
+
+
+@pytest.mark.parametrize("version", [4, 5])
+def test_single_rank_emits_nothing_eager_or_captured(libs, rec, tmp_path, version):
+    plan = [["init", "c", 1], ["ar", "c", 64, None], ["begin", "s"], ["ar", "c", 64, "s"], ["end", "s", "g"],
+            ["launch", "g"], ["sync"], ["destroy", "c"]]
+    rows, _ = record(libs, rec, tmp_path, plan, mask=COLL | KCH | GROUP_API | COLL_API | KLAUNCH, version=version)
+    assert kinds(rows) == ["init", "finalize"]
+
+
+CAPTURE = [["init", "c", 2], ["begin", "s"], ["ar", "c", 512, "s"], ["end", "s", "g"]]
+
+
+def test_capture_with_kernel_ch_replays_coll_on_the_callback_thread(libs, rec, tmp_path):
+    plan = CAPTURE + [["launch", "g"], ["launch", "g"], ["sync"], ["gdestroy", "g"], ["destroy", "c"]]
+    rows, main_tid = record(libs, rec, tmp_path, plan, mask=COLL | KCH | KLAUNCH, nch=2)
+    ga, = starts(rows, "GroupApi")
+    ca, = starts(rows, "CollApi")
+    assert ga["cap"] == ca["cap"] == "1" and ca["stream"] != "(nil)"
+    # at capture: the API events and the (recorded, not run) kernel launch; no Group, no Coll
+    capture_end = next(i for i, r in enumerate(rows) if r["kind"] == "stop" and r["h"] == ga["h"])
+    assert kinds(rows[1:capture_end + 1]) == ["start:GroupApi", "record:23", "start:CollApi", "stop", "record:24",
+                                              "start:KernelLaunch", "stop", "stop"]
+    colls, groups = starts(rows, "Coll"), starts(rows, "Group")
+    assert len(colls) == len(groups) == 2  # one per replay
+    assert all(c["parent"] == ca["h"] for c in colls)  # the CollApi handle returned at capture
+    assert [c["pgroup"] for c in colls] == [g["h"] for g in groups]
+    assert [c["seq"] for c in colls] == ["0", "1"]  # KernelCh: persistent plans advance the counter
+    cb_tids = {r["tid"] for r in rows if r.get("h") in {x["h"] for x in colls + groups}}
+    assert len(cb_tids) == 1 and main_tid not in cb_tids
+    proxy_tid = kernel_ch_checks(rows, [c["h"] for c in colls], 2, main_tid)
+    assert proxy_tid not in cb_tids
+    assert [r["kind"] for r in rows if r.get("h") == ca["h"]] == ["start", "stop"]  # never stopped again
+    assert kinds(rows)[-1] == "finalize"
+
+
+def test_capture_without_kernel_ch_fires_coll_once_at_capture(libs, rec, tmp_path):
+    plan = CAPTURE + [["launch", "g"], ["launch", "g"], ["launch", "g"], ["sync"], ["destroy", "c"]]
+    rows, main_tid = record(libs, rec, tmp_path, plan, mask=COLL)
+    assert kinds(rows) == ["init", *EAGER, "finalize"]  # inside the captured GroupApi window, and never again
+    assert starts(rows, "GroupApi")[0]["cap"] == "1" and starts(rows, "CollApi")[0]["cap"] == "1"
+    assert starts(rows, "Coll")[0]["parent"] == starts(rows, "CollApi")[0]["h"]
+    assert {r["tid"] for r in rows} == {main_tid}
+
+
+def test_replays_keep_the_mask_of_the_capture(libs, rec, tmp_path):
+    """A later init resets NCCL's one global mask: eager work follows it, the graph keeps its own."""
+    plan = CAPTURE + [["mask", f"{COLL:x}"], ["init", "d", 2], ["launch", "g"], ["ar", "c", 64, None], ["sync"],
+                      ["destroy", "d"], ["destroy", "c"]]
+    rows, main_tid = record(libs, rec, tmp_path, plan, mask=COLL | KCH)
+    eager, = [c for c in starts(rows, "Coll") if c["tid"] == main_tid]
+    replay, = [c for c in starts(rows, "Coll") if c["tid"] != main_tid]
+    assert replay["parent"] == starts(rows, "CollApi")[0]["h"] and eager["parent"] != replay["parent"]
+    assert {k["parent"] for k in starts(rows, "KernelCh")} == {replay["h"]}
+
+
+def test_several_captured_collectives_replay_in_order(libs, rec, tmp_path):
+    plan = [["init", "c", 2], ["begin", "s"], ["ar", "c", 64, "s"], ["ar", "c", 128, "s"], ["ar", "c", 256, "s"],
+            ["end", "s", "g"], ["ar", "c", 8, None]] + [["launch", "g"]] * 3 + [["destroy", "c"]]
+    rows, main_tid = record(libs, rec, tmp_path, plan, mask=COLL | KCH)
+    apis = starts(rows, "CollApi")
+    colls = [c for c in starts(rows, "Coll") if c["tid"] != main_tid]
+    assert [c["parent"] for c in colls] == [a["h"] for a in apis[:3]] * 3
+    assert [c["count"] for c in colls] == ["64", "128", "256"] * 3
+    kernel_ch_checks(rows, [c["h"] for c in starts(rows, "Coll")], 2, main_tid)
+
+
+@pytest.mark.parametrize("kch", [0, KCH])
+def test_v4_plugin_gets_group_and_coll_only(libs, rec, tmp_path, kch):
+    plan = CAPTURE + [["launch", "g"], ["ar", "c", 64, None], ["destroy", "c"]]
+    rows, main_tid = record(libs, rec, tmp_path, plan, mask=COLL | kch | GROUP_API | COLL_API, version=4)
+    assert not starts(rows, "GroupApi") and not starts(rows, "CollApi") and rows[0]["v"] == "4"
+    groups, colls = starts(rows, "Group"), starts(rows, "Coll")
+    assert len(colls) == 2 and sorted(c["parent"] for c in colls) == sorted(g["h"] for g in groups)
+    if kch:
+        assert sorted(c["tid"] == main_tid for c in colls) == [False, True]  # the replay's from its host callback
+        kernel_ch_checks(rows, [c["h"] for c in colls], 2, main_tid)
+    else:
+        assert not starts(rows, "KernelCh") and {c["tid"] for c in colls} == {main_tid}
+
+
+def test_v4_coll_needs_a_group_handle(libs, rec, tmp_path):
+    rows, _ = record(libs, rec, tmp_path, [["init", "c", 2], ["ar", "c", 64, None], ["destroy", "c"]],
+                     version=4, null=0x1)
+    assert kinds(rows) == ["init", "start:Group", "finalize"]
+
+
+def test_fork_child_runs_its_own_threads_and_exit_never_waits(libs, rec, tmp_path):
+    """A child forked while the threads run starts without them (and without the parent's queued
+    work), gets its own on first use; a process exiting with work queued and comms live exits."""
+    child = [["init", "k", 2], ["ar", "k", 64, None], ["sync"], ["destroy", "k"]]
+    plan = CAPTURE + [["launch", "g"], ["sync"], ["launch", "g"], ["fork", child], ["launch", "g"],
+                      ["ar", "c", 64, None], ["exit"]]
+    rows, main_tid = record(libs, rec, tmp_path, plan, mask=COLL | KCH)
+    parent_pid = rows[0]["pid"]
+    kid = [r for r in rows if r["pid"] != parent_pid]
+    assert kinds(kid)[:11] == ["init", *EAGER] and kinds(kid)[-1] == "finalize"
+    kid_pid = kid[0]["pid"]
+    kernel_ch_checks(kid, [c["h"] for c in starts(kid, "Coll")], 2, kid_pid)  # its main thread's tid is its pid
+    parent = [r for r in rows if r["pid"] == parent_pid]
+    ca, = starts(parent, "CollApi")[:1]
+    assert starts(parent, "Coll")[0]["parent"] == ca["h"] and starts(parent, "Coll")[0]["tid"] != main_tid
+
+
+SIMOPS = """
+import ctypes, sys
+from pathlib import Path
+from ncclprobe.demo.ops import SimOps
+ops = SimOps(0, Path("."))
+uid = (ctypes.c_char * 128)()
+ops.nccl.ncclGetUniqueId(uid)
+for h in (ops.init_linked(2, bytes(uid).hex(), 0, "decode"), ops.init_ctypes(2, bytes(uid).hex(), 0)):
+    g = ops.capture_all_reduce(h, 2048)
+    ops.replay(g)
+    ops.replay(g)
+ops.nccl.ncclprobeSimSynchronize()
+ops.close()
+"""
+
+
+def test_simops_capture_and_replay_both_ways(libs, rec, tmp_path):
+    """The demo's SimOps (installed package): PyTorch's graph capture through libsimtorch, and a
+    ctypes caller's on its own stream, each replayed twice."""
+    log = tmp_path / "ops.log"
+    env = clean_env(NCCL_PROFILER_PLUGIN=rec[5], REC_PROF_LOG=log, REC_PROF_MASK=f"{COLL | KCH:x}",
+                    NCCL_MAX_NCHANNELS=2)
+    p = subprocess.run([sys.executable, "-c", SIMOPS], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = prof_lines(log)
+    apis = starts(rows, "CollApi")
+    assert [(a["cap"], a["count"], a["dt"]) for a in apis] == [("1", "1024", "ncclBfloat16")] * 2
+    assert apis[0]["stream"] != apis[1]["stream"]  # torch's side stream, the ctypes caller's own
+    assert sorted(c["parent"] for c in starts(rows, "Coll")) == sorted([apis[0]["h"], apis[1]["h"]] * 2)
+    assert len(starts(rows, "KernelCh")) == 4 * 2 and kinds(rows).count("finalize") == 2
+
+
+# ------------------------------------------------------------------ tests/c/prof_driver.c follows the same rules
+
+@pytest.fixture(scope="session")
+def driver(libs):
+    return ps.build_prof_driver(libs["dir"])
+
+
+def drive_rec(driver, rec, tmp_path, mask, *args):
+    log = tmp_path / f"drv-{mask:x}-{'-'.join(map(str, args))}.log"
+    r = ps.run([driver, rec[5], 5, *args], clean_env(REC_PROF_LOG=log, REC_PROF_MASK=f"{mask:x}"))
+    assert r.returncode == 0, r.stderr
+    rows = prof_lines(log)
+    return rows, rows[0]["tid"], r.stdout
+
+
+def test_driver_eager_sequence_matches_the_sim(driver, rec, tmp_path):
+    rows, _, _ = drive_rec(driver, rec, tmp_path, COLL, "shapes", 1)
+    assert kinds(rows) == ["init", *EAGER, "finalize"]
+    rows, _, _ = drive_rec(driver, rec, tmp_path, COLL_API, "shapes", 1)
+    assert kinds(rows) == ["init", "start:GroupApi", "record:23", "start:CollApi", "stop", "record:24", "stop",
+                           "finalize"]
+
+
+@pytest.mark.parametrize("mask,proxy", [(COLL | KCH, 0), (COLL, 1), (COLL, 0)])
+def test_driver_graph_mode(driver, rec, tmp_path, mask, proxy):
+    rows, main_tid, out = drive_rec(driver, rec, tmp_path, mask, "graph", 2, 3, proxy)
+    callback = bool(proxy or mask & KCH)
+    assert f"callback={int(callback)}" in out
+    apis = starts(rows, "CollApi")
+    captured = {a["h"] for a in apis if a["cap"] == "1"}
+    assert len(captured) == 2 and len(apis) == 4
+    replayed = [c for c in starts(rows, "Coll") if c["parent"] in captured]
+    assert len(replayed) == (6 if callback else 2)
+    assert all((c["tid"] != main_tid) == callback for c in replayed)
+    if mask & KCH:
+        kernel_ch_checks(rows, [c["h"] for c in starts(rows, "Coll")], 2, main_tid)
+    assert kinds(rows)[-1] == "finalize"
+
+
+def test_driver_timed_and_loop_kernel_ch(driver, rec, tmp_path):
+    rows, main_tid, out = drive_rec(driver, rec, tmp_path, COLL | KCH, "timed", 50)
+    assert "timed=50 gpu_ns_sum=573000" in out
+    kernel_ch_checks(rows, [c["h"] for c in starts(rows, "Coll")], 2, main_tid)
+    assert kinds(rows)[-1] == "finalize"
+    rows, _, out = drive_rec(driver, rec, tmp_path, COLL | KCH, "loop", 100, "kernelch")
+    assert "ns_per_coll=" in out and len(starts(rows, "KernelCh")) == 2 * 110

@@ -1,6 +1,10 @@
 /* empty_profiler.c - the baseline for benchmarks/probe_profiler_cost.py: a profiler plugin that
- * asks for the same events as ncclprobe's (ncclProfileColl) and does nothing with them, so the
- * difference per collective is ncclprobe's own work. */
+ * asks for the same events as ncclprobe's and does nothing with them, so the difference per
+ * collective is ncclprobe's own work. The mask is ncclProfileColl, or $EMPTY_PROFILER_MASK (hex)
+ * where ncclprobe asks for more (KernelCh to time collectives on the GPU): NCCL's, and the test
+ * driver's, event stream depends on the mask alone. */
+#include <stdlib.h>
+
 #include "nccl_abi.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -8,16 +12,21 @@
 static char ctx;
 static char group;
 
+static int wanted(void) {
+  const char* m = getenv("EMPTY_PROFILER_MASK");
+  return m ? (int)strtol(m, NULL, 16) : ncclProfileColl;
+}
+
 static ncclResult_t init_v4(void** c, int* mask, const char* name, uint64_t hash, int nn, int nr, int r,
                             ncclDebugLogger_t log) {
   *c = &ctx;
-  *mask = ncclProfileColl;
+  *mask = wanted();
   return ncclSuccess;
 }
 static ncclResult_t init_v5(void** c, uint64_t id, int* mask, const char* name, int nn, int nr, int r,
                             ncclDebugLogger_t log) {
   *c = &ctx;
-  *mask = ncclProfileColl;
+  *mask = wanted();
   return ncclSuccess;
 }
 static ncclResult_t start_v4(void* c, void** h, ncclProfilerEventDescr_v4_t* d) {
