@@ -190,3 +190,80 @@ def test_environment_keeps_every_variable_after_one_that_does_not_fit(built, tmp
     assert got["NCCL_A_HUGE"] == "\x01" * 2048 and "NCCL_B_HUGE" not in got
     cut = [k for k in got if k.startswith("NCCL_NNN")]
     assert len(cut) == 1 and long_name.startswith(cut[0]) and len(cut[0]) <= 256 and got[cut[0]] == "x"
+
+
+# ---- launch modes and GPU timing (issue 15), driven as NCCL 2.28 drives a plugin ------------------
+
+def by_mode(summaries) -> dict:
+    out: dict = {}
+    for s in summaries:
+        out[s["mode"]] = out.get(s["mode"], 0) + s["count"]
+    return out
+
+
+@pytest.mark.parametrize("version", [5, 6, 7])
+def test_capture_without_proxy_ops_shows_once_inside_the_api_call(built, tmp_path, version):
+    """No proxy ops, no KernelCh: NCCL fires the captured collectives' Coll events at capture, inside the
+    capturing GroupApi, and none at replay; the eager ones racing the replays are eager."""
+    log = tmp_path / "log"
+    r = drive(built, log, version, "graph", "3", "5", "0")
+    assert "callback=0" in r.stdout
+    summaries = ps.of_kind(ps.read(log), "coll_summary")
+    assert by_mode(summaries) == {"captured": 3, "eager": 3}
+    act = ps.of_kind(ps.read(log), "comm_activity")
+    assert sum(a["api_captured"] for a in act) == 3 and sum(a["api_eager"] for a in act) == 3
+
+
+@pytest.mark.parametrize("version", [5, 7])
+def test_replays_from_the_callback_thread_are_replayed(built, tmp_path, version):
+    """Proxy ops (a network): each replay's Coll comes from the callback thread, parented by the CollApi
+    handle returned at capture, while eager collectives run on the main thread."""
+    log = tmp_path / "log"
+    r = drive(built, log, version, "graph", "4", "25", "1")
+    assert "callback=1" in r.stdout
+    summaries = ps.of_kind(ps.read(log), "coll_summary")
+    assert by_mode(summaries) == {"replayed": 100, "eager": 4}
+    assert all("gpu_count" not in s for s in summaries)  # GPU timing off
+
+
+def test_v4_has_no_launch_mode(built, tmp_path):
+    log = tmp_path / "log"
+    drive(built, log, 4, "basic")
+    assert {s["mode"] for s in ps.of_kind(ps.read(log), "coll_summary")} == {None}
+
+
+def test_gpu_time_from_kernel_channels_on_another_thread(built, tmp_path):
+    """KernelCh events from a proxy thread racing the next collectives: every collective is timed once, by
+    its longest channel, and the sum is the driver's."""
+    log = tmp_path / "log"
+    r = drive(built, log, 5, "timed", "5000", NCCLPROBE_GPU_TIMING="1")
+    assert "mask=0x42" in r.stdout  # Coll | KernelCh
+    expected = int(r.stdout.split("gpu_ns_sum=")[1].split()[0])
+    summaries = ps.of_kind(ps.read(log), "coll_summary")
+    assert sum(s["count"] for s in summaries) == 5000
+    assert sum(s["gpu_count"] for s in summaries) == 5000 and sum(s["untimed"] for s in summaries) == 0
+    assert sum(s["gpu_ns"] for s in summaries) == expected
+    from ncclprobe.model import timing
+    hist: dict = {}
+    for s in summaries:
+        for b, n in s["gpu_hist"]:
+            hist[b] = hist.get(b, 0) + n
+    # durations 10, 11, 12, 13 us, a quarter each: the median lies between 11 and 12 us
+    assert 11000 * 0.9375 <= timing.quantile(hist, 0.5) <= 12000 * 1.0625
+
+
+def test_gpu_timing_of_graph_replays(built, tmp_path):
+    log = tmp_path / "log"
+    drive(built, log, 5, "graph", "2", "10", "0", NCCLPROBE_GPU_TIMING="1")  # KernelCh: replays report
+    summaries = ps.of_kind(ps.read(log), "coll_summary")
+    assert by_mode(summaries) == {"replayed": 20, "eager": 2}
+    replayed = [s for s in summaries if s["mode"] == "replayed"]
+    assert sum(s["gpu_count"] for s in replayed) == 20
+    assert sum(s["gpu_ns"] for s in replayed) == 10 * (10000 + 11000)
+
+
+def test_gpu_timing_memory_stays_flat(built, tmp_path):
+    log = tmp_path / "log"
+    r = drive(built, log, 5, "loop", "300000", "kernelch", NCCLPROBE_GPU_TIMING="1")
+    rss = [int(x) for x in r.stdout.split("rss_kb=")[1].split()[0].split(",")]
+    assert max(rss[1:]) - rss[1] < 1024, rss  # no allocation per collective (kB)
