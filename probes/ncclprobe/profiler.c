@@ -54,7 +54,10 @@
 #define NP_HASH_FILL 768    /* keys at most (load under 3/4) */
 #define NP_CHECK_EVERY 256  /* without a flusher thread: collectives between two clock reads */
 #define NP_MAX_COMMS 4096   /* communicators flushed by the flusher and at exit; more still work, flushed at finalize */
-#define NP_SLOTS 128        /* GPU timing: collectives in flight per communicator */
+/* GPU timing: collectives in flight per communicator (their KernelCh events not all stopped yet). NCCL's
+ * own per-channel ring of GPU stamps holds 64 works (src/include/device.h): a proxy lagging further
+ * reads overwritten stamps anyway; 1024 leaves a wide margin (about 1 MB per communicator). */
+#define NP_SLOTS 1024
 #define NP_MAXCH 64         /* GPU timing: channels per collective (NCCL's MAXCHANNELS) */
 /* GPU time histogram: 8 bins per octave from 2^8 ns to 2^34 ns (256 ns .. 17 s; the edge bins take
  * what is below or above). A bin is 1/8 of its octave wide: its middle is within 6.25 % of any time

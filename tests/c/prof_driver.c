@@ -142,8 +142,10 @@ static void kernel_ch(void* ctx, int rank, void* coll, int nch, uint64_t t0, uin
   }
 }
 
-/* ---- the simulated proxy progress thread: KernelCh events posted by any thread, delivered in order */
-#define RING 1024
+/* ---- the simulated proxy progress thread: KernelCh events posted by any thread, delivered in order.
+ * Its lag is bounded as NCCL's is (its GPU stamp ring holds 64 works per channel): at most RING
+ * collectives behind, under the plugin's slots for collectives in flight. */
+#define RING 256
 struct kch_work {
   void* ctx;
   int rank;
