@@ -10,6 +10,7 @@ does and NCCL_PROTO is never read (reference/observed.md), so nothing here expec
 """
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -185,3 +186,43 @@ def test_one_rank_time_accounting_with_gpu_timing_and_a_cuda_graph(probe, tmp_pa
     m = report_mod.load([log])
     lines = [timing.time_line(t, "comm") for t in timing.comm_times(m.comms)]
     assert lines and all("one-rank communicator takes NCCL's shortcut" in ln for ln in lines)
+
+
+def test_what_nccl_calls_a_profiler_with_for_one_rank(tmp_path):
+    """Every call NCCL makes to a plugin that asks for every v5 event (tests/c/rec_profiler.c, mask
+    0xfff): eager all-reduces, one on a side stream, one captured into a CUDA graph and replayed. One rank:
+    init and finalize only (enqueue.cc's nRanks == 1 shortcut comes before every event)."""
+    rec = ps.cc(tmp_path / "librec_profiler.so", [Path(__file__).resolve().parent / "c" / "rec_profiler.c"],
+                shared=True)
+    out = tmp_path / "calls.txt"
+    script = textwrap.dedent("""
+        import os, torch, torch.distributed as dist
+        os.environ["MASTER_ADDR"] = "127.0.0.1"
+        os.environ["MASTER_PORT"] = os.environ["TEST_PORT"]
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
+        t = torch.ones(8192, device="cuda")
+        for _ in range(3):
+            dist.all_reduce(t)
+        s = torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            dist.all_reduce(t)
+        for _ in range(5):
+            g.replay()
+        torch.cuda.synchronize()
+        dist.destroy_process_group()
+    """)
+    env = {**os.environ, "NCCL_PROFILER_PLUGIN": str(rec), "REC_PROF_LOG": str(out), "REC_PROF_MASK": "fff",
+           "TEST_PORT": str(free_port())}
+    r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    calls = out.read_text().splitlines()
+    copy = os.environ.get("NCCLPROBE_GPU_RECORD")  # where the device run keeps the record for the notes
+    if copy:
+        Path(copy).write_text("\n".join(calls) + "\n")
+    assert calls and calls[0].split()[0] == "init"
+    assert [c.split()[0] for c in calls if c.split()[0] not in ("init", "finalize")] == [], calls
