@@ -150,13 +150,8 @@ def test_in_process_change_between_two_communicators(probe, tmp_path):
     assert [plugin[e["call"]]["env"]["NCCL_PROTO"] for e in inits] == ["LL", "Simple"]
 
 
-def test_one_rank_time_accounting_with_gpu_timing_and_a_cuda_graph(probe, tmp_path):
-    """What fires on one GPU (issue 15): eager all-reduces, one on a side stream, then one captured into a CUDA
-    graph and replayed, with GPU timing on. NCCL's one-rank shortcut (enqueue.cc taskAppend) comes before the
-    API events, so nothing but init and finalize reaches the plugin: no collective is counted, the
-    communicator's activity line says none ran, and the report's time line says why."""
-    log = tmp_path / "log"
-    run_torch(probe, log, """
+# eager all-reduces, one on a side stream, one captured into a CUDA graph and replayed: one rank
+ONE_RANK_MIX = """
         dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
         t = torch.ones(8192, device="cuda")
         for _ in range(3):
@@ -172,7 +167,16 @@ def test_one_rank_time_accounting_with_gpu_timing_and_a_cuda_graph(probe, tmp_pa
             g.replay()
         torch.cuda.synchronize()
         dist.destroy_process_group()
-    """, NCCLPROBE_GPU_TIMING="1", NCCLPROBE_FLUSH_S="0.5")
+"""
+
+
+def test_one_rank_time_accounting_with_gpu_timing_and_a_cuda_graph(probe, tmp_path):
+    """What fires on one GPU (issue 15): eager all-reduces, one on a side stream, then one captured into a CUDA
+    graph and replayed, with GPU timing on. NCCL's one-rank shortcut (enqueue.cc taskAppend) comes before the
+    API events, so nothing but init and finalize reaches the plugin: no collective is counted, the
+    communicator's activity line says none ran, and the report's time line says why."""
+    log = tmp_path / "log"
+    run_torch(probe, log, ONE_RANK_MIX, NCCLPROBE_GPU_TIMING="1", NCCLPROBE_FLUSH_S="0.5")
     result = events.read_dirs([log])
     assert result.skipped_total == 0
     inits = [e for e in result.events if e["ev"] == "comm_plugin_init"]
@@ -200,22 +204,7 @@ def test_what_nccl_calls_a_profiler_with_for_one_rank(tmp_path):
         os.environ["MASTER_ADDR"] = "127.0.0.1"
         os.environ["MASTER_PORT"] = os.environ["TEST_PORT"]
         torch.cuda.set_device(0)
-        dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda:0"))
-        t = torch.ones(8192, device="cuda")
-        for _ in range(3):
-            dist.all_reduce(t)
-        s = torch.cuda.Stream()
-        with torch.cuda.stream(s):
-            dist.all_reduce(t)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            dist.all_reduce(t)
-        for _ in range(5):
-            g.replay()
-        torch.cuda.synchronize()
-        dist.destroy_process_group()
-    """)
+    """) + textwrap.dedent(ONE_RANK_MIX)
     env = {**os.environ, "NCCL_PROFILER_PLUGIN": str(rec), "REC_PROF_LOG": str(out), "REC_PROF_MASK": "fff",
            "TEST_PORT": str(free_port())}
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
