@@ -11,7 +11,7 @@ from typing import Any
 from ncclprobe.model import wiring
 from ncclprobe.doc import Grid, Text, Title
 from ncclprobe.diagnose.findings import Finding
-from ncclprobe.model import CommView, Model, NcclRead
+from ncclprobe.model import CommView, Model, NcclRead, ranges  # noqa: F401 (ranges: verdict.ranges for callers)
 from ncclprobe.model.watched import is_watched
 
 MAX_VARS = 8
@@ -370,17 +370,6 @@ def for_processes(recs: list[Mapping], findings: list[Finding], expect: Mapping[
 
 # ---- presentation ----------------------------------------------------------------------------------
 
-def ranges(nums) -> str:
-    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
-    nums = sorted(set(nums))
-    out, i = [], 0
-    while i < len(nums):
-        j = i
-        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
-            j += 1
-        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
-        i = j + 1
-    return ", ".join(out)
 
 
 def short_id(ident: str) -> str:

@@ -216,6 +216,19 @@ class Model:
         return any(c.simulated for c in self.comms)
 
 
+def ranges(nums) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2,5,7-8'."""
+    nums = sorted(set(nums))
+    out, i = [], 0
+    while i < len(nums):
+        j = i
+        while j + 1 < len(nums) and nums[j + 1] == nums[j] + 1:
+            j += 1
+        out.append(str(nums[i]) if i == j else f"{nums[i]}-{nums[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
 def comm_id(value: Any) -> str | None:
     """The one spelling of a communicator's 64-bit id (commHash, the hash of its unique id) across every
     witness, the NCCL log and the JSON output: "0x" and 16 lowercase hex digits. Takes an int or a hex

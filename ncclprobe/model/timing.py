@@ -255,7 +255,7 @@ def _notes(t: CommTime) -> list[str]:
 
 
 def _ranges(nums: list[int]) -> str:
-    from ncclprobe.diagnose.verdict import ranges
+    from ncclprobe.model import ranges
     return ranges(nums)
 
 
