@@ -141,9 +141,7 @@ class Watch:
         except Exception as exc:
             self._failed(exc)
             return
-        with self._lock:
-            if self.summary is None:
-                self.file.write_lines(lines)
+        self._write(lines)
         if self.tracker is None:
             return
         try:  # after the sightings: a process's live_env lines follow its proc_seen
@@ -151,6 +149,10 @@ class Watch:
         except Exception as exc:
             self._failed(exc)
             return
+        self._write(lines)
+
+    def _write(self, lines: list[bytes]) -> None:
+        """Lines into the file, unless the summary (the file's last line) is already written."""
         with self._lock:
             if self.summary is None:
                 self.file.write_lines(lines)
