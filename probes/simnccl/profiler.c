@@ -143,6 +143,20 @@ uint64_t simNowNs(void) {
 
 /* Kernel time: a latency plus the all-reduce's bus bytes (2(n-1)/n of the buffer) at 100 GB/s,
  * LL at half the bandwidth, LL128 at 90 %, Tree at 80 % of Ring. Deterministic. */
+/* The collective's descriptor members, alike in v4 and v5 (the layouts agree up to proto). */
+#define FILL_COLL(d, t)                                  \
+  do {                                                   \
+    (d).coll.func = "AllReduce";                         \
+    (d).coll.sendBuff = (t)->sendbuff;                   \
+    (d).coll.recvBuff = (t)->recvbuff;                   \
+    (d).coll.count = (t)->count;                         \
+    (d).coll.datatype = simDatatypeToString((t)->dt);    \
+    (d).coll.nChannels = (uint8_t)(t)->nChannels;        \
+    (d).coll.nWarps = (uint8_t)(t)->nWarps;              \
+    (d).coll.algo = simAlgoToString((t)->algo);          \
+    (d).coll.proto = simProtoToString((t)->proto);       \
+  } while (0)
+
 uint64_t simKernelNs(int algo, int proto, size_t nbytes, int nranks) {
   static const uint64_t latency[SIM_NUM_PROTOS] = {4000, 5000, 7000};
   static const unsigned bwPct[SIM_NUM_PROTOS] = {50, 90, 100};
@@ -218,15 +232,7 @@ static void planTask(const simTask* t, int persistent, uint64_t kstart, uint64_t
       d.type = ncclProfileColl;
       d.parentObj = t->collApi;
       d.coll.seqNumber = nextSeq(t, persistent, group || t->collApi);
-      d.coll.func = "AllReduce";
-      d.coll.sendBuff = t->sendbuff;
-      d.coll.recvBuff = t->recvbuff;
-      d.coll.count = t->count;
-      d.coll.datatype = simDatatypeToString(t->dt);
-      d.coll.nChannels = (uint8_t)t->nChannels;
-      d.coll.nWarps = (uint8_t)t->nWarps;
-      d.coll.algo = simAlgoToString(t->algo);
-      d.coll.proto = simProtoToString(t->proto);
+      FILL_COLL(d, t);
       d.coll.parentGroup = group;
       coll = start5(comm, &d);
       collStarted = 1;
@@ -243,15 +249,7 @@ static void planTask(const simTask* t, int persistent, uint64_t kstart, uint64_t
       d.type = ncclProfileColl;
       d.parentObj = group;
       d.coll.seqNumber = nextSeq(t, persistent, 1);
-      d.coll.func = "AllReduce";
-      d.coll.sendBuff = t->sendbuff;
-      d.coll.recvBuff = t->recvbuff;
-      d.coll.count = t->count;
-      d.coll.datatype = simDatatypeToString(t->dt);
-      d.coll.nChannels = (uint8_t)t->nChannels;
-      d.coll.nWarps = (uint8_t)t->nWarps;
-      d.coll.algo = simAlgoToString(t->algo);
-      d.coll.proto = simProtoToString(t->proto);
+      FILL_COLL(d, t);
       coll = start4(comm, &d);
       collStarted = 1;
     }
