@@ -682,8 +682,9 @@ def test_fork_child_runs_its_own_threads_and_exit_never_waits(libs, rec, tmp_pat
     rows, main_tid = record(libs, rec, tmp_path, plan, mask=COLL | KCH)
     parent_pid = rows[0]["pid"]
     kid = [r for r in rows if r["pid"] != parent_pid]
-    assert kinds(kid)[:11] == ["init", *EAGER] and kinds(kid)[-1] == "finalize"
     kid_pid = kid[0]["pid"]
+    kid_main = [r for r in kid if r["tid"] == kid_pid]  # its proxy's KernelCh events interleave freely
+    assert kinds(kid_main) == ["init", *EAGER, "finalize"]
     kernel_ch_checks(kid, [c["h"] for c in starts(kid, "Coll")], 2, kid_pid)  # its main thread's tid is its pid
     parent = [r for r in rows if r["pid"] == parent_pid]
     ca, = starts(parent, "CollApi")[:1]
