@@ -323,6 +323,12 @@ def topo(as_json):
               "(instead of -b/-e/-f).")
 @click.option("--tokens", default=None, help="Tokens per step for --hidden (decode, verify k). Default: 1,2,3,4.")
 @click.option("--layers", type=int, default=None, help="Layers, for --hidden's per-forward communication projection.")
+@click.option("--step-ms", type=float, default=None, metavar="D",
+              help="The measured plain decode step of the model, in ms (with --hidden): each k-token verify step "
+                   "is projected at D plus the extra communication of k tokens.")
+@click.option("--accept-len", default=None, metavar="A|K:A,...",
+              help="Tokens accepted per verify step (with --step-ms): one number for every k >= A, or K:A pairs "
+                   "per k. Adds projected tokens/s per k against plain decoding and the break-even cycle time A x D.")
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
 @click.option("-n", "--iters", type=int, default=20, show_default=True, help="Timed iterations per size.")
 @click.option("-w", "--warmup", type=int, default=5, show_default=True, help="Warm-up iterations per size.")
@@ -332,6 +338,10 @@ def topo(as_json):
 @click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds per configuration before it is marked hang.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="Write a PNG plot (needs matplotlib).")
 @click.option("--basis", type=click.Choice(["graph", "eager"]), default=None, help="Mode the recommendation is based on.")
+@click.option("--gpu-timing", is_flag=True,
+              help="Also time each all-reduce on the GPU (the profiler's KernelCh events): GPU time per call per "
+                   "size beside the host times, and graph replays counted. It costs time: NCCL adds a proxy "
+                   "operation to every collective and a host callback to captured graphs.")
 @click.option("--keep", is_flag=True, help="Keep the workers' directory (logs, specs, events) and say where it is.")
 @json_option
 def bench(as_json, **opts):

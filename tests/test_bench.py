@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -122,7 +123,8 @@ def test_json_schema(matrix_run):
     for c in doc["configs"]:
         assert set(c) >= {"name", "env", "status", "realized", "results"}
         assert c["status"] in ("ok", "wrong", "hang", "error")
-        assert c["realized"] == {"available": False, "reason": "gloo: no NCCL", "per_size": {}}
+        assert c["realized"] == {"available": False, "reason": "gloo: no NCCL", "per_size": {}, "per_size_modes": {},
+                                 "timing": None, "per_size_gpu_us": {}, "gpu_note": ""}
         assert {(r["bytes"], r["mode"], r["inplace"]) for r in c["results"]} == {
             (b, "eager", ip) for b in (1024, 4096) for ip in (False, True)}
         for r in c["results"]:
@@ -442,8 +444,10 @@ def test_realized_from_profiler_events_and_mismatch(tmp_path):
                                          "bytes_max": 1 << 20}])
     ctx = Context("nccl", 4, "graph", "GPU/NCCL")
     real = report.realized(ctx, str(tmp_path), [1024, 1 << 20, 4 << 20], "")
-    assert real == {"available": True, "reason": "", "per_size": {1024: "Ring/LL", 1 << 20: "Ring/Simple",
-                                                                  4 << 20: None}}
+    # NCCL's own spelling, as the model keeps it; no mode (no API event), no GPU timing (no comm_activity)
+    assert real["per_size"] == {1024: "Ring/LL", 1 << 20: "Ring/Simple", 4 << 20: None}
+    assert real["per_size_modes"] == {1024: {"unknown": 20}, 1 << 20: {"unknown": 20}, 4 << 20: {}}
+    assert (real["timing"], real["per_size_gpu_us"]) == (None, {})
     found = report.mismatch_findings("proto=LL", {"NCCL_PROTO": "LL"}, real, [11, 12])
     assert [(f.code, f.severity, f.var) for f in found] == [("ALGO_PROTO_MISMATCH", "error", "NCCL_PROTO")]
     assert found[0].evidence["realized"] == {1 << 20: "Ring/Simple"}
@@ -458,6 +462,99 @@ def test_realized_unknown_reasons(tmp_path):
         "the probe library is not built (x)"
     (tmp_path / "events").mkdir()
     assert "no all-reduce coll_summary" in report.realized(four, str(tmp_path), [1024], "")["reason"]
+
+
+# the simulated NCCL's Ring/Simple all-reduce on 2 ranks (probes/simnccl/profiler.c simKernelNs): 7 us + n / 100 B/ns
+def sim_ns(n: int) -> int:
+    return 7000 + n // 100
+
+SIM_BENCH = """
+import os, sys
+from pathlib import Path
+from ncclprobe.demo.ops import SimOps
+eager, captured, replays = [int(x) for x in sys.argv[1].split(",") if x], int(sys.argv[2]), int(sys.argv[3])
+ops = SimOps(0, Path("."))
+comm = ops.init_ctypes(2, "cd" * 128, 0)
+for n in eager:
+    for _ in range(5):
+        ops.all_reduce(comm, n)
+if captured:
+    graph = ops.capture_all_reduce(comm, captured)
+    for _ in range(replays):
+        ops.replay(graph)
+ops.nccl.ncclprobeSimSynchronize()
+ops.close()
+"""
+
+
+def _sim_events(tmp_path: Path, eager: list[int], captured: int, replays: int, **env) -> Path:
+    """A bench configuration's events directory as the real probe library (the installed
+    libncclprobe.so, NCCL's profiler plugin) writes it under the simulated NCCL."""
+    from ncclprobe.witnesses import probelib
+    check = probelib.self_check()
+    assert check.ok, check.reason
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("NCCLPROBE_", "NCCL_"))}
+    full = {**base, "NCCLPROBE_DIR": str(tmp_path / "events"), "NCCL_PROFILER_PLUGIN": check.path,
+            "NCCL_PROTO": "Simple", "NCCL_ALGO": "Ring", **env}
+    p = subprocess.run([sys.executable, "-c", SIM_BENCH, ",".join(map(str, eager)), str(captured), str(replays)],
+                       env=full, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return tmp_path
+
+
+def _realized_schema_errors(real) -> list:
+    from referencing import Registry, Resource
+    from ncclprobe import schemas
+    registry = Registry().with_resources((f.name, Resource.from_contents(schemas.load(f.name)))
+                                         for f in schemas.DIR.glob("*.json"))
+    doc = json.loads(json.dumps(real))  # keys become text, as in --json
+    import jsonschema
+    return list(jsonschema.Draft202012Validator({"$ref": "bench.json#/$defs/realized"}, registry=registry)
+                .iter_errors(doc))
+
+
+def test_realized_counts_launch_modes_and_gpu_time_per_size_through_the_model(tmp_path):
+    """The accounting `report` uses, on the real plugin's counts: eager calls at 4K, a graph captured at
+    64K and replayed 3 times (seen with GPU timing), GPU time per call within one 1/8-octave bin."""
+    pytest.importorskip("jsonschema")
+    d = _sim_events(tmp_path, [4096], 65536, 3, NCCLPROBE_GPU_TIMING="1")
+    ctx = Context("nccl", 2, "graph", "GPU/NCCL")
+    real = report.realized(ctx, str(d), [4096, 65536, 1 << 20], "")
+    assert real["available"] and real["timing"] == "gpu" and real["gpu_note"] == ""
+    assert real["per_size"] == {4096: "Ring/Simple", 65536: "Ring/Simple", 1 << 20: None}
+    assert real["per_size_modes"] == {4096: {"eager": 5}, 65536: {"replayed": 3}, 1 << 20: {}}
+    for size, calls in ((4096, 5), (65536, 3)):
+        g = real["per_size_gpu_us"][size]
+        expected_us = sim_ns(size) / 1e3
+        assert g["calls"] == calls and abs(g["median"] - expected_us) <= 0.0625 * expected_us
+        assert g["p90"] >= g["median"]
+    assert real["per_size_gpu_us"][1 << 20] is None
+    assert _realized_schema_errors(real) == []
+    lines = report.realized_lines(real)
+    assert lines[0] == "NCCL ran (profiler): Ring/Simple at 4K-64K, unknown at 1M"
+    assert lines[1] == "launched (profiler): eager at 4K, replayed at 64K, unknown at 1M"
+    assert re.fullmatch(r"GPU time per call \(profiler, longest channel, median/p90 µs\): "
+                        r"4K [67]\.\d\d/[67]\.\d\d, 64K 7\.\d\d/[78]\.\d\d", lines[2]), lines[2]
+
+
+def test_realized_without_gpu_timing_sees_the_capture_once_and_no_replay(tmp_path):
+    d = _sim_events(tmp_path, [4096], 65536, 3)
+    real = report.realized(Context("nccl", 2, "graph", "GPU/NCCL"), str(d), [4096, 65536], "")
+    assert real["timing"] == "off" and real["per_size_gpu_us"] == {}
+    assert real["per_size_modes"] == {4096: {"eager": 5}, 65536: {"captured": 1}}
+    assert report.realized_lines(real)[1] == "launched (profiler): eager at 4K, captured at 64K"
+
+
+def test_sizes_in_one_profiler_bucket_get_no_gpu_time_and_say_why(tmp_path):
+    """--hidden 7168: 3 and 4 tokens are 42K and 56K, one power-of-two bucket of the plugin's: their
+    times are mixed there, so neither gets one; 14K keeps its own."""
+    d = _sim_events(tmp_path, [14336, 43008, 57344], 0, 0, NCCLPROBE_GPU_TIMING="1")
+    real = report.realized(Context("nccl", 2, "graph", "GPU/NCCL"), str(d), [14336, 43008, 57344], "")
+    assert real["per_size_gpu_us"][43008] is None and real["per_size_gpu_us"][57344] is None
+    assert real["per_size_gpu_us"][14336]["calls"] == 5
+    assert real["gpu_note"] == ("sizes 42K, 56K share the profiler's power-of-two buckets with the same "
+                                "algorithm/protocol: no GPU time per size for them")
+    assert real["per_size"][43008] == real["per_size"][57344] == "Ring/Simple"
 
 
 def _cfg(name, env, times, status="ok"):
@@ -489,6 +586,62 @@ def test_projection_break_even():
     assert row["break_even"] == {2: pytest.approx(1.5)}
 
 
+def test_speculation_projection_the_seed_s_numbers():
+    """The seed: plain decoding at 12 ms a token, a 2-step verify (3 tokens) accepting ~2.1: break-even
+    cycle 25.2 ms; the communication floor adds (comm(3) - comm(1)) per forward to the step."""
+    ctx = Context("nccl", 8, "graph", "GPU/NCCL")
+    spec = report.projection_options(7168, "2.1", 12.0).fitted([1, 2, 3, 4])
+    assert spec.accept == {3: 2.1, 4: 2.1}  # a 2-token verify step cannot accept 2.1 tokens
+    times = {14336: 20.0, 28672: 24.0, 43008: 30.0, 57344: 29.0}
+    proj = report.projection(ctx, [_cfg("defaults", {}, times)], {1: 14336, 2: 28672, 3: 43008, 4: 57344}, 61, spec)
+    row = proj["rows"][0]
+    assert proj["step_ms"] == 12.0 and proj["plain_tok_s"] == pytest.approx(1000 / 12)
+    assert proj["break_even_verify_ms"] == {3: pytest.approx(25.2), 4: pytest.approx(25.2)}
+    assert row["comm_of_step"] == pytest.approx(122 * 20.0 / 1e3 / 12)
+    assert row["verify_ms"] == {2: pytest.approx(12 + 122 * 4.0 / 1e3), 3: pytest.approx(12 + 122 * 10.0 / 1e3),
+                                4: pytest.approx(12 + 122 * 9.0 / 1e3)}
+    assert row["tok_s"][3] == pytest.approx(1e3 * 2.1 / row["verify_ms"][3])
+    assert row["speedup"][3] == pytest.approx(row["tok_s"][3] / (1000 / 12))
+    # per-k acceptance, and a width whose communication reads lower than one token's (noise): no saving
+    per_k = report.projection_options(7168, "2:1.6, 4:2.5", 12.0).fitted([1, 2, 4])
+    proj = report.projection(ctx, [_cfg("defaults", {}, {14336: 20.0, 28672: 19.0, 57344: 30.0})],
+                             {1: 14336, 2: 28672, 4: 57344}, None, per_k)
+    assert proj["accept_len"] == {2: 1.6, 4: 2.5} and proj["rows"][0]["verify_ms"][2] == 12.0
+
+
+def test_speculation_text(monkeypatch):
+    ctx = Context("nccl", 8, "graph", "GPU/NCCL")
+    spec = report.projection_options(7168, "2.1", 12.0).fitted([1, 3])
+    proj = report.projection(ctx, [_cfg("defaults", {}, {14336: 20.0, 43008: 30.0}),
+                                   _cfg("proto=LL", {"NCCL_PROTO": "LL"}, {14336: 200.0, 43008: 300.0})],
+                             {1: 14336, 3: 43008}, 61, spec)
+    text = "\n".join(str(getattr(n, "text", "")) + " ".join(map(str, getattr(n, "rows", [])))
+                     for n in summary._projection_nodes(proj, {1: 14336, 3: 43008}, "GPU/NCCL"))
+    assert "plain decoding at D = 12 ms a token, 83.3 tok/s" in text
+    assert "k=3 25.2 ms" in text
+    assert "a 3-token verify step costs 13.22 ms (defaults)" in text
+    assert "exceeds --step-ms 12 for proto=LL" in text
+
+
+@pytest.mark.parametrize("args,shown", [
+    (["--accept-len", "2"], "need --hidden"),
+    (["--hidden", "64", "--accept-len", "2"], "--accept-len needs --step-ms"),
+    (["--hidden", "64", "--step-ms", "0"], "positive number of milliseconds"),
+    (["--hidden", "64", "--step-ms", "nan"], "positive number of milliseconds"),
+    (["--hidden", "64", "--tokens", "2,3", "--step-ms", "12"], "must include 1"),
+    (["--hidden", "64", "--step-ms", "12", "--accept-len", "5"], "no verify width in --tokens (2, 3, 4)"),
+    (["--hidden", "64", "--step-ms", "12", "--accept-len", "3:3.5"], "accepts at most 3 tokens"),
+    (["--hidden", "64", "--step-ms", "12", "--accept-len", "7:2"], "7 is not a verify width"),
+    (["--hidden", "64", "--step-ms", "12", "--accept-len", "two"], "expected a number such as 2.1"),
+    (["--hidden", "64", "--step-ms", "12", "--accept-len", "0.5"], "accepts at least 1 token"),
+    (["--gpu-timing"], "a gloo all-reduce has none"),
+])
+def test_projection_and_timing_options_are_usage_errors_before_measuring(monkeypatch, args, shown):
+    monkeypatch.setattr(command, "_require_torch", lambda: pytest.fail("got past the usage checks"))
+    r = CliRunner().invoke(main, ["bench", "--backend", "gloo", *args])
+    assert r.exit_code == 2 and shown in r.output, r.output
+
+
 def test_recommendation_ignores_a_winner_that_ran_what_nccl_already_picked():
     """Seen on 2 H200s: algo=Ring 'won' by 1.06x while the defaults also ran RING/LL at every size."""
     from ncclprobe.bench import report as rep
@@ -499,9 +652,10 @@ def test_recommendation_ignores_a_winner_that_ran_what_nccl_already_picked():
                 "realized": {"available": True, "per_size": per_size}}
 
     ctx = rep.Context("nccl", 2, "graph", "GPU/NCCL")
-    same = [cfg("defaults", 13.3, {"1024": "RING/LL"}, {}), cfg("algo=Ring", 12.0, {"1024": "RING/LL"}, {"NCCL_ALGO": "Ring"})]
-    rec = rep.recommend(ctx, same, [1024], {})
-    assert rec["config"] == "defaults" and rec["export"] == "" and rec["same_as_defaults"] == "algo=Ring"
+    for key in (1024, "1024"):  # as realized() builds it, and as JSON reads it back
+        same = [cfg("defaults", 13.3, {key: "RING/LL"}, {}), cfg("algo=Ring", 12.0, {key: "RING/LL"}, {"NCCL_ALGO": "Ring"})]
+        rec = rep.recommend(ctx, same, [1024], {})
+        assert rec["config"] == "defaults" and rec["export"] == "" and rec["same_as_defaults"] == "algo=Ring"
     assert "run-to-run noise" in rep.recommendation_text(rec, "GPU/NCCL")[0]
     other = [cfg("defaults", 13.3, {"1024": "RING/LL"}, {}), cfg("algo=Tree", 12.0, {"1024": "TREE/LL"}, {"NCCL_ALGO": "Tree"})]
     rec = rep.recommend(ctx, other, [1024], {})

@@ -20,7 +20,7 @@ import pytest
 from livetree import alive
 from click.testing import CliRunner
 
-from ncclprobe.bench import command, driver, live, matrix, plot, summary
+from ncclprobe.bench import command, driver, live, matrix, plot, report, summary
 from ncclprobe.bench.report import Context
 from ncclprobe.cli import main
 
@@ -253,7 +253,7 @@ def test_rows_keep_nccl_tests_columns():
     assert names == ["#", "size", "count", "type", "redop", "root", "mode"] + ["time", "algbw", "busbw", "#wrong"] * 2
     assert [live.fit(v, 7) for v in (12.345, 12345.6, 1234567.0, 123456789.0)] == [
         "  12.35", "12345.6", "1234567", "  1e+08"]
-    assert live.spans({1024: "RING/LL", 4096: "RING/LL", 16384: "RING/SIMPLE"}) == \
+    assert report.spans({1024: "RING/LL", 4096: "RING/LL", 16384: "RING/SIMPLE"}) == \
         "RING/LL at 1K-4K, RING/SIMPLE at 16K"
     both = _size_rows(1024) + [dict(r, mode="graph", time_s=10e-6) for r in _size_rows(1024)]
     eager, graph = live.rows_text(both, 8, "fp16", checked=False)  # NCCL: a line per mode for each size

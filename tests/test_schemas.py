@@ -254,9 +254,13 @@ def test_bench_with_a_projection_a_plot_and_the_workers_kept(tmp_path):
     pytest.importorskip("torch")
     plot = ["--plot", tmp_path / "bench.png"] if _importable("matplotlib") else []
     doc = output(cli("bench", "--backend", "gloo", "--ranks", "2", "--hidden", "256", "--tokens", "1,2",
-                     "--layers", "2", "-n", "2", "-w", "1", "--keep", *plot, "--json",
-                     env=dict(os.environ, TMPDIR=str(tmp_path))), "bench.json", 0)
+                     "--layers", "2", "--step-ms", "12", "--accept-len", "2", "-n", "2", "-w", "1", "--keep", *plot,
+                     "--json", env=dict(os.environ, TMPDIR=str(tmp_path))), "bench.json", 0)
     assert doc["projection"]["rows"] and doc["workdir"] and (not plot or doc["plot"] == str(plot[1]))
+    proj = doc["projection"]
+    assert proj["step_ms"] == 12 and proj["accept_len"] == {"2": 2.0} and proj["break_even_verify_ms"] == {"2": 24.0}
+    assert set(proj["rows"][0]) >= {"verify_ms", "tok_s", "speedup", "comm_of_step"}
+    assert doc["options"]["gpu_timing"] is False
 
 
 def test_bench_interrupted(tmp_path):

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclprobe.bench import driver as drv, live, matrix, plot as plot_mod, report, summary
-from ncclprobe.bench.report import Context
+from ncclprobe.bench.report import Context, Speculation, projection_options
 from ncclprobe.bench.summary import BENCH_EXTRA_HINT, NOTHING_MEASURED
 from ncclprobe.doc import Result, Text, Title, Unexaminable
 from ncclprobe.commands.envfile import AssignmentError, parse_assignments
@@ -23,6 +23,8 @@ SWEEP = ("1K", "64M", 4)  # -b, -e, -f when neither they nor --hidden are given
 TOKENS = "1,2,3,4"        # --tokens for --hidden: decode and verify steps of k tokens
 INCOMPLETE = "the run was interrupted before every configuration was measured"
 GLOO_PLOT_CAVEAT = "gloo: NCCL settings cannot change these numbers; differences between lines are noise"
+GPU_TIMING_NOTE = ("GPU timing is on (--gpu-timing): NCCL adds a proxy operation to every collective to report its "
+                   "kernels' channels; and a host callback to every captured CUDA graph, which graph-mode times include")
 ONE_GPU_PLOT_CAVEAT = ("1 GPU: NCCL short-cuts a single-rank all-reduce, so NCCL settings cannot change "
                        "these numbers; differences between lines are noise")
 
@@ -126,12 +128,14 @@ class Plan:
     spec: dict[str, Any]          # what every worker gets (spec.json)
     job: drv.Job | None
     plot: str | None
+    speculation: Speculation = None  # --accept-len / --step-ms
 
 
 def bench_command(gpus=None, backend="nccl", ranks=None, proto=None, algo=None, configs=(), envs=(),
                   minbytes=None, maxbytes=None, stepfactor=None, hidden=None, tokens=None, layers=None,
                   dtype="bf16", iters=20, warmup=5, graph=None, check=True, timeout=120.0, plot=None,
-                  basis=None, keep=False, workdir=None, rows_to=None, progress_to=None) -> Result:
+                  basis=None, keep=False, workdir=None, rows_to=None, progress_to=None, gpu_timing=False,
+                  accept_len=None, step_ms=None) -> Result:
     """Usage errors first (AssignmentError, exit 2), then what this machine lacks (Unexaminable,
     exit 3), then the measurement. None means an option was not given (some defaults depend on the
     backend). Rows stream to `rows_to` as they are measured and progress to `progress_to` (None:
@@ -140,14 +144,16 @@ def bench_command(gpus=None, backend="nccl", ranks=None, proto=None, algo=None, 
     with drv.Signals() as signals:
         try:
             plan = _plan(gpus, backend, ranks, proto, algo, configs, envs, minbytes, maxbytes, stepfactor,
-                         hidden, tokens, layers, dtype, iters, warmup, graph, check, timeout, plot, basis)
+                         hidden, tokens, layers, dtype, iters, warmup, graph, check, timeout, plot, basis,
+                         gpu_timing, accept_len, step_ms)
         except KeyboardInterrupt as exc:  # torch's import (GPU count) takes seconds: a Ctrl-C can land there
             return _stopped_before(backend, getattr(exc, "signum", signal.SIGINT))
         return _measure(plan, signals, workdir, keep, rows_to, progress_to)
 
 
 def _plan(gpus, backend, ranks, proto, algo, configs, envs, minbytes, maxbytes, stepfactor, hidden, tokens,
-          layers, dtype, iters, warmup, graph, check, timeout, plot, basis) -> Plan:
+          layers, dtype, iters, warmup, graph, check, timeout, plot, basis, gpu_timing=False, accept_len=None,
+          step_ms=None) -> Plan:
     if iters < 1 or warmup < 0 or timeout <= 0:
         raise AssignmentError("-n must be >= 1, -w >= 0 and --timeout > 0")
     if layers is not None and layers < 1:
@@ -156,6 +162,10 @@ def _plan(gpus, backend, ranks, proto, algo, configs, envs, minbytes, maxbytes, 
     job = drv.job_from_env()
     _check_combinations(backend, gpus, ranks, graph, hidden, tokens, layers,
                         any(v is not None for v in (minbytes, maxbytes, stepfactor)), job)
+    if backend == "gloo" and gpu_timing:
+        raise AssignmentError("--gpu-timing times NCCL's kernels on the GPU; a gloo all-reduce has none: drop it "
+                              "or use --backend nccl")
+    spec_proj = projection_options(hidden, accept_len, step_ms)
     if plot:
         _check_plot_path(plot)
         plot_mod.require()
@@ -170,6 +180,11 @@ def _plan(gpus, backend, ranks, proto, algo, configs, envs, minbytes, maxbytes, 
         notes.append(f"gloo: --env {', '.join(nccl_env)} cannot change a gloo all-reduce (it reads no NCCL variable)")
     elem = matrix.DTYPE_BYTES[dtype]
     token_sizes = matrix.model_sizes(hidden, matrix.parse_tokens(tokens or TOKENS), dtype) if hidden else {}
+    if spec_proj.step_ms is not None and 1 not in token_sizes:
+        raise AssignmentError("--step-ms projects a k-token verify step from the 1-token decode step: --tokens "
+                              "must include 1")
+    if spec_proj.accept:
+        spec_proj = spec_proj.fitted(sorted(token_sizes))
     b, e, f = (v if v is not None else d for v, d in zip((minbytes, maxbytes, stepfactor), SWEEP))
     sizes = sorted(set(token_sizes.values())) if hidden else matrix.sweep(
         matrix.parse_size(b), matrix.parse_size(e), f, elem)
@@ -183,8 +198,10 @@ def _plan(gpus, backend, ranks, proto, algo, configs, envs, minbytes, maxbytes, 
     if backend == "nccl" and job is not None and _visible_gpus() <= job.local_rank:
         raise Unexaminable(f"LOCAL_RANK {job.local_rank} has no GPU on this node", "not enough GPUs")
     spec = {"backend": backend, "sizes": sizes, "dtype": dtype, "iters": iters, "warmup": warmup,
-            "graph": graph_ok, "check": check, "timeout": timeout}
-    return Plan(ctx, cfgs, notes, sizes, token_sizes, layers, common, spec, job, plot)
+            "graph": graph_ok, "check": check, "timeout": timeout, "gpu_timing": bool(gpu_timing)}
+    if gpu_timing:
+        notes.append(GPU_TIMING_NOTE if graph_ok else GPU_TIMING_NOTE.split(";")[0])
+    return Plan(ctx, cfgs, notes, sizes, token_sizes, layers, common, spec, job, plot, spec_proj)
 
 
 def _measure(plan: Plan, signals: drv.Signals, workdir, keep: bool, rows_to, progress_to) -> Result:
@@ -302,12 +319,12 @@ def build_result(plan: Plan, m: drv.Matrix, d: drv.Driver, kept: bool = True) ->
     rec = report.recommend(ctx, configs, sorted(token_sizes.values()) if token_sizes else sizes, plan.common)
     if stop and not ctx.cpu:  # an unmeasured configuration might have won
         rec.update(applicable=False, reason=INCOMPLETE + (f"; {rec['reason']}" if rec["reason"] else ""))
-    proj = report.projection(ctx, configs, token_sizes, plan.layers) if token_sizes else None
+    proj = report.projection(ctx, configs, token_sizes, plan.layers, plan.speculation) if token_sizes else None
     spec = plan.spec
     data = {"backend": ctx.backend, "label": ctx.label, "nranks": ctx.nranks, "basis": ctx.basis,
             "device": meta.get("device"), "versions": {"torch": meta.get("torch"), "nccl": meta.get("nccl")},
             "collective": "all_reduce", "sizes": sizes,
-            "options": {k: spec[k] for k in ("dtype", "iters", "warmup", "graph", "check", "timeout")},
+            "options": {k: spec[k] for k in ("dtype", "iters", "warmup", "graph", "check", "timeout", "gpu_timing")},
             "topology": topology.to_json() if topology is not None else
             {"available": False, "reason": "CPU/gloo run: no GPU topology involved"},
             "incomplete": stop is not None, "interrupted": stop, "notes": plan.notes,

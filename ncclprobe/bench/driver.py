@@ -217,6 +217,8 @@ class Driver:
         (cdir / "spec.json").write_text(json.dumps(spec))
         prof, prof_reason = ({}, "gloo: no NCCL") if self.spec["backend"] == "gloo" else \
             _profiler_env(cdir / "events", user_env)
+        if prof and self.spec.get("gpu_timing"):
+            prof["NCCLPROBE_GPU_TIMING"] = "1"
         if self.job.local:
             port, ranks = _free_port(), list(range(self.job.nranks))
             addr = "127.0.0.1"

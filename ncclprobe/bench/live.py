@@ -13,7 +13,7 @@ import os
 from typing import Any, TextIO
 
 from ncclprobe.bench import allreduce
-from ncclprobe.bench.report import _size
+from ncclprobe.bench.report import realized_lines
 
 TYPE_NAMES = {"bf16": "bfloat16", "fp16": "half", "fp32": "float"}  # nccl-tests' -d spellings
 _LEFT = (("size", "(B)", 12), ("count", "(elements)", 12), ("type", "", 8), ("redop", "", 6),
@@ -67,17 +67,6 @@ def rows_text(rows: list[dict[str, Any]], nranks: int, dtype: str, checked: bool
                       (str(r["wrong"]) if checked else "N/A").rjust(6)]
         out.append(_line(cells))
     return out
-
-
-def spans(per_size: dict[int, str | None]) -> str:
-    """Runs of sizes with the same value: 'RING/LL at 1K-4K, RING/SIMPLE at 16K'."""
-    groups: list[list] = []
-    for size, value in sorted(per_size.items()):
-        if groups and groups[-1][0] == value:
-            groups[-1][2] = size
-        else:
-            groups.append([value, size, size])
-    return ", ".join(f"{v or 'unknown'} at {_size(a)}" + (f"-{_size(b)}" if b != a else "") for v, a, b in groups)
 
 
 class Printer:
@@ -143,9 +132,7 @@ class Printer:
                  + (f": {run.reason}" if run.reason else "")]
         if run.meta.get("out_of_place"):
             lines.append(f"# out-of-place = {run.meta['out_of_place']}")
-        real = self.realize(run)
-        if real["available"]:
-            lines.append(f"# NCCL ran (profiler): {spans(real['per_size'])}")
+        lines += [f"# {line}" for line in realized_lines(self.realize(run))]
         busbw = [allreduce.busbw(r["bytes"], r["time_s"], self.nranks) for r in run.rows if r["mode"] == self.basis]
         if busbw:  # nccl-tests' footer: the mean over every row, out-of-place and in-place
             lines.append(f"# Avg bus bandwidth    : {sum(busbw) / len(busbw):.6g} GB/s ({self.basis})")

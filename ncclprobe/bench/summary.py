@@ -9,6 +9,7 @@ from typing import Any
 from ncclprobe.bench import live, report
 from ncclprobe.bench.report import Context, fmt_us
 from ncclprobe.doc import Table, Text, Title
+from ncclprobe.model.timing import percent
 
 BENCH_EXTRA_HINT = "install the bench extra: pip install 'ncclprobe[bench]'"
 NOTHING_MEASURED = "nothing was measured: every configuration ended in error or hang"
@@ -156,7 +157,7 @@ def _config_line(c: dict[str, Any]) -> Text:
         line += f": {c['reason']}"
     real = c["realized"]
     if real["available"]:
-        line += f"; NCCL ran {live.spans(real['per_size'])}"
+        line += "; " + "; ".join(report.realized_lines(real))
     elif c["status"] in MEASURED and real["reason"] != "gloo: no NCCL":
         line += f"; algo/proto unknown: {real['reason']}"
     return Text(line, "" if c["status"] in MEASURED else "warn")
@@ -187,4 +188,45 @@ def _projection_nodes(proj: dict[str, Any], token_sizes: dict[int, int], label: 
     caption = (f"Communication per forward = {proj['allreduces_per_forward']} all-reduces ({per}, 2 per layer) x "
                f"latency ({proj['basis']} mode). A verify step of k tokens beats plain decoding on "
                f"communication only if it accepts more than 'break-even' tokens per step.")
-    return [Text(f"Per-forward communication floor ({label})"), Table(cols, rows, caption=caption)]
+    out = [Text(f"Per-forward communication floor ({label})"), Table(cols, rows, caption=caption)]
+    if proj.get("step_ms") is not None and proj["rows"]:
+        out += _speculation_nodes(proj, label)
+    return out
+
+
+def _speculation_nodes(proj: dict[str, Any], label: str) -> list:
+    """--step-ms / --accept-len: the verify step per k projected from the measured communication, the
+    tokens per second it allows and the break-even cycle time."""
+    d, accept = proj["step_ms"], proj.get("accept_len") or {}
+    ks = sorted(proj["rows"][0]["verify_ms"])
+    cols = ["config", "comm of the step"] + [f"k={k}" + (f" (A={accept[k]:g})" if k in accept else "") for k in ks]
+    rows = []
+    for r in proj["rows"]:
+        cells = [r["config"], percent(r["comm_of_step"])]
+        for k in ks:
+            cell = f"{r['verify_ms'][k]:.2f} ms"
+            if k in r.get("tok_s", {}):
+                cell += f", {r['tok_s'][k]:.0f} tok/s ({r['speedup'][k]:.2f}x)"
+            cells.append(cell)
+        rows.append(cells)
+    caption = (f"verify(k) = D + comm(k) - comm(1): the decode step plus the extra communication of k tokens "
+               f"({proj['basis']} mode), not the extra compute of k tokens nor the draft model"
+               + ("; tokens/s = A / verify(k), an upper bound" if accept else "") + ".")
+    out = [Text(f"Speculative decoding, projected from communication ({label}): plain decoding at D = {d:g} ms "
+                f"a token, {proj['plain_tok_s']:.1f} tok/s"), Table(cols, rows, caption=caption)]
+    if accept:
+        out.append(Text("Break-even: speculation beats plain decoding while a whole cycle (draft + verify) takes "
+                        "under A x D: " + ", ".join(f"k={k} {ms:.1f} ms" for k, ms in
+                                                   sorted(proj["break_even_verify_ms"].items())) + ".", "note"))
+    base = next((r for r in proj["rows"] if r["config"] == report.DEFAULTS), proj["rows"][0])
+    widest = ks[-1]
+    out.append(Text(f"On communication alone a {widest}-token verify step costs {base['verify_ms'][widest]:.2f} ms "
+                    f"({base['config']}): a measured verify step much slower than that is slow for a reason "
+                    f"other than all-reduce latency (compute, the draft model, eager launches: `ncclprobe report` "
+                    f"gives each communicator's launch mode and NCCL time).", "note"))
+    slow = [r["config"] for r in proj["rows"] if r["comm_of_step"] > 1]
+    if slow:
+        out.append(Text(f"The communication measured per forward exceeds --step-ms {d:g} for {', '.join(slow)}: "
+                        f"--hidden/--layers do not describe that step, or this machine's all-reduce is slower than "
+                        f"the server's; the projection does not hold.", "warn"))
+    return out
