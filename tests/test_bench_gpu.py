@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +88,20 @@ def test_text_says_one_gpu_is_not_interconnect_and_shows_host_overhead(tmp_path)
     assert "Host overhead (defaults" in out and "graph" in out
     assert "Per-forward communication floor" in out and "break-even k=4" in out
     assert "not a recommendation" in out
+
+
+def test_gpu_timing_and_the_speculation_projection_on_one_gpu(tmp_path):
+    """--gpu-timing wires NCCLPROBE_GPU_TIMING into the workers' profiler and still measures (one rank:
+    NCCL reports no collective, and realized says why); --step-ms/--accept-len project on the graph times."""
+    doc = json.loads(_run(["--proto", "", "--algo", "", "--hidden", "7168", "--tokens", "1,3", "--layers", "61",
+                           "--step-ms", "12", "--accept-len", "2.1", "--gpu-timing", "--keep", "--json"], tmp_path))
+    assert doc["options"]["gpu_timing"] is True and any("GPU timing is on" in n for n in doc["notes"])
+    (c,) = doc["configs"]
+    assert c["status"] == "ok" and "short-cuts" in c["realized"]["reason"]
+    proj = doc["projection"]
+    assert proj["basis"] == "graph" and proj["break_even_verify_ms"] == {"3": pytest.approx(25.2)}
+    assert proj["rows"][0]["verify_ms"]["3"] >= 12.0
+    # the plugin's init in the worker says it timed on the GPU (NCCL calls a profiler's init for one rank too)
+    inits = [json.loads(line) for f in Path(doc["workdir"]).glob("*/events/*.jsonl")
+             for line in f.read_text().splitlines() if '"comm_plugin_init"' in line]
+    assert inits and {e["timing"] for e in inits} == {"gpu"}
