@@ -77,7 +77,7 @@ def time_small(m: Model, times: list[timing.CommTime], expect: Mapping[str, str]
             f"{comm_label(t.ident, t.name, t.ranks, t.nranks)}: NCCL's GPU time is {timing.percent(t.share)} of the wall "
             f"({timing.duration_words((t.gpu_s or 0) * 1e9)} in {t.wall_s:.3g} s per rank) while NCCL variables are "
             f"tuned ({', '.join(tuned[:4])}{'…' if len(tuned) > 4 else ''}): even an NCCL that took no time would "
-            f"shorten this wall by at most {timing.percent(t.share)} ({bound:.4g}x){sim}",
+            f"shorten this wall by at most {timing.percent(t.share)} (a speedup of {bound:.4f}x at most){sim}",
             pids=tuple(sorted({p for _, p in _pids(m, t.ident)})), instances=_instances(m, t.ident),
             evidence={"gpu_share": round(t.share, 6), "gpu_s": t.gpu_s, "wall_s": t.wall_s,
                                          "max_speedup": round(bound, 4), "tuned": tuned, "simulated": t.simulated},
