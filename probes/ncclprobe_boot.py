@@ -728,6 +728,9 @@ REDACTED = "<redacted>"
 _WORD = r"""(?:[^\s"']+|"[^"]*"|'[^']*')+"""
 _ASSIGN = r"""(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=((?:[^\s"']+|"[^"]*"|'[^']*')*)"""
 _URL_PASSWORD = r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)[^\s/]*@"
+# a quoted secret-looking key and its quoted value, as code writes them (`os.environ['HF_TOKEN'] = 'x'`,
+# `setenv("API_KEY", "x")`, `{"password": "x"}`), in a `python -c` script or a shell command
+_QUOTED = r"""(['"])([A-Za-z_][A-Za-z0-9_-]*)\1(\s*(?:\]\s*=|:|,)\s*)(['"])((?:(?!\4)[^\\]|\\.)*)\4"""
 
 
 def redact_argv(argv):
@@ -756,7 +759,7 @@ def redact_argv(argv):
                 last = m.end()
             out.append("".join(parts) + a[last:])
             hide = False
-    return out
+    return [re.sub(_QUOTED, _redact_quoted, a) if "'" in a or '"' in a else a for a in out]
 
 
 def _redact_word(w, hide):
@@ -773,6 +776,13 @@ def _redact_word(w, hide):
     if "@" in w:
         w = re.sub(_URL_PASSWORD, "\\1" + REDACTED + "@", w)
     return w, False
+
+
+def _redact_quoted(m):
+    name = m.group(2)
+    if is_watched(name) or not _secretish(name) or m.group(5) == REDACTED:
+        return m.group(0)
+    return m.group(1) + name + m.group(1) + m.group(3) + m.group(4) + REDACTED + m.group(4)
 
 
 def _long_option(w):

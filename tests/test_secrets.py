@@ -88,6 +88,13 @@ REDACTIONS = [
     (["--env=SSH_PRIVATE=k", "NCCL_IB_PKEY=1"], ["--env=SSH_PRIVATE=<redacted>", "NCCL_IB_PKEY=1"]),
     (["sh", "-c", "HF_TOKEN=a python s.py --api-key 'k 1' --port 80 && curl https://u:pw@h/x"],
      ["sh", "-c", "HF_TOKEN=<redacted> python s.py --api-key <redacted> --port 80 && curl https://u:<redacted>@h/x"]),
+    # secrets in code on the command line: a quoted key, then its quoted value (watched names stay)
+    (["python", "-c", "import os\nos.environ['HF_TOKEN']='hf_1'\nos.environ['NCCL_PROTO']='LL'"],
+     ["python", "-c", "import os\nos.environ['HF_TOKEN']='<redacted>'\nos.environ['NCCL_PROTO']='LL'"]),
+    (["python", "-c", 'import os; os.environ.setdefault("API_KEY", "k 2"); d = {"password": "p\\"q", "user": "u"}'],
+     ["python", "-c", 'import os; os.environ.setdefault("API_KEY", "<redacted>"); d = {"password": "<redacted>", '
+                      '"user": "u"}']),
+    (["python", "-c", "print('token', 3)"], ["python", "-c", "print('token', 3)"]),  # no quoted value: nothing hidden
 ]
 
 
