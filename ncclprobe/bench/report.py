@@ -333,20 +333,21 @@ def projection(ctx: Context, configs: list[dict[str, Any]], token_sizes: dict[in
                "break_even": {k: (v / one if one else None) for k, v in fwd.items() if k > 1}}
         if spec.step_ms is not None and one is not None:
             # k tokens cannot need less communication than one: a lower reading is noise, taken as none
-            verify = {k: spec.step_ms + max(v - one, 0.0) / 1e3 for k, v in fwd.items() if k > 1}
-            row["comm_of_step"] = one / 1e3 / spec.step_ms
+            verify = {k: round(spec.step_ms + max(v - one, 0.0) / 1e3, 6) for k, v in fwd.items() if k > 1}
+            row["comm_of_step"] = round(one / 1e3 / spec.step_ms, 6)
             row["verify_ms"] = verify
             if accept:
-                row["tok_s"] = {k: 1e3 * a / verify[k] for k, a in accept.items() if k in verify}
-                row["speedup"] = {k: v * spec.step_ms / 1e3 for k, v in row["tok_s"].items()}
+                row["tok_s"] = {k: round(1e3 * a / verify[k], 3) for k, a in accept.items() if k in verify}
+                row["speedup"] = {k: round(1e3 * a / verify[k] * spec.step_ms / 1e3, 4) for k, a in accept.items()
+                                  if k in verify}
         rows.append(row)
     out = {"layers": layers, "allreduces_per_forward": 2 * per, "basis": ctx.basis, "rows": rows}
     if spec.step_ms is not None:
         out["step_ms"] = spec.step_ms
-        out["plain_tok_s"] = 1e3 / spec.step_ms
+        out["plain_tok_s"] = round(1e3 / spec.step_ms, 3)
     if accept:
         out["accept_len"] = accept
-        out["break_even_verify_ms"] = {k: a * spec.step_ms for k, a in accept.items()}
+        out["break_even_verify_ms"] = {k: round(a * spec.step_ms, 6) for k, a in accept.items()}
     return out
 
 
