@@ -39,7 +39,7 @@ VAR, WANT = "NCCL_PROTO", "LL"
 EXPECT = f"{VAR}={WANT}"
 
 RECORD_WAIT_S = 30.0  # every worker has recorded by then (torchrun imports torch in three processes)
-WITNESS_WAIT_S = 2.0  # run drive: how long held workers wait for a witness of theirs in run's log dir
+WITNESS_WAIT_S = 5.0  # run drive: how long held workers wait for a witness of theirs in run's log dir
 EXIT_WAIT_S = 30.0  # a released tree (or `run` after it) has exited by then
 LEFTOVER_WAIT_S = 5.0  # what a case's session still holds after that is killed, and reported
 
@@ -264,7 +264,10 @@ def _wait_records(out: Path, n: int, proc: subprocess.Popen, stderr: Path) -> No
 
 
 def _witnessed(log_dir: Path) -> set[int]:
-    """Pids that some event in run's log directory is about (a boot probe's, a /proc watch's)."""
+    """Pids whose worker image (a Python interpreter: every worker is _worker.py's) run's log directory
+    has a witness of: a boot probe's event, or the /proc watch's sighting of it. A sighting of the
+    same pid before it exec'ed Python (the `env -i` wrapper it was a moment before) is not one: a
+    worker released then could exit before any scan saw what it exec'ed."""
     pids = set()
     for path in log_dir.glob("*.jsonl"):
         try:
@@ -273,10 +276,13 @@ def _witnessed(log_dir: Path) -> set[int]:
             continue
         for line in lines:
             try:
-                pid = json.loads(line).get("pid")
+                e = json.loads(line)
+                pid = e.get("pid")
             except (ValueError, AttributeError):
                 continue  # a line being written
-            if isinstance(pid, int):
+            python = e.get("src") == "boot" or (
+                e.get("ev") == "proc_seen" and os.path.basename(str(e.get("exe") or "")).startswith("python"))
+            if isinstance(pid, int) and python:
                 pids.add(pid)
     return pids
 
