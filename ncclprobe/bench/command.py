@@ -24,7 +24,8 @@ TOKENS = "1,2,3,4"        # --tokens for --hidden: decode and verify steps of k 
 INCOMPLETE = "the run was interrupted before every configuration was measured"
 GLOO_PLOT_CAVEAT = "gloo: NCCL settings cannot change these numbers; differences between lines are noise"
 GPU_TIMING_NOTE = ("GPU timing is on (--gpu-timing): NCCL adds a proxy operation to every collective to report its "
-                   "kernels' channels; and a host callback to every captured CUDA graph, which graph-mode times include")
+                   "kernels' channels")
+GPU_TIMING_GRAPH_NOTE = ", and a host callback to every captured CUDA graph, which the graph-mode times include"
 ONE_GPU_PLOT_CAVEAT = ("1 GPU: NCCL short-cuts a single-rank all-reduce, so NCCL settings cannot change "
                        "these numbers; differences between lines are noise")
 
@@ -128,7 +129,7 @@ class Plan:
     spec: dict[str, Any]          # what every worker gets (spec.json)
     job: drv.Job | None
     plot: str | None
-    speculation: Speculation = None  # --accept-len / --step-ms
+    speculation: Speculation | None = None  # --step-ms / --accept-len
 
 
 def bench_command(gpus=None, backend="nccl", ranks=None, proto=None, algo=None, configs=(), envs=(),
@@ -200,7 +201,7 @@ def _plan(gpus, backend, ranks, proto, algo, configs, envs, minbytes, maxbytes, 
     spec = {"backend": backend, "sizes": sizes, "dtype": dtype, "iters": iters, "warmup": warmup,
             "graph": graph_ok, "check": check, "timeout": timeout, "gpu_timing": bool(gpu_timing)}
     if gpu_timing:
-        notes.append(GPU_TIMING_NOTE if graph_ok else GPU_TIMING_NOTE.split(";")[0])
+        notes.append(GPU_TIMING_NOTE + (GPU_TIMING_GRAPH_NOTE if graph_ok else ""))
     return Plan(ctx, cfgs, notes, sizes, token_sizes, layers, common, spec, job, plot, spec_proj)
 
 
