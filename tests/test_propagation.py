@@ -169,3 +169,30 @@ def test_a_process_a_probe_saw_use_nccl_is_checked_whatever_an_earlier_proc_snap
                        {**rec(10, 1, {}, start=1.0), "in_scope": False}])
     [f] = errors(diagnose.rules(m, EXPECT))
     assert f.pids == (10,) and f.edge["kind"] == "curated_env"
+
+
+def test_a_wrapper_whose_exec_no_witness_saw_is_said_not_silently_fine():
+    """`env -i PATH=… python3 w.py` seen by the watch only as env (python3 ended before the next scan):
+    the report cannot check what ran and says so, with `env -i`'s consequence; once the pid is seen as
+    what it exec'd (or its boot probe speaks, or it has children), nothing is said."""
+    from ncclprobe.commands import report
+    wrapper = ["env", "-i", "PATH=/usr/bin", "python3", "w.py"]
+    sh = seen(10, 1, 1.0, ["bash", "fail.sh"], LL, 0.9)
+    m = build([sh, seen(11, 10, 1.0, wrapper, LL, 0.95)])
+    lines = [n.text for n in report.header_doc(m, [], title=False)]
+    [line] = [t for t in lines if "was last seen as" in t]
+    assert line.startswith("pid 11 was last seen as `env -i PATH=/usr/bin python3 w.py`: env execs python3, and "
+                           "no witness saw python3")
+    assert "`env -i` would have started it with only the variables named after it" in line
+    m.watch[H] = {"seen": 2, "scans": 3, "interval_s": 0.5}
+    assert report.model_json(m)["watch"][H]["exec_unseen"] == [11]
+    for later in ([seen(11, 10, 1.2, ["python3", "w.py"], {}, 0.95)], [start(11, 10, {}, t=1.2)],
+                  [seen(12, 11, 1.3, ["python3", "-c", "x"], {}, 1.25)]):
+        m = build([sh, seen(11, 10, 1.0, wrapper, LL, 0.95), *later])
+        assert not [n for n in report.header_doc(m, [], title=False) if "was last seen as" in n.text], later
+    # a plain wrapper: no `env -i` sentence; one that names no command: nothing
+    m = build([sh, seen(11, 10, 1.0, ["numactl", "--cpunodebind=0", "python3", "w.py"], LL, 0.95)])
+    [line] = [n.text for n in report.header_doc(m, [], title=False) if "was last seen as" in n.text]
+    assert "numactl execs python3" in line and "env -i" not in line
+    m = build([sh, seen(11, 10, 1.0, ["env"], LL, 0.95)])
+    assert not [n for n in report.header_doc(m, [], title=False) if "was last seen as" in n.text]

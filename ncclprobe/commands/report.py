@@ -3,6 +3,7 @@ probes' log directories (several hosts' directories merge) and NCCL's own INFO l
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,7 +240,52 @@ def header_doc(m: Model, dirs, title: bool = True) -> list:
         doc += [Text(line, "note") for line in injected_lines(run)]
     for host, w in sorted(m.watch.items()):
         doc.append(Text(watch_line(w, host if len(m.watch) > 1 else None), "dim"))
+    for p in unseen_execs(m):
+        doc.append(Text(unseen_exec_line(p), "warn"))
     return doc
+
+
+# Wrappers that exec the command they are given (the pid stays; its program and environment change)
+EXEC_WRAPPERS = frozenset({"env", "nohup", "nice", "ionice", "stdbuf", "setsid", "taskset", "numactl", "chrt"})
+
+
+def unseen_execs(m: Model) -> list:
+    """Processes last seen by the /proc watch alone as an exec wrapper (`env -i … python3 w.py`) with
+    nothing seen after: what the wrapper exec'd ended before the next scan, unseen (the pid would
+    show the new program, a boot probe's events, or children)."""
+    parents = {(q.host, q.ppid) for q in m.processes.values()}
+    out = []
+    for p in m.processes.values():
+        argv = p.argv or []
+        if (argv and os.path.basename(argv[0]) in EXEC_WRAPPERS and p.sources <= {"proc", "preload"}
+                and (p.host, p.pid) not in parents and _wrapped_command(argv)):
+            out.append(p)
+    return sorted(out, key=lambda p: (p.host, p.pid))
+
+
+def _wrapped_command(argv: list[str]) -> str | None:
+    from ncclprobe.witnesses import shells
+    words = shells.wrapped_command(argv)
+    return os.path.basename(words[0]) if words else None
+
+
+def unseen_exec_line(p) -> str:
+    words = [w if len(w) <= 40 else w[:39] + "…" for w in p.argv or []]  # a PATH=… is long
+    shown = one_line(" ".join(words), 160)  # redacted already (the model's argv)
+    what = _wrapped_command(p.argv or [])
+    curated = (" `env -i` would have started it with only the variables named after it, so it had none of the "
+               "others." if os.path.basename(p.argv[0]) == "env" and any(a in ("-i", "-", "--ignore-environment")
+                                                                           for a in p.argv[1:3]) else "")
+    return (f"pid {p.pid} was last seen as `{shown}`: {os.path.basename(p.argv[0])} execs {what}, and no witness saw "
+            f"{what} (it ended before the watch's next scan and ran no boot probe), so its environment and what it "
+            f"did are not in this report.{curated}")
+
+
+def _watch_json(m: Model) -> dict[str, Any]:
+    unseen: dict[str, list[int]] = {}
+    for p in unseen_execs(m):
+        unseen.setdefault(p.host, []).append(p.pid)
+    return {host: {**w, "exec_unseen": unseen.get(host, [])} for host, w in m.watch.items()}
 
 
 def watch_line(w: dict[str, Any], host: str | None = None) -> str:
@@ -421,7 +467,7 @@ def model_json(m: Model) -> dict[str, Any]:
               "collectives": [_coll_json(s) for s in c.colls.values()],
               "activity": c.activity.__dict__ if c.activity is not None else None} for c in m.comms]
     return {"processes": procs, "communicators": comms, "simulated": m.simulated,
-            "skipped": m.skipped, "runs": [_run_json(r) for r in m.runs], "watch": m.watch}
+            "skipped": m.skipped, "runs": [_run_json(r) for r in m.runs], "watch": _watch_json(m)}
 
 
 def _coll_json(s) -> dict[str, Any]:

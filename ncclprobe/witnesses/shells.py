@@ -145,6 +145,12 @@ def _simple(tokens: list[str]) -> SimpleCommand:
     return SimpleCommand(tuple(assigns), tuple(words), text, tuple(exported), written)
 
 
+def wrapped_command(argv: list[str]) -> list[str]:
+    """The command an argv runs, its wrappers and their options removed (`env -i A=1 python3 w.py` ->
+    [python3, w.py]); empty when it names none."""
+    return list(_simple(list(argv)).words)
+
+
 def shell_script(cmdline: list[str]) -> str | None:
     """The script of `sh -c SCRIPT ...` / `bash -lc SCRIPT`, or None for anything else."""
     if not cmdline:
