@@ -2,6 +2,7 @@
 process per GPU, and the rank-side set-up of a job (no torch imported here until a job needs it)."""
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -11,6 +12,25 @@ from pathlib import Path
 
 # NVLink multicast stays off on the lent machines (the device notes say why): NCCL, PyTorch, NVSHMEM
 SAFE_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def main(doc: str, add, job, measure) -> int:
+    """A script's entry: the options both take (--gpus, --out, the hidden --job a rank runs under) and
+    `add(parser)`'s; under torchrun `job(args)`, else `measure(args, ranks)` (exit 3 without a GPU)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--gpus", type=int, default=None, help="GPUs (one rank each); default: all visible")
+    add(ap)
+    ap.add_argument("--out", type=Path, default=None, help="write the machine and the figures here (JSON)")
+    ap.add_argument("--job", type=Path, default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.job:
+        job(a)
+        return 0
+    n = a.gpus or visible_gpus()
+    if n < 1:
+        print("no GPU visible: this needs one process per GPU", file=sys.stderr)
+        return 3
+    return measure(a, n)
 
 
 def visible_gpus() -> int:

@@ -17,7 +17,6 @@ before every profiler event: its ratios price nothing but the plugin's init.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -78,22 +77,13 @@ def _plugin_env(config: str, events: Path) -> dict[str, str]:
     return env
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gpus", type=int, default=None, help="GPUs (one rank each); default: all visible")
+def _options(ap) -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--calls", type=int, default=2000, help="all-reduces per timed loop")
     ap.add_argument("--reps", type=int, default=5, help="timed loops per job (their median is the job's figure)")
-    ap.add_argument("--out", type=Path, default=None)
-    ap.add_argument("--job", type=Path, default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.job:
-        job(a.job, a.calls, a.reps)
-        return 0
-    n = a.gpus or mg.visible_gpus()
-    if n < 1:
-        print("no GPU visible: this needs one process per GPU", file=sys.stderr)
-        return 3
+
+
+def _measure(a, n: int) -> int:
     work = Path(tempfile.mkdtemp(prefix="ncclprobe-mgpu-cost-"))
     per: dict[str, dict[str, list[float]]] = {c: {"eager": [], "graph": []} for c in CONFIGS}
     for r in range(a.rounds):
@@ -133,4 +123,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(mg.main(__doc__, _options, lambda a: job(a.job, a.calls, a.reps), _measure))

@@ -22,7 +22,6 @@ One GPU runs the whole pipeline, but NCCL short-cuts a one-rank all-reduce befor
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -136,21 +135,12 @@ def _fmt(v) -> str:
     return "-" if v is None else f"{v:.2f}" if isinstance(v, float) else str(v)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gpus", type=int, default=None, help="GPUs (one rank each); default: all visible")
+def _options(ap) -> None:
     ap.add_argument("--replays", type=int, default=200, help="replays of each decode graph")
     ap.add_argument("--iters", type=int, default=200, help="eager calls per verify size")
-    ap.add_argument("--out", type=Path, default=None, help="write the machine, the table and the report's figures here")
-    ap.add_argument("--job", type=Path, default=None, help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.job:
-        job(a.job, a.replays, a.iters)
-        return 0
-    n = a.gpus or mg.visible_gpus()
-    if n < 1:
-        print("no GPU visible: this needs one process per GPU", file=sys.stderr)
-        return 3
+
+
+def _measure(a, n: int) -> int:
     work = Path(tempfile.mkdtemp(prefix="ncclprobe-mgpu-"))
     log, jobdir = work / "log", work / "job"
     run = [sys.executable, "-m", "ncclprobe", "run", "--gpu-timing", "--dir", str(log), "--",
@@ -178,4 +168,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(mg.main(__doc__, _options, lambda a: job(a.job, a.replays, a.iters), _measure))
