@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ncclprobe.bench import live, report
+from ncclprobe.bench import report
 from ncclprobe.bench.report import Context, fmt_us
 from ncclprobe.doc import Table, Text, Title
 from ncclprobe.model.timing import percent
@@ -209,8 +209,8 @@ def _speculation_nodes(proj: dict[str, Any], label: str) -> list:
                 cell += f", {r['tok_s'][k]:.0f} tok/s ({r['speedup'][k]:.2f}x)"
             cells.append(cell)
         rows.append(cells)
-    caption = (f"verify(k) = D + comm(k) - comm(1): the decode step plus the extra communication of k tokens "
-               f"({proj['basis']} mode), not the extra compute of k tokens nor the draft model"
+    caption = (f"verify(k) = D + comm(k) - comm(1), 0 where lower (noise): the decode step plus the extra "
+               f"communication of k tokens ({proj['basis']} mode), not the extra compute of k tokens nor the draft model"
                + ("; tokens/s = A / verify(k), an upper bound" if accept else "") + ".")
     out = [Text(f"Speculative decoding, projected from communication ({label}): plain decoding at D = {d:g} ms "
                 f"a token, {proj['plain_tok_s']:.1f} tok/s"), Table(cols, rows, caption=caption)]
