@@ -141,7 +141,7 @@ def shorten_paths(text: str) -> str:
 
 def scope_line(f) -> str:
     """Everything a finding covers, in one line: pids, ranks, communicators, hosts."""
-    from ncclprobe.diagnose.verdict import ranges
+    from ncclprobe.model import ranges
     insts = f.instances
     pids = sorted({i["pid"] for i in insts if isinstance(i.get("pid"), int)}) or list(f.pids)
     parts = []

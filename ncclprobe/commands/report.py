@@ -12,7 +12,7 @@ from ncclprobe import diagnose, model as model_mod
 from ncclprobe.diagnose import inprocess, verdict
 from ncclprobe.witnesses import events
 from ncclprobe.doc import FindingsHere, Records, Result, Table, Text, Title, Unexaminable
-from ncclprobe.model import CommView, Model
+from ncclprobe.model import CommView, Model, ranges
 from ncclprobe.model.watched import redact_argv
 
 SHOWN_VARS_MAX = 8
@@ -320,7 +320,7 @@ def model_doc(m: Model) -> list:
         rows[key][1].extend(ranks)
     table = []
     for (host, ppid, cmd, sources), (pids, ranks) in rows.items():
-        row = [_pids(pids), str(ppid or "?"), verdict.ranges(ranks) or "-", sources, cmd]
+        row = [_pids(pids), str(ppid or "?"), ranges(ranks) or "-", sources, cmd]
         table.append([host, *row] if len(hosts) > 1 else row)
     cols = ["pid", "ppid", "ranks", "witnesses", "command"]
     used = {s for p in procs for s in p.sources}
@@ -396,7 +396,7 @@ def _live_doc(procs) -> list:
 
 
 def _pids(pids: list[int]) -> str:
-    return ", ".join(map(str, pids)) if len(pids) <= 4 else f"{len(pids)}: {verdict.ranges(pids)}"
+    return ", ".join(map(str, pids)) if len(pids) <= 4 else f"{len(pids)}: {ranges(pids)}"
 
 
 def _comm_records(m: Model) -> list:
@@ -417,7 +417,7 @@ def _comm_records(m: Model) -> list:
         b["hosts"].add(c.host)
     items = []
     for (_, fields), b in blocks.items():
-        who = (f"rank{'s' if len(b['ranks']) > 1 else ''} {verdict.ranges(b['ranks'])} of {b['nranks']}"
+        who = (f"rank{'s' if len(b['ranks']) > 1 else ''} {ranges(b['ranks'])} of {b['nranks']}"
                if b["ranks"] else "rank ?")
         where = f"pid {_pids(sorted(set(b['pids'])))}" + (f" on {len(b['hosts'])} hosts" if len(b["hosts"]) > 1 else "")
         name = f" {b['name']}" if b["name"] else ""

@@ -11,7 +11,7 @@ from typing import Any
 from ncclprobe.model import wiring
 from ncclprobe.doc import Grid, Text, Title
 from ncclprobe.diagnose.findings import Finding
-from ncclprobe.model import CommView, Model, NcclRead, ranges  # noqa: F401 (ranges: verdict.ranges for callers)
+from ncclprobe.model import CommView, Model, NcclRead, ranges
 from ncclprobe.model.watched import is_watched
 
 MAX_VARS = 8
@@ -369,8 +369,6 @@ def for_processes(recs: list[Mapping], findings: list[Finding], expect: Mapping[
 
 
 # ---- presentation ----------------------------------------------------------------------------------
-
-
 
 def short_id(ident: str) -> str:
     """A communicator's id on screen: its commHash's first hex digits, or its unique id's."""

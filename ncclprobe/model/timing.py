@@ -18,6 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ncclprobe.model import ranges
+
 # the plugin's histogram (profiler.c NP_OCT_LO / NP_OCT_HI): 8 bins per octave, 2^8 .. 2^34 ns
 OCT_LO, OCT_HI = 8, 33
 BINS = (OCT_HI - OCT_LO + 1) * 8
@@ -243,7 +245,7 @@ def _notes(t: CommTime) -> list[str]:
                      "intra-node graph unless GPU timing is on (NCCLPROBE_GPU_TIMING=1)")
     if t.unflushed:
         every = f"{t.flush_s:g} s" if t.flush_s else "one flush interval"
-        notes.append(f"rank(s) {_ranges(t.unflushed)} ended without a final flush (killed?): their counts stop at "
+        notes.append(f"rank(s) {ranges(t.unflushed)} ended without a final flush (killed?): their counts stop at "
                      f"their last periodic flush; at most the last {every} of collectives is missing")
     if t.share is not None and t.share > 1:
         notes.append("GPU time exceeds the wall: collectives overlap (several streams), or NCCL's kernels ran past "
@@ -252,11 +254,6 @@ def _notes(t: CommTime) -> list[str]:
     if t.timing == "gpu" and untimed:
         notes.append(f"{untimed} collective(s) got no complete GPU timing (channels unseen)")
     return notes
-
-
-def _ranges(nums: list[int]) -> str:
-    from ncclprobe.model import ranges
-    return ranges(nums)
 
 
 # ---- words -----------------------------------------------------------------------------------

@@ -141,8 +141,6 @@ uint64_t simNowNs(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Kernel time: a latency plus the all-reduce's bus bytes (2(n-1)/n of the buffer) at 100 GB/s,
- * LL at half the bandwidth, LL128 at 90 %, Tree at 80 % of Ring. Deterministic. */
 /* The collective's descriptor members, alike in v4 and v5 (the layouts agree up to proto). */
 #define FILL_COLL(d, t)                                  \
   do {                                                   \
@@ -157,6 +155,8 @@ uint64_t simNowNs(void) {
     (d).coll.proto = simProtoToString((t)->proto);       \
   } while (0)
 
+/* Kernel time: a latency plus the all-reduce's bus bytes (2(n-1)/n of the buffer) at 100 GB/s,
+ * LL at half the bandwidth, LL128 at 90 %, Tree at 80 % of Ring. Deterministic. */
 uint64_t simKernelNs(int algo, int proto, size_t nbytes, int nranks) {
   static const uint64_t latency[SIM_NUM_PROTOS] = {4000, 5000, 7000};
   static const unsigned bwPct[SIM_NUM_PROTOS] = {50, 90, 100};
