@@ -245,14 +245,11 @@ def header_doc(m: Model, dirs, title: bool = True) -> list:
     return doc
 
 
-# Wrappers that exec the command they are given (the pid stays; its program and environment change)
-EXEC_WRAPPERS = frozenset({"env", "nohup", "nice", "ionice", "stdbuf", "setsid", "taskset", "numactl", "chrt"})
-
-
 def unseen_execs(m: Model) -> list:
     """Processes last seen by the /proc watch alone as an exec wrapper (`env -i … python3 w.py`) with
     nothing seen after: what the wrapper exec'd ended before the next scan, unseen (the pid would
     show the new program, a boot probe's events, or children)."""
+    from ncclprobe.witnesses.shells import EXEC_WRAPPERS
     parents = {(q.host, q.ppid) for q in m.processes.values()}
     out = []
     for p in m.processes.values():

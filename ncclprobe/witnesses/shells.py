@@ -24,6 +24,9 @@ _KEYWORDS = {"then", "do", "else", "elif", "if", "while", "until", "!", "{", "("
 # Commands that run the rest of their arguments as the command (the prefix still reaches it).
 _WRAPPERS = {"env", "nohup", "exec", "nice", "stdbuf", "setsid", "taskset", "numactl", "chrt", "timeout",
              "sudo", "command", "builtin", "ionice"}
+# Of those, the programs that exec their command (the pid stays; its program and environment change);
+# timeout and sudo fork it instead, exec/command/builtin are the shell's own
+EXEC_WRAPPERS = frozenset({"env", "nohup", "nice", "ionice", "stdbuf", "setsid", "taskset", "numactl", "chrt"})
 
 
 @dataclass(frozen=True)
