@@ -11,13 +11,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ncclprobe.witnesses import conffiles, elf, events, procaccess, procs, shells
+from ncclprobe.witnesses import conffiles, elf, events, procaccess, procs, procsnap, shells
 
 from ncclprobe import diagnose, model as model_mod
 from ncclprobe.diagnose import verdict
 
 from ncclprobe.model import wiring
-from ncclprobe.diagnose import exectime
+from ncclprobe.diagnose.visibility import PTRACE_HINT
 from ncclprobe.doc import FindingsHere, Result, Text, Title, Tree, Unexaminable
 from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE
 from ncclprobe.model.watched import (ASSIGN_WORD as _ASSIGN_WORD, REDACTED, is_watched, looks_secret, one_line,
@@ -70,7 +70,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     notes = _scope(recs, scope) + _exited(recs)
     for r in recs:
         parent = by_pid.get(r["ppid"])
-        r["stale"] = exectime.stale_kind(r, parent)
+        r["stale"] = procsnap.stale_kind(r, parent)
         r["env_diff"] = ctx.diff(r, parent) if parent else None
         if r["in_scope"] or scope == "all":
             r["conf_files"] = ctx.conf(tree.procs[r["pid"]], r)
@@ -89,7 +89,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
             in_process_error = exc
     model_mod.add_records(m, recs, host)
     m.shell_pitfalls = ctx.shell_pitfalls() + shells.model_pitfalls(m, shells=False)  # + exec'd wrapper scripts
-    findings = diagnose.rules(m, expect, recs=recs, host=host)
+    findings = diagnose.rules(m, expect)
     # a PID named on the command line that is not there (or went during the walk) fails the command
     missing = sorted({s["pid"] for s in not_found} | {s["pid"] for s in tree.skipped if s["pid"] in pids})
     data = {"roots": tree.roots, "expect": shown_values(expect), "scope": scope,
@@ -106,7 +106,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     if dirs or nccl_logs:
         from ncclprobe.commands.report import augment_inspection
         return augment_inspection(result, m, dirs, in_process_error)
-    v = verdict.for_processes(data["processes"], findings, expect, witnesses=["proc", "live"] if live else None)
+    v = verdict.for_model(m, findings, expect)
     data["verdict"] = v.to_json()
     result.head = verdict.doc(v)
     return result
@@ -161,7 +161,7 @@ def _roots(fs: procs.ProcFS, pids: list[int], pgrep: str | None) -> tuple[list[i
                                      {"hint": "check the PID with `ps -p PID` (it may have exited)", "pid": pid})
             else:
                 error = Unexaminable(f"cannot read /proc/{pid}: {reason}", reason,
-                                     {"hint": exectime.PTRACE_HINT, "pid": pid})
+                                     {"hint": PTRACE_HINT, "pid": pid})
             first_error = first_error or error
             not_found.append({"pid": pid, "reason": error.reason, "given": True})
             continue
@@ -256,7 +256,7 @@ def _refuse_if_blind(recs: list[dict], roots: list[int]) -> None:
     """A root whose whole tree is unreadable cannot be examined at all (exit 3)."""
     if recs and all(r["env_source"] == "unreadable" and r["env_reason"] in ("permission", "hidepid") for r in recs):
         raise Unexaminable(f"cannot read the environment of process {roots[0]} or any process under it "
-                           f"({recs[0]['env_reason']})", recs[0]["env_reason"], {"hint": exectime.PTRACE_HINT})
+                           f"({recs[0]['env_reason']})", recs[0]["env_reason"], {"hint": PTRACE_HINT})
 
 
 def _scope(recs: list[dict], scope: str) -> list[str]:
@@ -332,7 +332,7 @@ class _Context:
         """The record of p; processes started alike (the same command line, block and mappings, as
         procs.ProcFS shares them, the same user, name, executable, state and root) differ only in the
         fields set here, so the rest is copied from the first one's record as it was built; its
-        `_alike` names that kind of process (conf and exectime.kinds_of do each kind once)."""
+        `_alike` names that kind of process (conf does each kind once)."""
         key = (id(p.cmdline), id(p.env), id(p.maps), p.maps_reason, p.uid, p.name, p.exe, p.state, p.root,
                p.root_reason, p.same_mnt_ns)
         hit = self._alike.get(key)

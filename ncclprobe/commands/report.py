@@ -72,12 +72,12 @@ def augment_inspection(result, m: Model, log_dirs, error: Unexaminable | None = 
     if error is not None:
         result.tail.append(Text(f"In-process view: {error}", "warn"))
         result.data["in_process"] = {"error": str(error)}
-        v = verdict.for_processes(result.data.get("processes"), result.findings, result.expect)
+        v = verdict.for_model(m, result.findings, result.expect)
         result.data["verdict"] = v.to_json()
         result.head = verdict.doc(v)
         return result
     expect = result.expect
-    v = verdict.for_model(m, result.findings, expect, processes=result.data.get("processes"))
+    v = verdict.for_model(m, result.findings, expect)
     result.data["verdict"] = v.to_json()
     result.head = verdict.doc(v)
     result.data["communicators"] = model_json(m)["communicators"]

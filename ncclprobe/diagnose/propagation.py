@@ -21,7 +21,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclprobe.diagnose.exectime import LIVE_VIEW, NOT_SHOWN, runs_forkserver
+from ncclprobe.diagnose.visibility import LIVE_VIEW, NOT_SHOWN
+from ncclprobe.model.images import runs_forkserver
 from ncclprobe.diagnose.findings import Finding, at
 from ncclprobe.model import LIVE_WHERE, LiveReading, LiveWrite, Model, ProcessView
 from ncclprobe.model import wiring
@@ -204,15 +205,34 @@ class Knowledge:
                             ("proc",), not is_python(p))
         return None
 
+    def value_env(self, p: ProcessView) -> dict[str, str] | None:
+        """p's watched environment now, as far as the witnesses tell (None: they cannot)."""
+        tl = self.timeline(p)
+        return tl.final if tl is not None else None
+
     def value(self, p: ProcessView, var: str, t: float | None = None) -> tuple[bool, str | None]:
-        """(known, value) of var in p at time t (None: now)."""
+        """(known, value) of var in p at time t (None: now), as NCCL would read it (effective)."""
+        return self.effective(p, var, t)[:2]
+
+    def effective(self, p: ProcessView, var: str, t: float | None = None) -> tuple[bool, str | None, str | None]:
+        """(known, value, conf "file:line") of var in p at time t (None: now): its environment (the boot
+        probe's record, the live read, the exec-time block); where that has none and NCCL runs in p, what
+        an nccl.conf file gives NCCL, which applies each line with setenv(..., 0) (src/misc/param.cc)."""
         tl = self.timeline(p)
         if tl is None:
-            return False, None
+            return False, None, None
         if not is_watched(var):  # the model keeps only watched names; /proc (or memory) read the expected ones
             seen = p.live_expected if p.live_expected is not None and p.start_env is None else p.proc_expected
-            return seen is not None, (seen or {}).get(var)
-        return True, tl.at(t).get(var)
+            if seen is None:
+                return False, None, None
+            value = seen.get(var)
+        else:
+            value = tl.at(t).get(var)
+        if value is None and p.loads_nccl:
+            hit = p.conf_value(var)
+            if hit is not None:
+                return True, hit[0], hit[1]
+        return True, value, None
 
     def endpoints(self) -> list[ProcessView]:
         """The processes the job's values matter in (see the module's docstring); with inspect's
@@ -597,8 +617,9 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
         mine: dict[tuple, list] = defaultdict(list)  # this endpoint's losses, by cause
         for var in names:
             want = expect.get(var)
-            if comms and is_watched(var):  # what each communicator was created with
-                checks = [(True, c.env.get(var), c.t, c) for c in comms]
+            if comms and is_watched(var):  # what each communicator was created with (or NCCL's nccl.conf gave it)
+                conf = e.conf_value(var)
+                checks = [(True, c.env.get(var, conf[0] if conf else None), c.t, c) for c in comms]
             else:
                 known, value = k.value(e, var)
                 checks = [(known, value, None, None)]

@@ -29,11 +29,13 @@ class Group:
     nranks: set[int] = field(default_factory=set)
     processes: list[tuple[str, int]] = field(default_factory=list)  # (host, pid) of holders without a communicator
     pids: set[tuple[str, int]] = field(default_factory=set)
+    conf: list[str] = field(default_factory=list)   # "file:line" of an nccl.conf file that supplies the value
 
     def to_json(self) -> dict[str, Any]:
         return {"value": self.value, "culprit": self.culprit or None, "communicators": self.comms,
                 "ranks": sorted(self.ranks), "processes": [{"host": h, "pid": p} for h, p in self.processes],
-                "pids": sorted(p for _, p in self.pids), "hosts": sorted({h for h, _ in self.pids})}
+                "pids": sorted(p for _, p in self.pids), "hosts": sorted({h for h, _ in self.pids}),
+                "conf_files": self.conf}
 
 
 @dataclass
@@ -224,27 +226,18 @@ def _ordered(groups: dict, reference: str | None) -> list[Group]:
     return sorted(groups.values(), key=key)
 
 
-def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str], sets: Mapping[str, str] | None = None,
-              processes: list[Mapping] | None = None) -> Verdict:
+def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
+              sets: Mapping[str, str] | None = None) -> Verdict:
     """The verdict over the model's communicators (and processes without one that a finding is about);
-    with no communicator, over the processes' live environments (`processes`: inspect's records add the
-    exec-time view of processes no probe saw)."""
+    with no communicator, over the processes the rules check (for_processes)."""
     sets = dict(sets if sets is not None else _run_sets(m))
     comms = [c for c in m.comms if c.ok]
     names = variables(expect, sets, findings, [c.env for c in comms])
     witnesses = sorted({s for p in m.processes.values() for s in p.sources} | {s for c in m.comms for s in c.seen_by})
     if not comms:
-        import socket
-        from ncclprobe.diagnose.propagation import Knowledge
-        workers = {p.key for p in Knowledge(m).endpoints()}
-        live = _live_records(m, workers)
-        here = socket.gethostname()
-        # a process the probes saw: its live env, not /proc's; only the workers the rules check
-        seen = {p.key for p in m.processes.values() if p.start_env is not None or p.live_env is not None}
-        v = for_processes(live + [r for r in processes or [] if (r.get("host") or here, r["pid"]) not in seen
-                                  and ((r.get("host") or here, r["pid"]) in workers or not workers)],
-                          findings, expect, sets, witnesses + (["proc"] if processes else []), here)
-        v.note = "no communicator was seen: the values are the processes' environments"
+        v = for_processes(m, findings, expect, sets, witnesses)
+        if set(witnesses) - {"proc", "live"}:  # probes ran and saw none (a /proc view alone never could)
+            v.note = "no communicator was seen: the values are the processes' environments"
         return v
     index = _culprits(findings)
     roots = [p for p in m.processes.values() if (p.host, p.ppid) not in m.processes and p.start_env is not None]
@@ -305,13 +298,6 @@ def _live_env(p) -> dict[str, str] | None:
     return env_at(p, None)
 
 
-def _live_records(m: Model, workers: set) -> list[dict]:
-    """The processes the rules check (propagation's endpoints: the workers, not their launchers,
-    daemons or multiprocessing's helpers), with their live environments, as records."""
-    return [{"host": p.host, "pid": p.pid, "env": _live_env(p), "in_scope": True, "env_source": "exec", "stale": None}
-            for p in m.processes.values() if (p.start_env is not None or p.live_env is not None) and p.key in workers]
-
-
 def _run_sets(m: Model) -> dict[str, str]:
     """What `run` set: --set (CMD's environment) and --enforce (the boot probe's profile)."""
     out: dict[str, str] = {}
@@ -335,37 +321,42 @@ def _reference(var, expect, sets, root_env) -> tuple[str | None, str]:
     return None, ""
 
 
-def for_processes(recs: list[Mapping], findings: list[Finding], expect: Mapping[str, str],
-                  sets: Mapping[str, str] | None = None, witnesses: list[str] | None = None,
-                  local_host: str | None = None) -> Verdict:
-    """The verdict over processes (inspect without communicators): each in-scope process's environment
-    (as read from its memory where --live read it); a process whose /proc block is known not to be its
-    environment (fork child, clobbered) and whose memory was not read is unknown.
-    Records without a host (inspect's) are on local_host."""
-    if local_host is None:
-        import socket
-        local_host = socket.gethostname()
-    sets = dict(sets or {})
+def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
+                  sets: Mapping[str, str] | None = None, witnesses: list[str] | None = None) -> Verdict:
+    """The verdict over the processes the rules check (propagation's endpoints: the workers, not their
+    launchers), where no communicator was seen: what each holds as far as the witnesses tell (the boot
+    probe's record, the live read, else the exec-time block; unknown where that block is not its own), and
+    where its environment lacks a value, what an nccl.conf file gives NCCL in a process that loads it."""
+    from ncclprobe.diagnose.propagation import Knowledge
+    k = Knowledge(m)
+    sets = dict(sets if sets is not None else _run_sets(m))
+    holders = sorted(k.endpoints(), key=lambda p: (p.host, p.pid))
     index = _culprits(findings)
-    scoped = [r for r in recs if r.get("in_scope", True)]
-    names = variables(expect, sets, findings, [wiring.job_env(r.get("env")) for r in scoped])
-    root = next((r for r in scoped if r.get("env") is not None), None)
+    names = variables(expect, sets, findings, [wiring.job_env(k.value_env(p)) for p in holders])
+    root = min((p for p in m.processes.values() if m.parent(p) is None and k.timeline(p) is not None),
+               key=lambda p: (p.t_start or p.proc_start or 0), default=None)
     shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
     rows = []
     for var in shown:
-        reference, basis = _reference(var, expect, sets, (root or {}).get("env"))
+        reference, basis = _reference(var, expect, sets, k.timeline(root).final if root is not None else None)
         groups: dict = {}
-        for r in scoped:
-            readable = r.get("env_source") == "exec" and not r.get("stale") and r.get("env") is not None
-            value = r["env"].get(var) if readable else "?"
-            if r.get("live_env") is not None and is_watched(var):  # inspect --live: what it holds now
-                value = r["live_env"].get(var)
-            host = r.get("host") or local_host
-            g = _group(groups, value, _culprit_of(index, host, r["pid"], var, None, value != reference))
-            g.processes.append((host, r["pid"]))
-            g.pids.add((host, r["pid"]))
+        for p in holders:
+            value, conf = _held(k, p, var)
+            g = _group(groups, value, _culprit_of(index, p.host, p.pid, var, None, value != reference))
+            g.processes.append((p.host, p.pid))
+            g.pids.add((p.host, p.pid))
+            if conf and conf not in g.conf:
+                g.conf.append(conf)
         rows.append(Row(var, reference, basis, _ordered(groups, reference)))
-    return Verdict(rows, "processes", witnesses or ["proc"], more)
+    seen = witnesses if witnesses is not None else sorted({s for p in m.processes.values() for s in p.sources})
+    return Verdict(rows, "processes", seen or ["proc"], more)
+
+
+def _held(k, p, var: str) -> tuple[str | None, str | None]:
+    """(value, conf file:line) of var in p now: "?" where no witness can tell; a conf file's value where
+    the environment has none and NCCL runs in p (NCCL applies the file with setenv(..., 0))."""
+    known, value, conf = k.effective(p, var)
+    return (value, conf) if known else ("?", None)
 
 
 # ---- presentation ----------------------------------------------------------------------------------
@@ -413,7 +404,8 @@ def doc(v: Verdict) -> list:
         for g in r.groups:
             value = "unset" if g.value is None else ("unknown" if g.value == "?" else g.value)
             mark = " (expected)" if r.basis == "expected" and g.value == r.reference else ""
-            parts.append(f"{value}{mark}: {_who(g)}" + (f"; {g.culprit}" if g.culprit else ""))
+            via = f" (from {', '.join(g.conf)})" if g.conf else ""
+            parts.append(f"{value}{mark}{via}: {_who(g)}" + (f"; {g.culprit}" if g.culprit else ""))
         rows.append([r.var, " · ".join(parts)])
     out.append(Grid(rows))
     if v.more_vars:

@@ -86,6 +86,14 @@ class ProcessView:
     script: str | None = None                     # a shell's script, as its fd 255 names it (absolute)
     images: list[list[str]] = field(default_factory=list)  # earlier command lines of this pid (it exec'd since)
     in_scope: bool | None = None                  # inspect's --scope (None: every process is)
+    proc_env_source: str | None = None            # exec | empty | unreadable: what /proc gave (None: no snapshot)
+    proc_denied_by: str | None = None             # which ptrace condition refused environ (procaccess)
+    proc_user: str | None = None                  # the process's user, as /proc showed it
+    # /proc's libnccl copies ({"path", "inode", "version", "simulated", "kind", "defines", ...}) and the nccl.conf
+    # files that apply ({"path", "role", "entries": [{"var", "value", "line", "effect"}]}); shared between
+    # processes started alike, never modified
+    nccl_libs: list[dict[str, Any]] = field(default_factory=list)
+    conf_files: list[dict[str, Any]] | None = None  # None: not looked at (run's watch, or out of --scope)
     # the live witness (inspect --live, run --live): the environment read from the process's memory at live_t
     live_env: dict[str, str] | None = None        # watched variables as the process held them then (the last reading)
     live_expected: dict[str, str] | None = None   # expected names outside the watched set (rules only, never
@@ -98,6 +106,20 @@ class ProcessView:
     @property
     def key(self) -> tuple[str, int]:
         return (self.host, self.pid)
+
+    @property
+    def loads_nccl(self) -> bool:
+        """Whether NCCL runs in it as far as any witness saw: libnccl mapped or named by a probe, a GPU."""
+        return bool(self.nccl_user or self.libs or self.nccl_libs)
+
+    def conf_value(self, var: str) -> tuple[str, str] | None:
+        """(value, "file:line") of var from the nccl.conf files that apply, as NCCL would apply them: each
+        line with setenv(name, value, 0), so the first file (and line) naming it wins; None: none does."""
+        for conf in self.conf_files or ():
+            for e in conf.get("entries") or ():
+                if e.get("var") == var:
+                    return str(e.get("value")), f"{conf.get('path')}:{e.get('line')}"
+        return None
 
     def first_read(self, var: str) -> NcclRead | None:
         hits = [r for r in self.reads.values() if r.var == var]
@@ -477,6 +499,9 @@ def add_records(m: Model, recs, host: str) -> Model:
         p.proc_env_hash = r.get("_hash")
         p.nccl_user = bool(r.get("nccl_libs") or r.get("gpus"))
         p.in_scope = r.get("in_scope")
+        p.proc_env_source, p.proc_denied_by, p.proc_user = r.get("env_source"), r.get("env_denied_by"), r.get("user")
+        p.nccl_libs = r.get("nccl_libs") or []
+        p.conf_files = r.get("conf_files")
         if "live_reason" in r:  # inspect --live: one reading, now (after any a run --live log holds)
             p.live_env, p.live_expected = r.get("_live_watched"), r.get("_live_exp")
             p.live_t, p.live_reason, p.live_since = r.get("live_t"), r.get("live_reason"), None
@@ -492,8 +517,8 @@ def add_proc_view(m: Model, other: Model) -> Model:
             continue
         p = m.process(*key)
         p.sources.add("proc")
-        for name in ("proc_exec_env", "proc_expected", "proc_env_reason", "proc_stale",
-                     "proc_env_hash", "nccl_user", "in_scope"):
+        for name in ("proc_exec_env", "proc_expected", "proc_env_reason", "proc_stale", "proc_env_hash", "nccl_user",
+                     "in_scope", "proc_env_source", "proc_denied_by", "proc_user", "nccl_libs", "conf_files"):
             setattr(p, name, getattr(q, name))
         if q.live_env is not None or q.live_reason is not None:  # it was read live: its reading is the latest
             if q.live_env is not None and p.live_readings and not q.live_readings and q.live_t is not None:
