@@ -126,6 +126,7 @@ def _findings(con: Console, result: Result, plain: bool) -> None:
             if f.hint:
                 con.print(f"    hint: {_t(shorten_paths(f.hint))}", style="green" if not plain else "")
     elif result.command in DIAGNOSING and not result.data.get("incomplete") and \
+            not (result.data.get("verdict") or {}).get("unchecked") and \
             any(isinstance(n, (Table, Tree, Records, Grid)) for n in result.doc):  # an interrupted run proves nothing
         con.print()
         con.print("No findings.")

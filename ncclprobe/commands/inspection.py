@@ -109,6 +109,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     v = verdict.for_model(m, findings, expect)
     data["verdict"] = v.to_json()
     result.head = verdict.doc(v)
+    result.code = result.code or v.code
     return result
 
 

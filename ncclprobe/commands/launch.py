@@ -297,7 +297,8 @@ def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: sup
     except KeyboardInterrupt:  # CMD has ended and its status is in run.json: print what is known
         result = Result("run", doc=[Text("Report not built: interrupted", "warn")])
     result.command = "run"
-    if expect and not any(c.get("env") is not None for c in result.data.get("communicators", [])):
+    if expect and not any(c.get("env") is not None for c in result.data.get("communicators", [])) and \
+            not (result.data.get("verdict") or {}).get("unchecked"):
         given = " ".join(f"{k}={v}" for k, v in shown_values(expect).items())
         header.append(Text(f"No communicator was seen: --expect {given} was checked on each process's own "
                            "environment (the boot probe's and /proc's witnesses), not at communicator creation",
@@ -305,7 +306,7 @@ def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: sup
     result.doc[:0] = header
     result.data.update(log_dir=str(d), returncode=rc, exit_status=words, injected=injected(meta or {}),
                        **outcome.to_json())
-    result.code = code or None
+    result.code = code or result.code  # CMD's own failure first; else the report's (3: checked nowhere)
     return result
 
 

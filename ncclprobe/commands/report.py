@@ -63,7 +63,7 @@ def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_
     v = verdict.for_model(m, findings, expect or {})
     data = {**model_json(m), "verdict": v.to_json()}
     doc = [*header_doc(m, [*dirs, *nccl_logs]), *verdict.doc(v), FindingsHere(), *model_doc(m)]
-    return Result("report", findings=findings, data=data, doc=doc)
+    return Result("report", findings=findings, data=data, doc=doc, code=v.code)
 
 
 def augment_inspection(result, m: Model, log_dirs, error: Unexaminable | None = None):
@@ -75,11 +75,13 @@ def augment_inspection(result, m: Model, log_dirs, error: Unexaminable | None = 
         v = verdict.for_model(m, result.findings, result.expect)
         result.data["verdict"] = v.to_json()
         result.head = verdict.doc(v)
+        result.code = result.code or v.code
         return result
     expect = result.expect
     v = verdict.for_model(m, result.findings, expect)
     result.data["verdict"] = v.to_json()
     result.head = verdict.doc(v)
+    result.code = result.code or v.code
     result.data["communicators"] = model_json(m)["communicators"]
     result.data["in_process"] = {"dirs": [str(d) for d in log_dirs],
                                  "processes": sum(1 for p in m.processes.values() if p.sources - {"proc", "live"})}

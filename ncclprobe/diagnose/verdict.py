@@ -58,11 +58,19 @@ class Verdict:
     more_vars: int = 0
     note: str = ""
     time: list = field(default_factory=list)  # (line, model.timing.CommTime) per communicator the profiler counted
+    unchecked: Any = None  # diagnose.coverage.Unchecked: the expectation was checked on no process (exit 3)
 
     def to_json(self) -> dict[str, Any]:
         return {"holders": self.holders, "witnesses": self.witnesses, "variables": [r.to_json() for r in self.rows],
                 "more_variables": self.more_vars, "note": self.note or None,
-                "time": [{"line": line, **t.to_json()} for line, t in self.time]}
+                "time": [{"line": line, **t.to_json()} for line, t in self.time],
+                "unchecked": self.unchecked.to_json() if self.unchecked is not None else None}
+
+    @property
+    def code(self) -> int | None:
+        """The exit code the verdict itself calls for: 3 when the expectation was checked nowhere."""
+        from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE
+        return EXIT_UNEXAMINABLE if self.unchecked is not None else None
 
 
 # ---- what NCCL used -------------------------------------------------------------------------------
@@ -229,7 +237,16 @@ def _ordered(groups: dict, reference: str | None) -> list[Group]:
 def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
               sets: Mapping[str, str] | None = None) -> Verdict:
     """The verdict over the model's communicators (and processes without one that a finding is about);
-    with no communicator, over the processes the rules check (for_processes)."""
+    with no communicator, over the processes the rules check (for_processes). Where the expectation could
+    be checked on no process at all, it says so (coverage.unchecked)."""
+    from ncclprobe.diagnose import coverage
+    v = _for_model(m, findings, expect, sets)
+    v.unchecked = coverage.unchecked(m, dict(expect))
+    return v
+
+
+def _for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
+               sets: Mapping[str, str] | None = None) -> Verdict:
     sets = dict(sets if sets is not None else _run_sets(m))
     comms = [c for c in m.comms if c.ok]
     names = variables(expect, sets, findings, [c.env for c in comms])
@@ -330,7 +347,9 @@ def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
     from ncclprobe.diagnose.propagation import Knowledge
     k = Knowledge(m)
     sets = dict(sets if sets is not None else _run_sets(m))
-    holders = sorted(k.endpoints(), key=lambda p: (p.host, p.pid))
+    from ncclprobe.model.clients import client_of
+    # a client (srun, ssh, docker) holds what its workers were meant to get, not what they got
+    holders = sorted((p for p in k.endpoints() if client_of(p.argv, p.exe) is None), key=lambda p: (p.host, p.pid))
     index = _culprits(findings)
     names = variables(expect, sets, findings, [wiring.job_env(k.value_env(p)) for p in holders])
     root = min((p for p in m.processes.values() if m.parent(p) is None and k.timeline(p) is not None),
@@ -347,6 +366,8 @@ def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
             g.pids.add((p.host, p.pid))
             if conf and conf not in g.conf:
                 g.conf.append(conf)
+        if not groups:  # never an empty line: that nobody could be read is the answer
+            _group(groups, "?", "no witness read any worker")
         rows.append(Row(var, reference, basis, _ordered(groups, reference)))
     seen = witnesses if witnesses is not None else sorted({s for p in m.processes.values() for s in p.sources})
     return Verdict(rows, "processes", seen or ["proc"], more)
@@ -393,6 +414,9 @@ def doc(v: Verdict) -> list:
     title = (f"Verdict: what each {'communicator' if v.holders == 'communicators' else 'process'} ended up "
              f"with (witnesses: {', '.join(v.witnesses) or 'none'})")
     out: list = [Title(title)]
+    if v.unchecked is not None:
+        out.append(Text(f"NOT CHECKED: {v.unchecked.reason[len('not checked: '):]}", "bad"))
+        out.append(Text(f"  to check it: {v.unchecked.hint} (exit code 3: could not be examined)", "warn"))
     if v.note:
         out.append(Text(v.note, "note"))
     if not v.rows:
@@ -405,7 +429,8 @@ def doc(v: Verdict) -> list:
             value = "unset" if g.value is None else ("unknown" if g.value == "?" else g.value)
             mark = " (expected)" if r.basis == "expected" and g.value == r.reference else ""
             via = f" (from {', '.join(g.conf)})" if g.conf else ""
-            parts.append(f"{value}{mark}{via}: {_who(g)}" + (f"; {g.culprit}" if g.culprit else ""))
+            said = [x for x in (_who(g), g.culprit) if x]
+            parts.append(f"{value}{mark}{via}: " + "; ".join(said))
         rows.append([r.var, " · ".join(parts)])
     out.append(Grid(rows))
     if v.more_vars:
