@@ -24,7 +24,7 @@ from typing import Any
 from ncclprobe.diagnose.visibility import LIVE_VIEW, NOT_SHOWN
 from ncclprobe.model.images import runs_forkserver
 from ncclprobe.diagnose.findings import Finding, at
-from ncclprobe.model import LIVE_WHERE, LiveReading, LiveWrite, Model, ProcessView
+from ncclprobe.model import LIVE_NATIVE, LIVE_WHERE, LIVE_WHERES, LiveReading, LiveWrite, Model, ProcessView
 from ncclprobe.model import wiring
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
 from ncclprobe.model.watched import is_watched, one_line, redact_assignments
@@ -70,26 +70,38 @@ def with_live(p: ProcessView, tl: Timeline | None) -> Timeline:
     """The live witness over what the others show: the environment p started with (as they tell it,
     else /proc's block, else the first live reading itself), then, for each reading in turn (run
     --live records each change; inspect --live reads once), a write of each value that differs from
-    the reading before, dated by the reading's bracket: made after its `since` (None: at any time
-    before) and at or before its `t` (a LiveWrite at t). Its final values are the last reading's; its
-    past is complete only where the others' was and the live reads found nothing they missed (a fork
-    child copies the past: the environment at the fork)."""
+    what the timeline says p held at that reading, dated by the reading's bracket: made after its
+    `since` (None: at any time before) and at or before its `t` (a LiveWrite at t). A later reading
+    outranks an earlier record: where the boot probe recorded every os.environ write, a difference is
+    native code's (a C setenv), and the writes stay in time order around it. Its past is complete only
+    where the others' was and the live reads found nothing they missed (a fork child copies the past:
+    the environment at the fork)."""
     readings = p.live_readings or [LiveReading(p.live_env, p.live_t if p.live_t is not None else 0.0, p.live_since)]
     start = tl.start if tl is not None else (
         p.proc_exec_env if p.proc_exec_env is not None and p.proc_stale != "clobbered" else readings[0].env)
-    before = tl.final if tl is not None else start
-    writes = list(tl.writes) if tl is not None else []
-    for r in readings:
-        for var in sorted(set(before) | set(r.env)):
-            if before.get(var) != r.env.get(var):
+    where = LIVE_NATIVE if tl is not None and "boot" in tl.witnesses else LIVE_WHERE
+    merged = Timeline(start, sorted(tl.writes, key=lambda w: w.t) if tl is not None else [], "", (), True)
+    found = 0
+    for r in sorted(readings, key=lambda r: r.t):
+        held = merged.at(r.t)
+        for var in sorted(set(held) | set(r.env)):
+            if held.get(var) != r.env.get(var):
                 new = r.env.get(var)
-                writes.append(LiveWrite(var, before.get(var), new, LIVE_WHERE, "unset" if new is None else "set",
-                                        False, r.t, r.since))
-        before = r.env
+                _insert(merged.writes, LiveWrite(var, held.get(var), new, where, "unset" if new is None else "set",
+                                                 False, r.t, r.since))
+                found += 1
     basis = (tl.basis if tl is not None else "/proc") + (" and its memory (run --live)" if p.live_readings
                                                          else " and its memory now (inspect --live)")
-    complete = tl is not None and tl.complete and len(writes) == len(tl.writes)
-    return Timeline(start, writes, basis, (tl.witnesses if tl is not None else ()) + ("live",), complete)
+    complete = tl is not None and tl.complete and not found
+    return Timeline(start, merged.writes, basis, (tl.witnesses if tl is not None else ()) + ("live",), complete)
+
+
+def _insert(writes: list, w) -> None:
+    """w into writes, kept in time order (after every write of the same time)."""
+    i = len(writes)
+    while i and writes[i - 1].t > w.t:
+        i -= 1
+    writes.insert(i, w)
 
 
 def net_writes(p: ProcessView) -> list:
@@ -185,7 +197,7 @@ class Knowledge:
 
     def _timeline(self, p: ProcessView) -> Timeline | None:
         tl = self._witnessed(p)
-        return with_live(p, tl) if p.live_env is not None and p.start_env is None else tl
+        return with_live(p, tl) if p.live_env is not None else tl
 
     def _witnessed(self, p: ProcessView) -> Timeline | None:
         writes = [w for w in net_writes(p) if not w.blocked]
@@ -304,7 +316,7 @@ class Edge:
                 "children": sorted({c.pid for c in self.children}), "where": self.where,
                 "written_at": self.written_at, "started_at": min(starts) if starts else None,
                 "via": self.via, "launcher": self.launcher, "witnesses": sorted(set(self.witnesses)),
-                **({"written_after": self.written_after} if self.where == LIVE_WHERE else {})}
+                **({"written_after": self.written_after} if self.where in LIVE_WHERES else {})}
 
 
 def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float | None) -> Edge:
@@ -476,6 +488,10 @@ def _hint(edge: Edge, items: dict[str, tuple]) -> str:
             return f"{who} starts workers with its own environment: pass {runtime_env} (ray.init or the actor options)"
         return (f"{who} (not Python) filters the environment of the processes it starts: add {var} to its "
                 "allow-list or configuration, or set it in the worker itself")
+    if kind == "overwritten_in_child" and edge.where == LIVE_NATIVE:
+        return (f"a library in pid {edge.parent.pid if edge.parent else '?'} set {edge.var} from C (setenv in its "
+                "constructor or init, not os.environ, which --pin cannot block): configure that library, or set "
+                f"{value} in the process after it is loaded, before the first communicator")
     if kind == "overwritten_in_child":
         return (f"remove or guard the write at {edge.where} (os.environ.setdefault), or pin it: "
                 f"ncclprobe run --pin {edge.var}")
@@ -743,7 +759,7 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         msg = (f"{edge.where or pdesc} set {var}={sv(edge.new)}{dt} after {first} had {how}: {pid_text} never "
                f"got it" + (f" ({what})" if expected and target != edge.new else ""))
         culprit = f"set after start at {_short_where(edge.where)}"
-        if edge.where == LIVE_WHERE:  # memory reads date a value by their bracket (after, t], not at its write
+        if edge.where in LIVE_WHERES:  # memory reads date a value by their bracket (after, t], not at its write
             after, s0 = edge.written_after, min(started) if started else None
             ev["written_at"], ev["written_between"] = None, [after, edge.written_at]
             who = f"pid {parent.pid}" if parent else "the parent"
@@ -768,7 +784,7 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         ev.update(where=edge.where, old=edge.old, new=edge.new, t=edge.written_at)
         msg = (f"{edge.where} changed {var} from {sv(edge.old)} to {sv(edge.new)} in {pid_text}"
                + (f" ({what})" if expected else ""))
-        culprit = _short_where(edge.where)
+        culprit = "set by native code (C setenv)" if edge.where == LIVE_NATIVE else _short_where(edge.where)
     elif kind == "curated_env":
         msg = (f"{pid_text}: {lost}; {pdesc} had {them} when it started them{via_inter}, with an environment of "
                "its own")

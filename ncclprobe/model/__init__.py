@@ -127,6 +127,10 @@ class ProcessView:
 
 
 LIVE_WHERE = "in-process (read from memory)"  # where a value the live witness saw was written
+# where a value the live witness saw was written in a process whose every os.environ write the boot probe
+# recorded: native code (a library or its constructor calling setenv/putenv from C)
+LIVE_NATIVE = "native code (C setenv/putenv, no os.environ write; read from memory)"
+LIVE_WHERES = (LIVE_WHERE, LIVE_NATIVE)
 LIVE_DIFFERS = "<differs from the expected value (read from memory)>"
 
 
@@ -504,6 +508,8 @@ def add_records(m: Model, recs, host: str) -> Model:
         p.conf_files = r.get("conf_files")
         if "live_reason" in r:  # inspect --live: one reading, now (after any a run --live log holds)
             p.live_env, p.live_expected = r.get("_live_watched"), r.get("_live_exp")
+            if p.live_env is not None:
+                p.sources.add("live")
             p.live_t, p.live_reason, p.live_since = r.get("live_t"), r.get("live_reason"), None
             if p.live_readings and p.live_env is not None and p.live_t is not None:
                 p.live_readings = [*p.live_readings, LiveReading(p.live_env, p.live_t, None, p.live_readings[-1].execs)]
