@@ -448,7 +448,8 @@ def model_json(m: Model) -> dict[str, Any]:
     versions = lib_versions(m)
     procs = [{"host": p.host, "pid": p.pid, "ppid": p.ppid, "argv": p.argv, "exe": p.exe,
               "witnesses": sorted(p.sources), "env": p.start_env, "exec_env_differs": p.exec_env_differs,
-              "forked_from": p.forked_from, "nccl_libs": sorted(p.libs), "nccl_lib_versions": _libs_json(p, versions),
+              "forked_from": p.forked_from, "adopted_by": p.adopted_by, "exec_after_boot": p.exec_after_boot,
+              "nccl_libs": sorted(p.libs), "nccl_lib_versions": _libs_json(p, versions),
               "env_writes": [w.__dict__ for w in p.writes],
               "nccl_reads": [{**r.__dict__, "t": _finite(r.t)} for r in sorted(p.reads.values(), key=lambda r: r.t)],
               "probe_errors": p.errors, "start": _finite(p.proc_start) if p.proc_start is not None else None,

@@ -130,7 +130,7 @@ _PYTHON_NAMES: dict[tuple[str, str], bool] = {}
 
 
 def is_python(p: ProcessView) -> bool:
-    if "boot" in p.sources:
+    if "boot" in p.sources and not p.exec_after_boot:
         return True
     key = (p.exe or "", (p.argv or [""])[0])
     hit = _PYTHON_NAMES.get(key)
@@ -175,7 +175,8 @@ class Knowledge:
 
     def via(self, p: ProcessView) -> str:
         parent = self.m.parent(p)
-        forked = bool(p.forked_from) or p.proc_stale in ("fork", "forkserver")
+        # a fork child that exec'd since runs with the environment it exec'd with, as any exec'd program
+        forked = (bool(p.forked_from) and not p.exec_after_boot) or p.proc_stale in ("fork", "forkserver")
         if forked and (p.proc_stale == "forkserver" or is_forkserver(parent)):
             return "forkserver"
         if forked:

@@ -63,6 +63,8 @@ class ProcessView:
     exec_env: dict[str, str] | None = None       # /proc/self/environ as the boot probe read it
     exec_env_differs: bool | None = None
     forked_from: int | None = None
+    adopted_by: int | None = None                 # a subreaper the process was re-parented to (ppid at start was not its parent)
+    exec_after_boot: bool = False                 # the image the boot probe recorded exec'd another program since
     t_start: float | None = None
     mode: str | None = None
     sources: set[str] = field(default_factory=set)
@@ -304,7 +306,11 @@ def build(log: EventLog) -> Model:
         proc = m.process(host, pid)
         proc.sources.add(e["src"])
         if kind == "process_start":
-            proc.ppid = e.get("ppid")
+            # the process that started it, not a subreaper that adopted it before the record was written
+            # (a double fork's intermediate may exit before its child's interpreter starts)
+            forked, ppid = e.get("forked_from"), e.get("ppid")
+            proc.ppid = forked if isinstance(forked, int) and forked > 0 else ppid
+            proc.adopted_by = ppid if proc.ppid != ppid else None
             argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None  # older probes: raw
             if proc.argv and argv and proc.argv != argv:  # the watch saw this pid run another program before
                 proc.images.append(proc.argv)
@@ -342,6 +348,10 @@ def build(log: EventLog) -> Model:
                 if proc.argv and argv and proc.argv != argv:  # it exec'd another program since
                     proc.images.append(proc.argv)
                 proc.ppid, proc.exe, proc.argv = e.get("ppid"), e.get("exe"), argv
+            elif _exec_since_boot(proc, e, t):  # a new image: the boot probe's record was the one before it
+                proc.images.append(proc.argv or [])
+                proc.exe, proc.argv, proc.exec_after_boot = e.get("exe"), argv, True
+                proc.start_env = proc.exec_env = None  # its environment is the one it exec'd with (/proc's)
             else:  # the boot probe's, where it had them
                 proc.ppid = proc.ppid if proc.ppid is not None else e.get("ppid")
                 proc.exe, proc.argv = proc.exe or e.get("exe"), proc.argv if proc.argv is not None else argv
@@ -442,6 +452,21 @@ def build(log: EventLog) -> Model:
     m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}}
     _label_simulated(m)
     return m
+
+
+def _exec_since_boot(p: ProcessView, e: dict[str, Any], t: float) -> bool:
+    """Whether a sighting shows the process running another program than the one its boot probe recorded:
+    seen after that record with another executable (a fork of a Python driver that exec'd raylet). The same
+    executable with another command line may be setproctitle, not an exec: that keeps the record."""
+    exe = e.get("exe")
+    if p.exec_after_boot or not isinstance(exe, str) or not p.exe or t < (p.t_start or t):
+        return False
+    # the boot probe names its interpreter as sys.executable (often a venv's symlink), /proc by its target;
+    # another interpreter is the Python image's own re-exec, which writes its own start record
+    if exe.rsplit("/", 1)[-1].startswith(("python", "pypy")) or exe == p.exe:
+        return False
+    start = e.get("start")
+    return start is None or p.proc_start is None or abs(float(start) - p.proc_start) < 0.05
 
 
 def _forget_live(p: ProcessView) -> None:
