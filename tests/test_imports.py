@@ -49,7 +49,7 @@ def _running_nodes(path: Path) -> tuple[ast.AST, ...]:
     return _running_in(path.read_text(), str(path))
 
 
-@functools.lru_cache(maxsize=None)  # each test reads the same files: parse each text once
+@functools.cache  # each test reads the same files: parse each text once
 def _running_in(text: str, filename: str) -> tuple[ast.AST, ...]:
     out, stack = [], [ast.parse(text, filename)]
     while stack:
