@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ncclprobe import toplevel
+from ncclprobe import about
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -61,10 +61,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 strict_option = click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
 
 
-@click.group(context_settings=CONTEXT, help=f"{toplevel.ABOUT}\n\n\b\n{toplevel.EXIT_CODES}\n\n{toplevel.OUTPUT}")
+@click.group(context_settings=CONTEXT, help=f"{about.ABOUT}\n\n\b\n{about.EXIT_CODES}\n\n{about.OUTPUT}")
 @click.version_option(version=None, package_name="ncclprobe", message="ncclprobe %(version)s")
 def main():
-    pass  # the group: its help is toplevel's, which answers `ncclprobe --help` without click
+    pass  # the group: its words are about.py's, which toplevel also prints for `ncclprobe --help` without click
 
 
 @main.command(context_settings=CONTEXT)
@@ -286,12 +286,12 @@ def explain(var, list_all, as_json):
     """What NCCL does with VAR: cached per process or re-read per communicator, default, values.
 
     A VAR the catalog does not know is a usage error (exit 2), with the nearest known names."""
-    from ncclprobe.model import catalog
+    from ncclprobe.commands import explain as explain_mod
     if not var and not list_all:
         raise click.UsageError("give a variable name or --list")
     if var and list_all:
         raise click.UsageError(f"give a variable name or --list, not both ({var} and --list)")
-    result = catalog.explain_list() if list_all else catalog.explain(var)
+    result = explain_mod.explain_list() if list_all else explain_mod.explain(var)
     error = result.data.get("error")
     if error and not as_json:  # an unknown name is a usage error (exit 2): on stderr, with the nearest names
         raise click.UsageError(error["message"])

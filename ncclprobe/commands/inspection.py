@@ -14,6 +14,7 @@ from pathlib import Path
 from ncclprobe.witnesses import conffiles, elf, events, procaccess, procs, procsnap, shells
 
 from ncclprobe import diagnose, model as model_mod
+from ncclprobe.commands import verdictview
 from ncclprobe.diagnose import verdict
 
 from ncclprobe.model import wiring
@@ -108,7 +109,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
         return augment_inspection(result, m, dirs, in_process_error)
     v = verdict.for_model(m, findings, expect)
     data["verdict"] = v.to_json()
-    result.head = verdict.doc(v)
+    result.head = verdictview.doc(v)
     result.code = result.code or v.code
     return result
 

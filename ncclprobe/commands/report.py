@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclprobe import diagnose, model as model_mod
+from ncclprobe.commands import verdictview
 from ncclprobe.diagnose import inprocess, verdict
 from ncclprobe.witnesses import events
 from ncclprobe.doc import FindingsHere, Records, Result, Table, Text, Title, Unexaminable
@@ -62,7 +63,7 @@ def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_
     findings = diagnose.rules(m, expect or {})
     v = verdict.for_model(m, findings, expect or {})
     data = {**model_json(m), "verdict": v.to_json()}
-    doc = [*header_doc(m, [*dirs, *nccl_logs]), *verdict.doc(v), FindingsHere(), *model_doc(m)]
+    doc = [*header_doc(m, [*dirs, *nccl_logs]), *verdictview.doc(v), FindingsHere(), *model_doc(m)]
     return Result("report", findings=findings, data=data, doc=doc, code=v.code)
 
 
@@ -74,13 +75,13 @@ def augment_inspection(result, m: Model, log_dirs, error: Unexaminable | None = 
         result.data["in_process"] = {"error": str(error)}
         v = verdict.for_model(m, result.findings, result.expect)
         result.data["verdict"] = v.to_json()
-        result.head = verdict.doc(v)
+        result.head = verdictview.doc(v)
         result.code = result.code or v.code
         return result
     expect = result.expect
     v = verdict.for_model(m, result.findings, expect)
     result.data["verdict"] = v.to_json()
-    result.head = verdict.doc(v)
+    result.head = verdictview.doc(v)
     result.code = result.code or v.code
     result.data["communicators"] = model_json(m)["communicators"]
     result.data["in_process"] = {"dirs": [str(d) for d in log_dirs],
@@ -223,6 +224,30 @@ def _api(c: CommView, m: Model) -> str:
     return c.api
 
 
+def injected(meta: dict[str, Any]) -> dict[str, Any]:
+    """Every value ncclprobe put into CMD's tree, and how (run.json's record of it)."""
+    pins = list((meta.get("profile") or {}).get("pin") or [])
+    wiring_names = [n for n, on in (("LD_PRELOAD", meta.get("preload")), ("NCCL_PROFILER_PLUGIN", "profiler" in
+                    (meta.get("plugins") or [])), ("NCCL_ENV_PLUGIN", "env" in (meta.get("plugins") or [])),
+                    ("PYTHONPATH", meta.get("boot")), ("NCCLPROBE_DIR", True)) if on]
+    return {"set": dict(meta.get("set") or {}), "enforced": dict(meta.get("enforced") or {}), "pinned": pins,
+            "wiring": wiring_names}
+
+
+def injected_lines(meta: dict[str, Any]) -> list[str]:
+    inj = injected(meta)
+    lines = []
+    if inj["set"]:
+        lines.append("ncclprobe put into CMD's environment (--set, as `env K=V CMD`): "
+                     + " ".join(f"{k}={v}" for k, v in inj["set"].items()))
+    if inj["enforced"]:
+        lines.append("ncclprobe re-applies in every Python interpreter it reaches (--enforce), even one started "
+                     "without it: " + " ".join(f"{k}={v}" for k, v in inj["enforced"].items()))
+    if inj["pinned"]:
+        lines.append("ncclprobe refuses in-process writes to (--pin): " + " ".join(inj["pinned"]))
+    return lines
+
+
 def header_doc(m: Model, dirs, title: bool = True) -> list:
     doc: list = []
     if title:
@@ -235,7 +260,6 @@ def header_doc(m: Model, dirs, title: bool = True) -> list:
     if m.simulated:
         doc.append(Text("SIMULATED NCCL: these communicators ran on ncclprobe's simulated NCCL (no GPU); "
                         "algorithms and protocols are the simulator's choices, not a real machine's.", "warn"))
-    from ncclprobe.commands.launch import injected_lines
     for run in m.runs:
         for note in run.get("notes", []):
             doc.append(Text(f"run: {note}", "note"))
