@@ -57,13 +57,15 @@ def build_probe(out_dir: Path) -> Path:
     return out
 
 
-def build_fake_nccl(out_dir: Path, simulated: bool = False) -> Path:
-    """A fake libnccl.so.2 in out_dir (soname libnccl.so.2)."""
+def build_fake_nccl(out_dir: Path, simulated: bool = False, no_getenv: bool = False) -> Path:
+    """A fake libnccl.so.2 in out_dir (soname libnccl.so.2); no_getenv: it reads no variable at comm init."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     flags = [f"-DFAKE_VERSION={FAKE_VERSION}", "-Wl,-soname,libnccl.so.2", "-ldl"]
     if simulated:
         flags.append("-DFAKE_SIMULATED")
+    if no_getenv:
+        flags.append("-DFAKE_NO_GETENV")
     return cc(out_dir / "libnccl.so.2", [HERE / "fake_nccl.c"], *flags, shared=True)
 
 
@@ -118,6 +120,17 @@ def build_dl_driver(out_dir: Path) -> Path:
 
 def build_cfg_edge(out_dir: Path) -> Path:
     return cc(Path(out_dir) / "cfg_edge", [HERE / "cfg_edge.c"], "-ldl")
+
+
+def build_hostile_host(out_dir: Path, nccl_dir: Path | None = None) -> Path:
+    """hostile_host linked against the libnccl.so.2 in nccl_dir; by default the simulated NCCL
+    (probes/simnccl), built in out_dir/simbuild."""
+    out_dir = Path(out_dir)
+    if nccl_dir is None:
+        _probes_build().build(out_dir / "simbuild")
+        nccl_dir = out_dir / "simbuild" / "sim"
+    return cc(out_dir / "hostile_host", [HERE / "hostile_host.c"], f"-L{nccl_dir}", f"-Wl,-rpath,{nccl_dir}",
+              "-l:libnccl.so.2", "-lpthread")
 
 
 def probe_env(log_dir: Path | None, preload: Path | None = None, **extra: str) -> dict[str, str]:
