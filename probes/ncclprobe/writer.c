@@ -367,7 +367,12 @@ size_t np_event_finish(np_jb* jb) {
 
 void np_event_queue(np_jb* jb) {
   size_t n = np_event_finish(jb);
-  if (!n || !np_log_active()) return;
+  if (!n) return;
+  if (!np_log_active()) { /* the file was lost meanwhile: counted until the next one says so */
+    if (state() == ST_UNKNOWN && __atomic_load_n(&g_owner, __ATOMIC_ACQUIRE) == getpid())
+      __atomic_add_fetch(&g_dropped, 1, __ATOMIC_RELAXED);
+    return;
+  }
   pthread_mutex_lock(&g_qlock);
   int queued = push(jb->buf, n, jb->src);
   pthread_mutex_unlock(&g_qlock);
