@@ -7,16 +7,16 @@
  * way (mnt_want_write). So no host thread ever touches the log's filesystem. Each line goes into a
  * bounded in-memory queue; one writer thread per process (started at the first event, and again
  * in a fork child, which has no copy of it) opens, checks and writes, one write() per line.
- *  - A host thread waits for its own line at most NP_SYNC_NS (so that a line is in the file when
- *    the hook returns, as a host that _exit()s right after - a fork child - needs), and not at
- *    all once the writer has been stuck NP_SYNC_NS on one call: a stall costs the host one such
- *    wait, then nothing. The profiler's periodic flushes (the collective path, the flusher thread)
- *    never wait. A full queue drops the line and counts it; the next line written says
- *    "dropped": K.
+ *  - A host thread waits for its own line at most NP_SYNC_NS, so that the line is in the file when
+ *    the hook returns (a fork child that _exit()s, a daemon that closes every fd right after would
+ *    lose it otherwise; the hand-off costs ~20 us a line on an idle machine), and not at all once
+ *    the writer has been stuck NP_SYNC_NS on one call: a stall costs the host one such wait, then
+ *    nothing. The profiler's periodic flushes (the collective path, the flusher thread) never
+ *    wait. A full queue drops the line and counts it; the next line written says "dropped": K.
  *  - The first event of a process waits at most NP_OPEN_NS for the file to be opened, so that an
  *    unusable directory still makes the probe silent (and the profiler ask NCCL for nothing).
- *  - Exit waits at most NP_EXIT_NS for the queue (a destructor that runs after the profiler's
- *    exit flush: priority 101 runs last).
+ *  - Exit waits at most NP_EXIT_NS for the queue, stuck writer or not (a destructor that runs
+ *    after the profiler's exit flush: priority 101 runs last).
  *  - No probe lock is held across a write, an open or a wait, so fork() never waits on the
  *    filesystem; the atfork handlers take the probe's other locks (held for a few stores each),
  *    and the child re-creates the queue and its lock rather than inherit them from threads it
@@ -235,16 +235,18 @@ static int start_writer(pid_t pid) {
 
 /* ---------------------------------------------------------------- waiting, bounded */
 
-/* Until the writer is done with every line queued before the call, or `limit` passed, or the
- * writer has been stuck NP_SYNC_NS on one call (a stalled filesystem: waiting would not help). */
-static void wait_written(uint64_t limit) {
+/* Until the writer is done with every line queued before the call, or `limit` passed, or (if
+ * `stall_ends` is set) the writer has been stuck NP_SYNC_NS on one call: a stalled filesystem, where
+ * waiting would not help. Exit waits its whole bound anyway: the filesystem may just have come
+ * back, with the writer not yet scheduled to finish the call it was stuck in. */
+static void wait_written(uint64_t limit, int stall_ends) {
   if (__atomic_load_n(&g_writer, __ATOMIC_ACQUIRE) != getpid()) return;
   uint64_t target = __atomic_load_n(&g_qhead, __ATOMIC_ACQUIRE), deadline = np_now_ns() + limit;
   for (;;) {
     uint32_t seen = __atomic_load_n(&g_progress, __ATOMIC_SEQ_CST);
     if (__atomic_load_n(&g_qdone, __ATOMIC_ACQUIRE) >= target) return;
     uint64_t now = np_now_ns(), busy = __atomic_load_n(&g_busy_since, __ATOMIC_RELAXED);
-    if (now >= deadline || (busy && now > busy + NP_SYNC_NS)) return;
+    if (now >= deadline || (stall_ends && busy && now > busy + NP_SYNC_NS)) return;
     futex_wait(&g_progress, seen, deadline - now);
   }
 }
@@ -263,7 +265,7 @@ static void wait_opened(void) {
 
 __attribute__((destructor(101))) static void drain_at_exit(void) {
   int saved = errno;
-  wait_written(NP_EXIT_NS);
+  wait_written(NP_EXIT_NS, 0);
   errno = saved;
 }
 
@@ -383,7 +385,7 @@ void np_event_queue(np_jb* jb) {
 void np_event_end(np_jb* jb) {
   int saved = errno;
   np_event_queue(jb);
-  if (!np_tl_nowait) wait_written(NP_SYNC_NS);
+  if (!np_tl_nowait) wait_written(NP_SYNC_NS, 1);
   errno = saved;
 }
 
