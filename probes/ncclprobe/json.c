@@ -213,8 +213,9 @@ int np_watched(const char* name, size_t n) {
 /* Each environ entry is read once, into a local: a host thread's unsetenv() shifts the entries
  * down meanwhile (glibc moves them one by one, the last becoming NULL), so a second read of the
  * same slot can be NULL or another variable. glibc never frees a string setenv() made, so the one
- * read stays readable. (A racing host is undefined behaviour already; the probe must not turn it
- * into a certain crash.) */
+ * read stays readable. What stays the host's race, as for its own getenv(): setenv() may move the
+ * array itself (realloc) under the walk. (A racing host is undefined behaviour already; the probe
+ * must not turn it into a certain crash.) */
 static const char* env_entry(char** env, size_t i) { return __atomic_load_n(&env[i], __ATOMIC_RELAXED); }
 
 /* One "name":"value" member from the entry s (whose '=' is at eq); 0 if it does not fit. */
