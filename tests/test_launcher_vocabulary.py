@@ -18,7 +18,6 @@ import os
 import pwd
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -46,7 +45,8 @@ NO_NVML = lambda: ({}, "no NVML in this test")  # noqa: E731
 GPU = ["/dev/nvidia0"]  # an open GPU device: the process is in NCCL's scope
 RECORD_WAIT_S = 60.0
 EXIT_WAIT_S = 60.0
-SCAN_S = "4"
+SCAN_S = "3"  # run's watch interval for the recycling cases: a recycled worker lives well inside it
+LATER_S = 4.5  # the job's workers come that long after its pool retired (> SCAN_S + RETIRE_SLACK_S)
 WORKER = [PY, str(EXAMPLES / "_worker.py"), "--out", "{out}", "--hold", "{hold}"]  # run's watch interval for the recycling cases: a recycled worker lives well inside it
 
 
@@ -408,7 +408,7 @@ def script(work: Path, name: str, text: str) -> str:
     path = work / name
     text = textwrap.dedent(text)
     if name.endswith(".py"):  # PYTHONSAFEPATH (conftest) keeps a script's own directory off sys.path
-        text = f"import sys\nsys.path.insert(0, {str(work)!r})\n{text}"
+        text = f"import sys\nsys.path.insert(0, {str(work)!r})\nLATER_S = {LATER_S}\n{text}"
     path.write_text(text)
     path.chmod(0o755)
     return str(path)
@@ -443,24 +443,20 @@ POOL = AFTER_A_SCAN + '''
         args = _worker.options(words=("fail", "ok"))
         ctx = mp.get_context("fork")
         after_a_scan()
-        pool = ctx.Pool(1, maxtasksperchild=1)  # each worker retires after one task and is replaced
-        first = pool.apply(os.getpid)
-        if args.variant == "fail":
-            # the replacement is forked when the first retires: before the write, and it does the work
-            deadline = time.monotonic() + 30
-            while not [c for c in mp.active_children() if c.pid != first] and time.monotonic() < deadline:
-                time.sleep(0.01)
-            os.environ["NCCL_PROTO"] = "LL"
-            _worker.wrote(args.out)
-            pool.apply(_worker.work, (args.out, args.hold))
+        with ctx.Pool(1, maxtasksperchild=1) as pool:  # a worker retires after one task and is replaced
+            pool.apply(os.getpid)
             pool.close()
             pool.join()
-            return
-        pool.close()
-        pool.join()  # the pool's workers retired before the value was set, having done no NCCL work
-        os.environ["NCCL_PROTO"] = "LL"
+        t1 = time.time()
+        if args.variant == "ok":
+            os.environ["NCCL_PROTO"] = "LL"
+        while time.time() < t1 + LATER_S:  # the job's workers come later (a model loads)
+            time.sleep(0.05)
         worker = ctx.Process(target=_worker.work, args=(args.out, args.hold))
         worker.start()
+        if args.variant == "fail":
+            os.environ["NCCL_PROTO"] = "LL"  # too late for the worker
+            _worker.wrote(args.out)
         worker.join()
         sys.exit(worker.exitcode)
 
@@ -474,13 +470,18 @@ EXECUTOR = AFTER_A_SCAN + '''
     import _worker
 
     if __name__ == "__main__":
-        args = _worker.options()
+        args = _worker.options(words=("ok",))
         after_a_scan()
-        # spawn (max_tasks_per_child's default): a resource tracker and a worker start before the write
+        # spawn (max_tasks_per_child's default): a resource tracker, a worker and its replacement start
+        # before the write; the tracker stays
         with ProcessPoolExecutor(1, max_tasks_per_child=1) as ex:
             ex.submit(os.getpid).result()
-            os.environ["NCCL_PROTO"] = "LL"
-            ex.submit(_worker.work, args.out, args.hold).result()  # a new worker: spawned after the write
+        t1 = time.time()
+        os.environ["NCCL_PROTO"] = "LL"
+        while time.time() < t1 + LATER_S:  # the job's workers come later (a model loads)
+            time.sleep(0.05)
+        with ProcessPoolExecutor(1) as ex:
+            ex.submit(_worker.work, args.out, args.hold).result()
 '''
 
 LOKY = '''
@@ -501,30 +502,35 @@ LOKY = '''
 '''
 
 
+@pytest.mark.slow  # a whole NCCLPROBE_WATCH_S between two scans, and LATER_S
 def test_a_recycled_pool_worker_that_did_no_nccl_work_is_not_affected(tmp_path):
-    """Pool(maxtasksperchild=1): the first worker retired before the value was set (and no witness saw
-    it use NCCL): not affected; the worker that runs after the write has it: no error."""
+    """Pool(maxtasksperchild=1): its workers retired (seen by no scan, gone long before the job's worker
+    started) before the value was set, and no witness saw them use NCCL: not affected; the job's
+    worker has the value: no error."""
     o = drive(tmp_path, [PY, script(tmp_path, "pool.py", POOL), "ok", "--out", "{out}", "--hold", "{hold}"], 1,
               scan_s=SCAN_S)
     check(o, None)
 
 
-def test_a_recycled_pool_worker_forked_before_the_write_is_named_with_the_pools_remedy(tmp_path):
+@pytest.mark.slow
+def test_a_worker_started_before_the_write_is_named_not_the_pool_workers_retired_before_it(tmp_path):
     o = drive(tmp_path, [PY, script(tmp_path, "pool.py", POOL), "fail", "--out", "{out}", "--hold", "{hold}"], 1,
               scan_s=SCAN_S)
     check(o, "set_after_start", "multiprocessing fork", ("maxtasksperchild", "initializer"), parent="writer")
 
 
+@pytest.mark.slow
 def test_the_resource_tracker_and_a_retired_executor_worker_are_not_affected(tmp_path):
     """ProcessPoolExecutor(max_tasks_per_child=1): its resource tracker and its first worker started
     before the write; the worker that does the work was spawned after it."""
-    o = drive(tmp_path, [PY, script(tmp_path, "executor.py", EXECUTOR), "--out", "{out}", "--hold", "{hold}"], 1,
+    o = drive(tmp_path, [PY, script(tmp_path, "executor.py", EXECUTOR), "ok", "--out", "{out}", "--hold", "{hold}"], 1,
               scan_s=SCAN_S)
     check(o, None)
     trackers = [p for p in o.doc["processes"] if "resource_tracker" in " ".join(p.get("argv") or ())]
     assert trackers, o.why()  # the tracker was there, lacking the value, and is no finding's
 
 
+@pytest.mark.slow  # loky's workers outlive the job by a few seconds
 @pytest.mark.parametrize("variant", ["fail", "ok"])
 def test_joblib_loky_keeps_its_workers_and_its_remedy_says_so(tmp_path, variant):
     pytest.importorskip("joblib")

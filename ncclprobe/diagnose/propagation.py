@@ -11,10 +11,10 @@ the same rules (the boot probe's start environment and writes, /proc's exec-time
 tell about is a stated blind spot, never a guess.
 
 The affected processes are the job's endpoints: the processes that use NCCL (a communicator, libnccl
-mapped, a GPU) or, where none does, the ones that start no other process and did not retire before the
-others (a pool worker recycled between two scans of run's watch). Intermediates (launchers, daemons,
-shells, servers) are named in the edge, not counted as affected; so is the launcher around the edge,
-with its own remedy (model/launchers.py).
+mapped, a GPU) or, where none does, the ones that start no other process and did not retire before
+the others (a recycled pool worker no scan of run's watch saw, gone before the job's workers came).
+Intermediates (launchers, daemons, shells, servers) are named in the edge, not counted as affected;
+so is the launcher around the edge, with its own remedy (model/launchers.py).
 """
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ from ncclprobe.model.watched import is_watched, one_line, redact_assignments
 
 TICK_S = 0.011  # /proc start times are floored to the clock tick (1/100 s)
 RESTORE_WINDOW_S = 1.0   # an unset-and-restore (accelerate's clear_environment) nets out within this
+# a process no scan of run's watch saw lived less than its interval plus one scan's time (bounded by this)
+RETIRE_SLACK_S = 1.0
 # launcher helpers that run no user code: never endpoints of the job (joblib's loky has its own tracker)
 HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker",
                 "loky.backend.resource_tracker")
@@ -230,17 +232,27 @@ class Knowledge:
                   and not [c for c in self.children[p.key] if not self.helper(c)]]
         if not users and any(is_python(p) for p in leaves):
             leaves = [p for p in leaves if is_python(p)]
-        if not users and any(not self.retired(p) for p in leaves):  # the workers are the ones that stayed
-            leaves = [p for p in leaves if not self.retired(p)]
+        if not users:  # the workers are the ones that stayed, not those that retired before them
+            stayed = [q for q in leaves if "proc" in q.sources]
+            leaves = [p for p in leaves if not self.retired(p, stayed)]
         return [p for p in scoped if p.key in users] + leaves
 
-    def retired(self, p: ProcessView) -> bool:
-        """p ended between two scans of run's /proc watch: only its boot probe saw it, on a host the
-        watch scanned throughout (a pool worker recycled by maxtasksperchild, a quick helper), and no
-        witness saw it use NCCL. Such a process did no NCCL work: it is not affected by what it lacked."""
+    def retired(self, p: ProcessView, stayed: list[ProcessView]) -> bool:
+        """p ended before a worker that stayed was started: no scan of run's /proc watch saw it, so it
+        lived less than a scan interval (plus a scan's time, RETIRE_SLACK_S), and a process a scan did
+        see started later than that (a pool worker recycled by maxtasksperchild before the job's workers
+        came; a quick helper)."""
         w = self.m.watch.get(p.host)
-        return (w is not None and (w.get("scans") or 0) >= 2 and not w.get("stuck") and not w.get("error")
-                and p.t_start is not None and "proc" not in p.sources and not p.libs and not p.nccl_user
+        s = start_of(p)
+        if w is None or s is None or not self._boot_only(p, w):
+            return False
+        gone_by = s + float(w.get("interval_s") or 0) + RETIRE_SLACK_S
+        return any(q.host == p.host and (t := start_of(q)) is not None and t > gone_by for q in stayed)
+
+    def _boot_only(self, p: ProcessView, watch: dict) -> bool:
+        """Only p's boot probe saw it, though the watch scanned throughout, and nothing saw it use NCCL."""
+        sound = (watch.get("scans") or 0) >= 2 and not watch.get("stuck") and not watch.get("error")
+        return (sound and p.t_start is not None and "proc" not in p.sources and not p.libs and not p.nccl_user
                 and not self.m.comms_of(p.host, p.pid))
 
     def helper(self, p: ProcessView) -> bool:

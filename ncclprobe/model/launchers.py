@@ -113,8 +113,9 @@ LAUNCHERS: tuple[Launcher, ...] = (
                                 "starts (and restarts) the workers with its own environment"}),
     Launcher("multiprocessing forkserver", marks=("multiprocessing.forkserver",), remedies={
         "set_after_start": "set {value} before the first multiprocessing start{at}: the forkserver is started "
-                           "once, on first use, and its children copy its environment (" + _MP_REPLACED + "); "
-                           "or set it in the worker (a Pool/Process target, a ProcessPoolExecutor initializer)"}),
+                           "once, on first use, and its children copy its environment, not the parent's of the moment (a "
+                           "Pool's replacement workers too); or set it in the worker (a Pool/Process target, a "
+                           "ProcessPoolExecutor initializer)"}),
     Launcher("multiprocessing spawn", marks=("spawn_main", "multiprocessing.spawn"), reach=0, remedies={
         "set_after_start": "set {value} before the Process/Pool/ProcessPoolExecutor starts its workers{at}: "
                            "each spawned worker copies the parent's environment when it starts (" + _MP_REPLACED
