@@ -394,22 +394,31 @@ def _launcher(k: Knowledge, kind: str, path: list[ProcessView], given: dict | No
     first, then the command `run` was given (the root's first image); the shell, where the parent is
     one and nothing else is recognised."""
     chain = _ancestry(k.m, path)
+    levels, fixed = _levels(k, chain, given)
+    if kind == "not_in_root":  # above the root: only a launcher that says where to give it is named
+        chosen, _ = launchers.nearest(levels, kind, fixed, anywhere=True)
+        return chosen.name if chosen else None
+    chosen, seen = launchers.nearest(levels, kind, fixed)
+    if chosen or seen:
+        return (chosen or seen).name
+    return "shell" if len(chain) > 1 and is_shell(chain[1]) else None
+
+
+def _levels(k: Knowledge, chain: list[ProcessView], given: dict | None) -> tuple[list, dict]:
+    """Each process's images, nearest first, and the launcher a fork child that never exec'd stands
+    for: it runs its parent's command line, so it is multiprocessing's child, or the worker of a
+    launcher that forks its workers (celery's pool, gunicorn's)."""
     levels, fixed = [], {}
     for d, q in enumerate(chain):
         up = chain[d + 1] if d + 1 < len(chain) else k.m.parent(q)
         forked = k.via(q) in ("fork", "forkserver") and up is not None
         levels.append(_images(q, up.argv if forked else None))
         if forked and (not q.argv or q.argv == up.argv) and is_python(up):
-            # a fork child that never exec'd runs its parent's command line: multiprocessing's child,
-            # or the worker of a launcher that forks its workers (celery's pool, gunicorn's)
             outer = launchers.identify(up.argv, up.exe)
             fixed[d] = outer if outer is not None and outer.forks else launchers.BY_VIA[k.via(q)]
     if given is not None and k.m.parent(chain[-1]) is None:
         levels[-1].append((given.get("command"), None))
-    chosen, seen = launchers.nearest(levels, kind, fixed, anywhere=kind == "not_in_root")
-    if chosen or seen:
-        return (chosen or seen).name
-    return "shell" if kind != "not_in_root" and len(chain) > 1 and is_shell(chain[1]) else None
+    return levels, fixed
 
 
 def _ancestry(m: Model, path: list[ProcessView]) -> list[ProcessView]:

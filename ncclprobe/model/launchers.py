@@ -34,7 +34,7 @@ Image = tuple[Sequence[str] | None, str | None]  # (argv, exe) of one program a 
 # a process title's first word ends at a space or a colon (`sshd: user@notty`, `ray::IDLE`)
 _TITLE_ENDS = (" ", ":")
 INTERPRETERS = ("python", "pypy", "perl")
-_ARG_OPTIONS = frozenset({"-W", "-X", "-I"})  # python options that take the next word (perl's -I too)
+_ARG_OPTIONS = frozenset({"-W", "-X"})  # python options that take the next word
 
 
 @dataclass(frozen=True, eq=False)
@@ -181,7 +181,7 @@ LAUNCHERS: tuple[Launcher, ...] = (
     Launcher("container", programs=frozenset({"docker", "podman", "conmon", "containerd-shim",
                                               "containerd-shim-runc-v2", "runc", "crun"}),
              remedies=_all(_CONTAINER)),
-    Launcher("deepspeed", programs=frozenset({"deepspeed"}), scripts=frozenset({"deepspeed", "ds"}),
+    Launcher("deepspeed", programs=frozenset({"deepspeed"}), scripts=frozenset({"deepspeed"}),
              modules=("deepspeed.launcher",), remedies=_all(_DEEPSPEED)),
 )
 BY_NAME = {la.name: la for la in LAUNCHERS}
