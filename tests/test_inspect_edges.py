@@ -264,7 +264,8 @@ def test_discovered_missing_log_dir_is_a_note(tmp_path):
     try:
         r = cli("inspect", str(p.pid), "--json")
         assert r.returncode == 0, r.stderr
-        assert "error" in json.loads(r.stdout).get("in_process", {})
+        (skipped,) = json.loads(r.stdout)["in_process"]["skipped_dirs"]  # tests/test_inspect_logdirs.py: why
+        assert skipped["dir"] == str(tmp_path / "gone") and skipped["reason"] == "no such directory"
     finally:
         stop(p)
 

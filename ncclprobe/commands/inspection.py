@@ -15,6 +15,7 @@ from ncclprobe.witnesses import conffiles, elf, events, procaccess, procs, procs
 
 from ncclprobe import diagnose, model as model_mod
 from ncclprobe.commands import verdictview
+from ncclprobe._lib import ncclprobe_boot as _boot  # the probes' log-directory rules (DESIGN §4)
 from ncclprobe.diagnose import verdict
 
 from ncclprobe.model import wiring
@@ -78,9 +79,12 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     _refuse_if_blind(recs, roots)
     live_summary = _live(ctx, recs, tree, proc_root, live_reader) if live else None
     host = socket.gethostname()
-    dirs = list(log_dirs or []) or (sorted({d for p in tree.procs.values() if p.env and p.env.env
-                                            for d in [p.env.env.get("NCCLPROBE_DIR")] if d})
-                                    if merge_probe_dirs else [])
+    skipped_dirs: list[dict] = []
+    dirs = list(log_dirs or [])
+    if not dirs and merge_probe_dirs:
+        dirs, skipped_dirs = _probe_dirs(fs, tree)
+        notes += [f"NCCLPROBE_DIR {one_line(s['dir'])} (in the environment of pid "
+                  f"{', '.join(map(str, s['pids']))}) not read: {s['reason']}" for s in skipped_dirs]
     m, in_process_error = model_mod.Model(), None
     if dirs or nccl_logs:  # the probes' witnesses of the same processes: one model with /proc's
         from ncclprobe.commands.report import load  # the event reader costs ~27 ms: only when merging
@@ -106,12 +110,76 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
         result.code = EXIT_UNEXAMINABLE
     if dirs or nccl_logs:
         from ncclprobe.commands.report import augment_inspection
-        return augment_inspection(result, m, dirs, in_process_error)
-    v = verdict.for_model(m, findings, expect)
-    data["verdict"] = v.to_json()
-    result.head = verdictview.doc(v)
-    result.code = result.code or v.code
+        result = augment_inspection(result, m, dirs, in_process_error)
+    else:
+        v = verdict.for_model(m, findings, expect)
+        data["verdict"] = v.to_json()
+        result.head = verdictview.doc(v)
+        result.code = result.code or v.code
+    if skipped_dirs:
+        result.data.setdefault("in_process", {"dirs": []})["skipped_dirs"] = skipped_dirs
     return result
+
+
+def _probe_dirs(fs: procs.ProcFS, tree: procs.ProcTree) -> tuple[list[str], list[dict]]:
+    """The NCCLPROBE_DIRs the inspected processes' environments name that are read as evidence, and
+    the others ({"dir", "pids", "reason"}): any user in the tree chooses its own NCCLPROBE_DIR, so one
+    is read only if this user (euid) or a process that names it owns it, and it passes the log
+    discipline of DESIGN §4; a path the process resolves in another root or mount namespace is not ours."""
+    named: dict[str, list[procs.Proc]] = {}
+    for p in tree.procs.values():
+        d = p.env.env.get("NCCLPROBE_DIR") if p.env and p.env.env else None
+        if d:
+            named.setdefault(d, []).append(p)
+    read, skipped = [], []
+    for d, ps in sorted(named.items()):
+        here = [p for p in ps if _our_root(fs, p)]
+        why = (_unfit_evidence(d, {os.geteuid(), *(p.uid for p in here if p.uid is not None)}) if here else
+               "a path in the process's own root or mount namespace")
+        if why is None:
+            read.append(d)
+        else:
+            skipped.append({"dir": d, "pids": sorted(p.pid for p in ps), "reason": why})
+    return read, skipped
+
+
+def _our_root(fs: procs.ProcFS, p: procs.Proc) -> bool:
+    fs.resolve_root(p)
+    return p.same_mnt_ns and p.root == "/"
+
+
+def _unfit_evidence(d: str, owners: set[int]) -> str | None:
+    """Why the directory d is not read as evidence, or None: it must be a real directory (O_NOFOLLOW:
+    its last component no symlink) of one of the owners that group and others cannot write to and, if
+    root's, no system directory (the probes' own rules: ncclprobe_boot._system_dir)."""
+    if not d.startswith("/"):
+        return "not an absolute path (the process resolves it in its own working directory)"
+    try:
+        fd = os.open(d, _boot._DIR_FLAGS)
+    except OSError as exc:
+        return _open_refusal(exc, d)
+    try:
+        st = os.fstat(fd)
+        if st.st_uid not in owners:
+            return f"it belongs to uid {st.st_uid}, neither this user nor the process's"
+        if st.st_mode & 0o022:
+            return "group or others can write to it"
+        if st.st_uid == 0 and _boot._system_dir(fd, d):
+            return "it is a system directory"
+        return None
+    finally:
+        os.close(fd)
+
+
+def _open_refusal(exc: OSError, d: str) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "no such directory"
+    if isinstance(exc, NotADirectoryError):  # O_NOFOLLOW|O_DIRECTORY gives ENOTDIR on a symlink too
+        try:
+            return "it is a symlink" if stat.S_ISLNK(os.lstat(d).st_mode) else "not a directory"
+        except OSError:
+            return "not a directory"
+    return exc.strerror or str(exc)
 
 
 class _InspectResult(Result):
