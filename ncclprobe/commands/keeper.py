@@ -53,7 +53,7 @@ if done:
     sys.exit(0)
 sys.path.append(where)  # the installed ncclprobe: run's own stop path, now that it is needed
 try:
-    from ncclprobe.commands.keeper import take_over
+    from ncclprobe.commands.supervise import take_over
     take_over(members, mark, grace, label)
 except Exception as exc:  # one line, never a traceback on the user's terminal
     try:
@@ -61,18 +61,6 @@ except Exception as exc:  # one line, never a traceback on the user's terminal
     except OSError:
         pass
 """
-CAUSE = "the supervisor is gone; ending the tree it ran"
-
-
-def take_over(members: dict[int, int], mark: tuple[bytes, int, int] | None, grace: float, label: str) -> None:
-    """In the keeper, once the supervisor is gone: its stop path on the tree it last scanned (pid ->
-    start time), re-scanned from those members and by the mark until it is empty or the steps run out."""
-    from ncclprobe.commands import supervise
-    tree = supervise.Tree(mark=supervise.Mark(*mark) if mark is not None else None)
-    tree.seen = {pid: supervise.Member(pid, start, "") for pid, start in members.items()}
-    supervise.Group.ending(tree, grace, label, CAUSE)
-
-
 class Keeper:
     """The keeper of one supervised tree: update() after each scan, close() when the tree is settled."""
 

@@ -435,6 +435,17 @@ class Group:
             self.keeper = None
 
 
+KEEPER_CAUSE = "the supervisor is gone; ending the tree it ran"
+
+
+def take_over(members: dict[int, int], mark: tuple[bytes, int, int] | None, grace: float, label: str) -> None:
+    """In the keeper, once the supervisor is gone: its stop path on the tree it last scanned (pid ->
+    start time), re-scanned from those members and by the mark until it is empty or the steps run out."""
+    tree = Tree(mark=Mark(*mark) if mark is not None else None)
+    tree.seen = {pid: Member(pid, start, "") for pid, start in members.items()}
+    Group.ending(tree, grace, label, KEEPER_CAUSE)
+
+
 def _keeper(grace: float, label: str, mark_value: str | None):
     """The keeper that ends the tree should this process be killed (keeper.py); None where none can start.
     mark_value: CMD's MARK_VAR, the tree's mark (Mark) unless this process's environment holds it too."""
