@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ncclprobe.witnesses import elfread
-from ncclprobe.witnesses.elfread import SHT_DYNAMIC, SHT_DYNSYM, SHT_SYMTAB, Elf, name_at
+from ncclprobe.witnesses.elfread import SHT_DYNAMIC, SHT_DYNSYM, SHT_SYMTAB, Elf
 
 # The entry points that create communicators; a preload hook interposes exactly these
 # (nccl-internals §2). Defining one outside libnccl means NCCL was linked into that object.
@@ -227,15 +227,11 @@ def _named(elf: Elf, table: tuple, strings: tuple, needle: bytes, prefixes: tupl
     """(name, type, shndx, value) of the symbols whose name (without its @version) starts with one of
     prefixes; none unless the string table holds needle. Iterating symbols in Python is slow: the
     places a name can start are found in the strings first (a symbol's name offset may point into
-    another name: the linker merges a name that is another's tail)."""
-    if not elf.contains(strings, needle):
+    another name: the linker merges a name that is another's tail), and only those rows unpacked."""
+    if needle not in prefixes and not elf.contains(strings, needle):
         return
-    names = {}
-    for prefix in prefixes:
-        for off, text in elf.occurrences(strings, prefix, elfread.MAX_NAME + 1).items():
-            name = name_at(text, 0).split(b"@", 1)[0]
-            if name:
-                names[off] = name.decode("utf-8", "replace")
+    names = {off: name.split(b"@", 1)[0].decode("utf-8", "replace")
+             for prefix in prefixes for off, name in elf.occurrences(strings, prefix, names=True).items()}
     if not names:
         return
     for off, typ, shndx, value in elf.symbols(table, names):

@@ -16,11 +16,14 @@ from __future__ import annotations
 import os
 import stat
 import struct
+import sys
 import threading
 
 MAX_SECTION = 16 << 20     # a section read whole (headers, hash, dynamic, names): libtorch_cpu's largest is 0.6 MB
-MAX_FILE_READ = 1 << 30    # all the reads of one file together (a 0.4 GB libnccl reads 2 MB of it)
+MAX_FILE_READ = 512 << 20  # all the reads of one file together (libnccl: 2 MB; libtorch_cpu: 76 MB of names)
 WINDOW = 8 << 20           # a streamed section's bytes held at once
+MAX_PHDRS = 1 << 16        # bytes of program headers (the kernel's loader takes a page; glibc's a few more)
+MAX_SECTIONS = 1 << 16     # section headers (e_shnum holds up to 65,535; a library has tens)
 MAX_NAME = 256             # a symbol or library name longer than this is none ncclprobe looks for
 MAX_HITS = 1 << 16         # places a searched name is found in one string table (libnccl's .strtab: ~3,000 'nccl')
 CHUNK_ROWS = 1 << 14       # symbol rows read and unpacked at a time
@@ -104,6 +107,8 @@ class Elf:
         self.phnum = zero[7] if phnum == PN_XNUM and zero else phnum
         self.shstrndx = zero[6] if shstrndx == SHN_XINDEX and zero else shstrndx
         self._names: bytes | None = None
+        self._by_name: dict[bytes, tuple] | None = None
+        self._loads: tuple | None = None
 
     # ------------------------------------------------------------------------------------ reads
     def read(self, offset: int, size: int, what: str) -> bytes:
@@ -115,15 +120,19 @@ class Elf:
             raise BadElf(f"{what} truncated (the file shrank while read)")
         return data
 
-    def claim(self, offset: int, size: int, what: str, cap: int) -> None:
-        """Check a read before anything is allocated for it, and count it against the budget."""
-        if size < 0 or offset < 0 or offset + size > self.size:
-            raise BadElf(f"{what} past the end of the file ({size} bytes at {offset}, file {self.size})")
-        if size > cap:
+    def claim(self, offset: int, size: int, what: str, cap: int | None = None) -> None:
+        """Check a read before anything is allocated for it (in the file, under cap), and count it
+        against the budget."""
+        self.within(offset, size, what)
+        if cap is not None and size > cap:
             raise BadElf(f"{what} of {size} bytes, over the {cap >> 20} MiB cap")
         if size > self.budget:
             raise BadElf(f"reads over the {MAX_FILE_READ >> 20} MiB budget of one file")
         self.budget -= size
+
+    def within(self, offset: int, size: int, what: str) -> None:
+        if size < 0 or offset < 0 or offset + size > self.size:
+            raise BadElf(f"{what} past the end of the file ({size} bytes at {offset}, file {self.size})")
 
     def read_upto(self, offset: int, size: int) -> bytes:
         """Up to size (small) bytes at offset, cut at the end of the file."""
@@ -157,7 +166,7 @@ class Elf:
         buffer is reused: valid until the next window."""
         if sec[1] == SHT_NOBITS:
             return
-        self.claim(sec[4], sec[5], what, MAX_FILE_READ)
+        self.claim(sec[4], sec[5], what)
         self.budget += sec[5]  # counted below, window by window
         buf = _buffer(min(WINDOW, sec[5]))
         at = 0
@@ -175,19 +184,26 @@ class Elf:
     def contains(self, sec: tuple, needle: bytes, what: str = "string table") -> bool:
         return any(buf.find(needle, 0, n) >= 0 for _, buf, n in self.windows(sec, len(needle) - 1, what))
 
-    def occurrences(self, sec: tuple, needle: bytes, tail: int, what: str = "string table") -> dict[int, bytes]:
-        """{offset in the section: the `tail` bytes from there} of every place needle is (at most
-        MAX_HITS: more is no ELF file ncclprobe reads)."""
+    def occurrences(self, sec: tuple, needle: bytes, names: bool = False, what: str = "string table") -> dict:
+        """{offset in the section: b""} of every place needle is, or with names, {offset: the name
+        there, up to its NUL} of every place a name starts with needle (one without a NUL within
+        MAX_NAME is none looked for). At most MAX_HITS: more is no ELF file ncclprobe reads."""
         out: dict[int, bytes] = {}
-        overlap = max(len(needle), tail) - 1
+        overlap = max(len(needle), MAX_NAME + 1 if names else 0) - 1
         for at, buf, n in self.windows(sec, overlap, what):
             own = n if at + n >= sec[5] else n - overlap  # a place in the overlap is the next window's
-            i = buf.find(needle, 0, n)
+            find = buf.find
+            i = find(needle, 0, n)
             while 0 <= i < own:
                 if len(out) >= MAX_HITS:
                     raise BadElf(f"{what}: over {MAX_HITS} names holding {needle!r}")
-                out[at + i] = bytes(buf[i:min(i + tail, n)])
-                i = buf.find(needle, i + 1, n)
+                if not names:
+                    out[at + i] = b""
+                else:
+                    end = find(b"\0", i, i + MAX_NAME + 1)
+                    if end >= 0:
+                        out[at + i] = bytes(buf[i:end])
+                i = find(needle, i + 1, n)
         return out
 
     # ---------------------------------------------------------------------------------- headers
@@ -199,6 +215,8 @@ class Elf:
             raise BadElf(f"section header size {self.shentsize} under {self.sh.size}")
         if shnum == 0:  # 0 with an offset: the count is section 0's sh_size (gABI extended numbering)
             shnum = self.sh.unpack(self.read(self.shoff, self.sh.size, "section header 0"))[5]
+        if shnum > MAX_SECTIONS:
+            raise BadElf(f"{shnum} section headers, over {MAX_SECTIONS}")
         raw = self.read(self.shoff, self.shentsize * shnum, f"{shnum} section headers")
         if self.shentsize == self.sh.size:
             return list(self.sh.iter_unpack(raw))
@@ -219,21 +237,33 @@ class Elf:
         return name_at(self._names, sec[0])
 
     def by_name(self, name: bytes) -> tuple | None:
-        return next((s for s in self.sections if self.name_of(s) == name), None)
+        """The first section of a name."""
+        if self._by_name is None:
+            self._by_name = {}
+            for sec in self.sections:
+                self._by_name.setdefault(self.name_of(sec), sec)
+        return self._by_name.get(name)
 
     def loads(self) -> tuple[tuple[int, int, int], ...]:
         """PT_LOAD segments as (p_offset, p_filesz, p_vaddr)."""
+        if self._loads is None:
+            self._loads = self._read_loads()
+        return self._loads
+
+    def _read_loads(self) -> tuple[tuple[int, int, int], ...]:
         if not self.phoff or not self.phnum:
             return ()
         if self.phentsize < self.ph.size:
             raise BadElf(f"program header size {self.phentsize} under {self.ph.size}")
-        raw = self.read(self.phoff, self.phentsize * self.phnum, f"{self.phnum} program headers")
-        out = []
-        for i in range(self.phnum):
-            f = self.ph.unpack_from(raw, i * self.phentsize)
-            if f[0] == PT_LOAD:
-                out.append((f[2], f[5], f[3]) if self.is64 else (f[1], f[4], f[2]))
-        return tuple(out)
+        size = self.phentsize * self.phnum
+        if size > MAX_PHDRS:  # the kernel loads none over a page (fs/binfmt_elf.c load_elf_phdrs)
+            raise BadElf(f"{self.phnum} program headers, over {MAX_PHDRS} bytes")
+        raw = self.read(self.phoff, size, f"{self.phnum} program headers")
+        rows = self.ph.iter_unpack(raw) if self.phentsize == self.ph.size else \
+            (self.ph.unpack_from(raw, i * self.phentsize) for i in range(self.phnum))
+        if self.is64:  # type, flags, offset, vaddr, paddr, filesz, ...
+            return tuple((f[2], f[5], f[3]) for f in rows if f[0] == PT_LOAD)
+        return tuple((f[1], f[4], f[2]) for f in rows if f[0] == PT_LOAD)  # type, offset, vaddr, paddr, filesz
 
     # ---------------------------------------------------------------------------------- symbols
     def entsize(self, table: tuple) -> int:
@@ -250,12 +280,16 @@ class Elf:
         only those whose name offset is in `names`, where given (filtered before they are unpacked
         into fields: the name offset is each row's first)."""
         entsize, n = self.entsize(table), self.count(table)
-        self.claim(table[4], n * entsize, "symbol table", MAX_FILE_READ)
-        self.budget += n * entsize  # counted chunk by chunk
+        self.claim(table[4], table[5], "symbol table")
+        self.budget += table[5]  # counted chunk by chunk
         for lo in range(0, n, CHUNK_ROWS):
             rows = min(CHUNK_ROWS, n - lo)
             raw = self.read(table[4] + lo * entsize, rows * entsize, "symbol table")
-            if entsize == self.sym.size:
+            if names is not None and self.e == _NATIVE and entsize % 4 == 0:
+                # only the rows asked for are unpacked: the name offsets read as one column of words
+                column = memoryview(raw).cast("I")[::entsize // 4].tolist()
+                got = [self.sym.unpack_from(raw, i * entsize) for i, n in enumerate(column) if n in names]
+            elif entsize == self.sym.size:
                 got = self.sym.iter_unpack(raw)
             else:
                 got = (self.sym.unpack_from(raw, i * entsize) for i in range(rows))
@@ -265,6 +299,7 @@ class Elf:
 
     def symbol(self, table: tuple, index: int) -> tuple[int, int, int, int]:
         """(name offset, type, shndx, value) of one symbol."""
+        self.within(table[4], table[5], "symbol table")
         if not 0 <= index < self.count(table):
             raise BadElf("symbol index out of its table")
         return self.fields(self.sym.unpack(self.read(table[4] + index * self.entsize(table), self.sym.size, "symbol")))
@@ -279,6 +314,7 @@ class Elf:
         table, or no NUL within MAX_NAME: a section without its NUL, or a name no one looks for)."""
         if strings[1] == SHT_NOBITS or offset >= strings[5]:
             return b""
+        self.within(strings[4], strings[5], "string table")
         return name_at(self.read_upto(strings[4] + offset, min(MAX_NAME + 1, strings[5] - offset)), 0)
 
     def dynamic(self, sec: tuple):
@@ -297,6 +333,7 @@ def name_at(strings: bytes, offset: int) -> bytes:
     return strings[offset:end] if end >= 0 and offset >= 0 else b""
 
 
+_NATIVE = "<" if sys.byteorder == "little" else ">"
 _local = threading.local()  # one window buffer per thread (a watch thread reads beside the main one)
 
 

@@ -72,22 +72,22 @@ def _hashed(f: Elf, table: tuple, strings: tuple, hashed: tuple, name: bytes):
     """The symbols of `name` through the hash section (GNU: a bloom-less walk of one chain). A walk
     visits each symbol at most once and at most MAX_CHAIN of them (a forged chain without its end)."""
     data = f.data(hashed, "hash table")
+    word = _words(data, f.e)
     nsyms = f.count(table)
-    e = f.e
     if hashed[1] == SHT_GNU_HASH:
-        nbuckets, symoffset, bloom_size, _ = struct.unpack_from(e + "IIII", data, 0)
+        nbuckets, symoffset, bloom_size = word(0), word(1), word(2)
         if not nbuckets:
             return
-        at = 16 + bloom_size * (8 if f.is64 else 4)
+        buckets = 4 + bloom_size * (2 if f.is64 else 1)  # in 32-bit words
         h = 5381
         for c in name:
             h = (h * 33 + c) & 0xFFFFFFFF
-        first, = struct.unpack_from(e + "I", data, at + 4 * (h % nbuckets))
+        first = word(buckets + h % nbuckets)
         if first < symoffset:  # an empty bucket
             return
-        chain = at + 4 * nbuckets
+        chain = buckets + nbuckets
         for i in range(first, min(nsyms, first + MAX_CHAIN)):
-            ch, = struct.unpack_from(e + "I", data, chain + 4 * (i - symoffset))
+            ch = word(chain + i - symoffset)
             if (ch | 1) == (h | 1):
                 sym = f.symbol(table, i)
                 if f.name(strings, sym[0]) == name:
@@ -95,7 +95,7 @@ def _hashed(f: Elf, table: tuple, strings: tuple, hashed: tuple, name: bytes):
             if ch & 1:
                 return
         return
-    nbucket, _ = struct.unpack_from(e + "II", data, 0)
+    nbucket = word(0)
     if not nbucket:
         return
     h = 0
@@ -105,20 +105,31 @@ def _hashed(f: Elf, table: tuple, strings: tuple, hashed: tuple, name: bytes):
         if g:
             h ^= g >> 24
         h &= ~g & 0xFFFFFFFF
-    i, = struct.unpack_from(e + "I", data, 8 + 4 * (h % nbucket))
+    i = word(2 + h % nbucket)
     seen = set()
     while i and i not in seen and len(seen) < MAX_CHAIN:
         seen.add(i)
         sym = f.symbol(table, i)
         if f.name(strings, sym[0]) == name:
             yield sym
-        i, = struct.unpack_from(e + "I", data, 8 + 4 * nbucket + 4 * i)
+        i = word(2 + nbucket + i)
+
+
+def _words(data: bytes, endian: str):
+    """The hash table's 32-bit word at an index; BadElf past its end (a forged count or index)."""
+    unpack = struct.Struct(endian + "I").unpack_from
+
+    def word(index: int) -> int:
+        if not 0 <= index < len(data) // 4:
+            raise BadElf("hash table index out of the table")
+        return unpack(data, 4 * index)[0]
+    return word
 
 
 def _scan(f: Elf, table: tuple, strings: tuple, name: bytes):
     """The symbols of `name` in a table without a hash: every symbol whose name offset can hold it
     (the linker merges a name that is another's tail: each place the name ends a string is one)."""
-    offsets = f.occurrences(strings, name + b"\0", 0)
+    offsets = f.occurrences(strings, name + b"\0")
     if not offsets:
         return
     yield from f.symbols(table, offsets)
