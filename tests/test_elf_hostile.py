@@ -329,6 +329,15 @@ sys.stdin.read()
 """
 
 
+MAPS_KEEP = r"""
+import mmap, os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+m = mmap.mmap(fd, 0, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_EXEC)
+print("ready", flush=True)
+sys.stdin.read()
+"""
+
+
 @contextmanager
 def running(code: str, *args: str, **kw):
     p = subprocess.Popen([sys.executable, "-c", code, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -61,7 +61,7 @@ BOUNDED = f"environment over {MAX_BYTES} bytes or {MAX_ENTRIES} entries (not rea
 BIG_MAPS = f"maps over {MAX_MAPS} bytes (not read)"
 YAMA = "ptrace_scope"
 UNMATCHED = "a mapped object the native read could not match once resolved (not read)"
-LONG_PATH = "a mapped object's path over 65536 bytes (not read)"
+LONG_PATH = f"a mapped object's path over {1 << 16} bytes (not read)"  # liveread.MAX_PATH
 
 
 @dataclass(frozen=True)
