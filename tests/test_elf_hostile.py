@@ -281,6 +281,26 @@ def test_the_cost_of_many_dynsym_headers_grows_with_the_headers_not_with_headers
     assert cost[16000] - cost[4000] <= 2 * 2 * table + (1 << 20), cost  # each reader reads the table once
 
 
+def test_a_name_cut_by_the_end_of_its_table_is_no_name(tmp_path):
+    """A string table whose size ends inside a name: that name has no NUL in the table and is none,
+    even where the window buffer, left larger by an earlier read, holds a NUL past the table's end."""
+    f = Forge(SIM, tmp_path / "libnccl.so.2")
+    dynstr = f.section(f.index(".dynstr"))
+    table = f.data[dynstr["sh_offset"]:dynstr["sh_offset"] + dynstr["sh_size"]]
+    last = table.rfind(b"nccl")
+    cut = last + 6  # inside the last nccl* name
+    f.set_section(".dynstr", "sh_size", cut)
+    elfread._local.buf = bytearray(1 << 16)  # zeros: what a longer table read before may have left
+    fd, st = elfread.open_regular(f.path)
+    try:
+        e = elfread.Elf(fd, st.st_size)
+        names = e.occurrences(e.linked(e.first(elfread.SHT_DYNSYM)), b"nccl", names=True)
+    finally:
+        os.close(fd)
+    assert names and last not in names
+    assert all(table[off:off + len(n) + 1] == n + b"\0" and off + len(n) < cut for off, n in names.items())
+
+
 # ------------------------------------------------------------------------- files that are no files
 NO_HANG = r"""
 import os

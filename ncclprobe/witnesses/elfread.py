@@ -200,7 +200,7 @@ class Elf:
                 if not names:
                     out[at + i] = b""
                 else:
-                    end = find(b"\0", i, i + MAX_NAME + 1)
+                    end = find(b"\0", i, min(i + MAX_NAME + 1, n))  # never into what a longer read left
                     if end >= 0:
                         out[at + i] = bytes(buf[i:end])
                 i = find(needle, i + 1, n)
