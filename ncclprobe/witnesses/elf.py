@@ -245,7 +245,8 @@ def _needed(elf: Elf) -> tuple[str, ...]:
     if strings is None:
         return ()
     values = [value for tag, value in elf.dynamic(dynamic) if tag == DT_NEEDED][:MAX_NEEDED]
-    return tuple(n.decode("utf-8", "replace") for n in map(lambda v: elf.name(strings, v), values) if n)
+    names = (elf.name(strings, value) for value in values)
+    return tuple(n.decode("utf-8", "replace") for n in names if n)
 
 
 def _version(elf: Elf, display: str) -> tuple[str | None, str | None, str]:

@@ -82,15 +82,23 @@ class Elf:
     def __init__(self, fd: int, size: int):
         self.fd, self.size, self.budget = fd, size, MAX_FILE_READ
         self._cache: dict[tuple[int, int], bytes] = {}
-        head = self.read_upto(0, 64)
+        phnum, shnum, shstrndx = self._header(self.read_upto(0, 64))
+        self.sections = self._sections(shnum)
+        zero = self.sections[0] if self.sections else None
+        self.phnum = zero[7] if phnum == PN_XNUM and zero else phnum
+        self.shstrndx = zero[6] if shstrndx == SHN_XINDEX and zero else shstrndx
+        self._names: bytes | None = None
+        self._by_name: dict[bytes, tuple] | None = None
+        self._loads: tuple | None = None
+
+    def _header(self, head: bytes) -> tuple[int, int, int]:
+        """The ELF header's class, byte order and table offsets; (e_phnum, e_shnum, e_shstrndx)."""
         if head[:4] != b"\x7fELF":
             raise NotElf("not ELF")
-        if len(head) < 52 or head[4] not in (1, 2) or head[5] not in (1, 2):
+        if len(head) < 52 or head[4] not in (1, 2) or head[5] not in (1, 2) or (head[4] == 2 and len(head) < 64):
             raise BadElf("truncated ELF header")
-        self.is64, self.e = head[4] == 2, "<" if head[5] == 1 else ">"
-        if self.is64 and len(head) < 64:
-            raise BadElf("truncated ELF header")
-        e = self.e
+        self.is64, e = head[4] == 2, "<" if head[5] == 1 else ">"
+        self.e = e
         self.machine, = struct.unpack_from(e + "H", head, 18)
         if self.is64:
             self.phoff, self.shoff = struct.unpack_from(e + "QQ", head, 0x20)
@@ -102,13 +110,7 @@ class Elf:
             self.phentsize, phnum, self.shentsize, shnum, shstrndx = struct.unpack_from(e + "HHHHH", head, 0x2A)
             self.sym, self.sh = struct.Struct(e + "IIIBBH"), struct.Struct(e + "IIIIIIIIII")
             self.ph, self.dyn = struct.Struct(e + "IIIIIIII"), struct.Struct(e + "iI")
-        self.sections = self._sections(shnum)
-        zero = self.sections[0] if self.sections else None
-        self.phnum = zero[7] if phnum == PN_XNUM and zero else phnum
-        self.shstrndx = zero[6] if shstrndx == SHN_XINDEX and zero else shstrndx
-        self._names: bytes | None = None
-        self._by_name: dict[bytes, tuple] | None = None
-        self._loads: tuple | None = None
+        return phnum, shnum, shstrndx
 
     # ------------------------------------------------------------------------------------ reads
     def read(self, offset: int, size: int, what: str) -> bytes:

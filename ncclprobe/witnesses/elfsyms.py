@@ -15,7 +15,14 @@ import struct
 from dataclasses import dataclass
 
 from ncclprobe.witnesses import elfread
-from ncclprobe.witnesses.elfread import SHT_DYNSYM, SHT_GNU_HASH, SHT_HASH, SHT_SYMTAB, BadElf, Elf
+from ncclprobe.witnesses.elfread import (
+    SHT_DYNSYM,
+    SHT_GNU_HASH,
+    SHT_HASH,
+    SHT_SYMTAB,
+    BadElf,
+    Elf,
+)
 
 STT_NOTYPE, STT_OBJECT = 0, 1
 MAX_CHAIN = 1 << 12  # symbols one hash chain visits at most (a real chain holds a few)
