@@ -140,6 +140,7 @@ def test_a_section_claiming_gigabytes_is_refused_without_allocating_it(tmp_path,
         assert got["sym"] == [None, 8] or "past the end" in got["sym"], got
 
 
+@pytest.mark.slow
 def test_string_sections_of_gigabytes_in_a_sparse_file_stay_within_the_budget(tmp_path):
     """Sections inside the file (a sparse one: their sizes are real, their bytes holes) are streamed
     through one window, not allocated; the reads of one file stop at its budget (512 MiB)."""
@@ -621,6 +622,7 @@ out = {"cases": len(times), "max_s": max(times), "mean_s": sum(times) / len(time
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", sorted(CASES))
 def test_fuzz_the_elf_readers(tmp_path, which):
     """Seeded random forgeries of real binaries: /bin/true, ncclprobe's simulated libnccl and (where the
