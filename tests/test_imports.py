@@ -310,7 +310,7 @@ def test_every_runtime_dependency_is_imported_and_every_import_is_declared():
     used = {n for path in mods.values() for n in outside(path, top)} - set(sys.stdlib_module_names)
     runtime, every = requirements()
     provides = provided()
-    assert {"click", "rich", "elftools", "pynvml", "torch"} <= used  # the imports were read
+    assert {"click", "rich", "pynvml", "torch"} <= used  # the imports were read
     unused = sorted(d for d in runtime if not provides.get(d, set()) & used)
     assert not unused, f"runtime dependencies nothing in ncclprobe imports (or not installed): {unused}"
     declared = set().union(*(provides.get(d, {d.replace("-", "_")}) for d in every))
