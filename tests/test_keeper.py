@@ -12,9 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
+
+from test_run_watch import wait_until
 
 WAIT_S = 60  # generous: a loaded 2-core machine is slow; nothing here waits for a timeout to pass
 NCCLPROBE = [sys.executable, "-m", "ncclprobe"]
@@ -82,16 +83,6 @@ def kill_marked(marker: str) -> None:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-
-
-def wait_until(what, why: str):
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        got = what()
-        if got:
-            return got
-        assert time.monotonic() < deadline, why()
-        time.sleep(0.05)  # polling a condition, not waiting for something to happen
 
 
 @pytest.mark.parametrize("mode", ["stay", "exit", "double"])

@@ -228,17 +228,9 @@ def test_a_launcher_far_above_the_edge_does_not_claim_it(tmp_path):
 
 
 # ------------------------------------------------------------------------------------ probe logs
-H = "node1"
+from test_propagation import H, ev, start  # noqa: E402 (the hand-made events of the propagation tests)
 
 
-def ev(kind, pid, t, src, **kw):
-    return {"ev": kind, "pid": pid, "t": t, "host": H, "src": src, **kw}
-
-
-def start(pid, ppid, env, t=0.0, argv=None, forked_from=None):
-    return ev("process_start", pid, t, "boot", ppid=ppid, argv=argv or ["python", f"w{pid}.py"],
-              exe="/usr/bin/python3", env=env, exec_env=env, exec_env_differs=False, forked_from=forked_from,
-              start=t)
 
 
 def comm(pid, t, env):
