@@ -244,10 +244,12 @@ def assert_all_held(results: dict[str, dict]) -> None:
     assert not slow, slow
 
 
+@pytest.mark.slow
 def test_adversarial_proc_files_are_values_with_reasons_in_bounded_time(tmp_path):
     assert_all_held(run_worker(tmp_path, list(ADVERSARIAL)))
 
 
+@pytest.mark.slow
 def test_random_proc_files_are_values_with_reasons_in_bounded_time(tmp_path):
     assert_all_held(run_worker(tmp_path, list(random_cases(random.Random(SEED), RANDOM_CASES))))
 
