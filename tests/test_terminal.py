@@ -199,12 +199,37 @@ def test_words_are_never_cut(width, color):
     assert not trailing_spaces(_drawn(width, color))
 
 
-def test_a_table_keeps_its_columns_while_its_words_fit():
+ROWS = [[NAME, "per process", "whether split children share the parent's resources"],
+        ["NCCL_PROTO", "per communicator", "protocol of every collective"],
+        ["NCCL_ALGO", "per communicator", "algorithm of every collective"]]
+
+
+def _table_at(width: int) -> list[str]:
     out = io.StringIO()
-    render.render_text(Result("explain", doc=[Table(["a", "b"], [[NAME, "x " * 40]])]), out, width=60, color=False)
-    lines = out.getvalue().splitlines()
-    assert lines[0].startswith("+") and all(len(line) <= 60 for line in lines)
-    assert sum(NAME in line for line in lines) == 1 and "| a" in lines[1]
+    render.render_text(Result("explain", doc=[Table(["variable", "read", "affects"], ROWS)]), out, width=width,
+                       color=False)
+    return out.getvalue().splitlines()
+
+
+def test_a_table_keeps_its_columns_while_its_words_fit():
+    lines = _table_at(90)
+    assert lines[0].startswith("+-") and lines[1].startswith("| variable") and len(lines) == 8  # a row a line
+    assert all(len(line) <= 90 for line in lines)
+    lines = _table_at(80)  # the third column wraps: still a table (7 lines of rows against 9 of blocks)
+    assert lines[1].startswith("| variable") and sum(NAME in line for line in lines) == 1
+    assert all(len(line) <= 80 for line in lines) and len(lines) == 11
+
+
+def test_a_table_squeezed_past_its_use_is_one_block_per_row():
+    lines = _table_at(72)  # every row wraps: 10 lines of rows, where blocks take 9
+    assert lines[:3] == [NAME, "  read     per process", "  affects  whether split children share the parent's resources"]
+
+
+def test_a_table_too_wide_for_its_words_is_one_block_per_row():
+    lines = _table_at(50)  # 31 + 16 + 10 columns of words, and borders: more than 50
+    assert lines[:4] == [NAME, "  read     per process", "  affects  whether split children share the",
+                         "           parent's resources"]
+    assert not any("|" in line for line in lines)
 
 
 def test_explain_list_names_every_variable_whole():
