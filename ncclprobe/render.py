@@ -240,8 +240,8 @@ def fit_columns(rows: list[list[str]], room: int) -> list[int] | None:
 
 
 def _table(con: Console, node: Table) -> None:
-    """A bordered table whose columns never cut a word; when the words alone are wider than the screen,
-    one block per row instead (its first cell, then column / cell lines)."""
+    """A bordered table whose columns never cut a word; one block per row instead (its first cell, then
+    column / cell lines) when the words alone are wider than the screen, or the blocks take fewer lines."""
     plain = not con.is_terminal
     columns = [clean(c) for c in node.columns]
     rows = [[clean(c) for c in row] for row in node.rows]
@@ -249,8 +249,9 @@ def _table(con: Console, node: Table) -> None:
         _out(con, _para(node.title, con.width, "italic"))
     cells = [columns, *rows] if any(columns) else rows
     widths = fit_columns(cells, con.width - 3 * len(columns) - 1) if cells else []  # borders and padding
-    if widths is None:
-        _out(con, _blocks(columns, rows, con.width))
+    blocks = _blocks(columns, rows, con.width)
+    if widths is None or len(blocks) < _rows_height(rows, widths):  # columns squeezed past their use
+        _out(con, blocks)
     else:
         t = RichTable(box=box.ASCII if plain else box.SIMPLE_HEAVY, show_header=any(columns), show_lines=False)
         for col, w in zip(columns, widths):
@@ -260,6 +261,11 @@ def _table(con: Console, node: Table) -> None:
         con.print(t)
     if node.caption:
         _out(con, _para(node.caption, con.width, "italic dim"))
+
+
+def _rows_height(rows: list[list[str]], widths: list[int]) -> int:
+    """Lines the rows of a table take as their cells wrap (its header and borders not counted)."""
+    return sum(max(len(wrap(c, w)) for c, w in zip(row, widths)) for row in rows)
 
 
 def _blocks(columns: list[str], rows: list[list[str]], width: int) -> list[RichText]:
