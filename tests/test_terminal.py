@@ -457,3 +457,15 @@ def test_run_keeps_cmds_code_when_its_reader_is_gone(tmp_path):
     """run goes on to end CMD's tree and exit with CMD's code: SIGPIPE stays ignored, EPIPE is absorbed."""
     code, err = _reader_gone_before(["run", "--dir", tmp_path / "logs", "--", "sh", "-c", "exit 7"])
     assert code == 7 and not any(b in err for b in BROKEN), err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_write_error_other_than_a_closed_pipe_is_said_once_and_keeps_the_exit_code():
+    """stdout on a full disk (/dev/full: every write fails with ENOSPC): one line on stderr, the rest dropped,
+    the command's own exit code (the report of demo-run has error-level findings: 1)."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(ncclprobe("report", DEMO_RUN), stdout=full, stderr=subprocess.PIPE, text=True,
+                           timeout=120, env=_env())
+    assert r.returncode == 1 and not any(b in r.stderr for b in BROKEN), r.stderr
+    assert r.stderr == ("ncclprobe: could not write to standard output (No space left on device): "
+                        "the rest of it is dropped\n")
