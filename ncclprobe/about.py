@@ -5,10 +5,12 @@ from __future__ import annotations
 
 ABOUT = ("Which NCCL tuning each communicator of a running multi-process GPU server actually got, where each "
          "value came from, what NCCL then ran, and which setting is worth having here.")
-EXIT_CODES = ("Exit codes: 0 nothing at error level; 1 error-level findings (--strict: warnings too);\n"
-              "2 usage error; 3 the target could not be examined.")
-OUTPUT = ("Output: the verdict first, then one finding per cause, then the details; as wide as the "
-          "terminal, or COLUMNS (else 100) when piped; --json on every command (schema ncclprobe/1).")
+EXIT_CODES = ("Exit codes: 0 nothing at error level; 1 error-level findings (--strict: warnings too); "
+              "2 usage error; 3 the target could not be examined. A reader that stops reading (`| head`) "
+              "never changes them.")
+OUTPUT = ("Output: the verdict first, then one finding per cause, then the details; COLUMNS wide, else "
+          "the terminal's width, else 80; words are never cut; colour on a terminal, also piped with "
+          "FORCE_COLOR, never with NO_COLOR; --json on every command (schema ncclprobe/1).")
 # command -> the first sentence of its help
 COMMANDS = {
     "bench": "All-reduce latency per NCCL configuration on this machine, with nccl-tests semantics; each "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ncclprobe import stdstreams
 from ncclprobe.about import ABOUT, COMMANDS, EXIT_CODES, OUTPUT
 
 OPTIONS = (("--version", "Show the version and exit."), ("-h, --help", "Show this message and exit."))
@@ -35,7 +36,7 @@ def help_text(columns: int | None = None) -> str:
     w = width(columns)
     out = ["Usage: ncclprobe [OPTIONS] COMMAND [ARGS]...", ""]
     out += [f"  {line}" for line in _wrap(ABOUT, w - 2)]
-    out += ["", *(f"  {line}" for line in EXIT_CODES.splitlines()), ""]
+    out += ["", *(f"  {line}" for line in _wrap(EXIT_CODES, w - 2)), ""]
     out += [f"  {line}" for line in _wrap(OUTPUT, w - 2)]
     out += ["", "Options:"]
     out += _table(OPTIONS, w)
@@ -70,6 +71,7 @@ def _wrap(text: str, w: int) -> list[str]:
 
 
 def main() -> None:
+    stdstreams.guard()  # a reader that goes away never changes the exit code (stdstreams.py)
     if sys.argv[1:] in (["-h"], ["--help"]):
         sys.stdout.write(help_text())
         sys.stdout.flush()

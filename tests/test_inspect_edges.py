@@ -231,7 +231,7 @@ def test_one_missing_pid_among_valid_ones():
         assert doc["missing_pids"] == [999999999]
         r = cli("inspect", "999999999", str(p.pid))
         assert r.returncode == 3 and f"{p.pid} {SLEEP} 30" in r.stdout
-        assert "pid 999999999 (given) not examined: no such process (exit code 3)" in r.stdout
+        assert "pid 999999999 (given) not examined: no such process (exit code 3)" in " ".join(r.stdout.split())
         r = cli("inspect", "999999998", "999999999")
         assert r.returncode == 3 and "no such process" in r.stderr
         assert inspect_processes([p.pid], gpu_lookup=NO_NVML).data["missing_pids"] == []

@@ -146,7 +146,8 @@ def test_an_unmet_expectation_fails_a_successful_run(tmp_path):
 
 def test_without_a_communicator_the_expectation_is_checked_on_each_process_and_the_report_says_so(tmp_path):
     r = cli("run", "--dir", str(tmp_path / "l"), "--expect", "NCCL_PROTO=LL", "--", sys.executable, "-c", "pass")
-    assert r.returncode == 1 and "No communicator was seen: --expect NCCL_PROTO=LL was checked on each process" in r.stdout
+    assert r.returncode == 1 and "No communicator was seen: --expect NCCL_PROTO=LL was checked on each process" in \
+        " ".join(r.stdout.split())  # wrapped at 80 columns
     out = json.loads(cli("report", str(tmp_path / "l"), "--expect", "NCCL_PROTO=LL", "--json").stdout)
     [f] = [f for f in out["findings"] if f["severity"] == "error"]
     assert f["code"] == "ENV_MISSING" and f["var"] == "NCCL_PROTO" and f["edge"]["kind"] == "not_in_root"
@@ -229,7 +230,8 @@ def test_run_keeps_a_profiler_plugin_the_user_set_and_says_so(tmp_path):
     seen_profiler, seen_env, preload = r.stdout.splitlines()[0].split()
     assert seen_profiler == "/opt/site/libnccl-profiler-inspector.so"
     assert seen_env.endswith("libncclprobe.so") and preload.split()[0].endswith("libncclprobe.so")
-    assert "NCCL_PROFILER_PLUGIN=/opt/site/libnccl-profiler-inspector.so was set by you and kept" in r.stdout
+    assert "NCCL_PROFILER_PLUGIN=/opt/site/libnccl-profiler-inspector.so was set by you and kept" in \
+        " ".join(r.stdout.split())  # wrapped at 80 columns
     meta = json.loads((d / "run.json").read_text())
     assert meta["plugins"] == ["env"] and meta["preload"] is True
 

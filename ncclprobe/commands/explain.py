@@ -2,7 +2,7 @@
 them, as a user reads it."""
 from __future__ import annotations
 
-from ncclprobe.doc import Result, Table, Text, Title
+from ncclprobe.doc import Grid, Result, Table, Text, Title
 from ncclprobe.model import catalog
 from ncclprobe.model.catalog import VarInfo, version_text
 
@@ -39,7 +39,7 @@ def explain(var: str) -> Result:
     if info.param:
         rows.append(["NCCL_NO_CACHE", "listing it makes NCCL re-read it per use (2.29.7+)"])
     rows.append(["source", info.source])
-    doc = [Title(f"{info.name}  ({info.category}; {_cache_label(info)})"), Table(["", ""], rows)]
+    doc = [Title(f"{info.name}  ({info.category}; {_cache_label(info)})"), Grid(rows)]  # label / text: no header
     if info.notes:
         doc.append(Text(info.notes, "note"))
     if info.overrides:
