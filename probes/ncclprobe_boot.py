@@ -47,7 +47,7 @@ SECRET_ENDINGS = ("PASS", "_PAT", "-PAT", "_PWD", "-PWD")
 _ARGV_HINTS = ("@", "TOKEN", "SECRET", "PASS", "KEY", "CREDENTIAL", "AUTH", "PRIVATE", "COOKIE", "_PAT", "-PAT",
                "_PWD", "-PWD", "-USER", "EYJ", "GHP_", "GHO_", "GHU_", "GHS_", "GHR_", "GLPAT", "HF_", "SK-", "XOX",
                "NPM_", "PYPI-", "LOGIN", "MYSQL", "MARIADB", "MONGO", "REDIS", "SQLCMD", "BCP", "LDAP", "TWINE",
-               "OPENSSL", "CURL", "PUT-PARAMETER")
+               "OPENSSL", "CURL", "PUT-PARAMETER", "ZIP", "7Z", "RAR")
 # Watched entries of an environment block (NUL first, "NAME=VALUE" entries NUL-separated, NUL last) are
 # found with bytes.find: a prefix matches at the start of an entry only, a name is followed by '='.
 # Every prefix contains "NCCL": one test rules them all out, usually. (The two lists above, as bytes.)
@@ -758,7 +758,7 @@ _QUOTES = ("'", '"')
 _NAME_HINTS = ("TOKEN", "SECRET", "PASS", "KEY", "CREDENTIAL", "AUTH", "PRIVATE", "COOKIE", "PAT", "PWD", "-USER",
                "PROXY")
 _TOOL_HINTS = ("LOGIN", "MYSQL", "MARIADB", "MONGO", "SSHPASS", "REDIS", "VALKEY", "KEYDB", "SQLCMD", "BCP", "LDAP",
-               "TWINE", "OPENSSL", "CURL", "SECRET", "PUT-PARAMETER", "AUTHTOKEN")
+               "TWINE", "OPENSSL", "CURL", "SECRET", "PUT-PARAMETER", "AUTHTOKEN", "ZIP", "7Z", "RAR")
 # Well-known token shapes, whatever holds them (20+ characters with a digit): GitHub, GitLab, Hugging Face,
 # OpenAI-style, Slack, npm and PyPI tokens, and JSON Web Tokens (three base64url parts).
 _TOKEN_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "hf_", "sk-", "xoxb-", "xoxp-",
@@ -771,7 +771,8 @@ _SETTERS = ("set", "config", "--global", "--local", "--system")
 _SEPARATORS = (";", "&&", "||", "|", "&")  # what follows is another program
 # Programs with password options their names do not give away: program -> (the subcommand they need,
 # () for none; the options whose value is a password, () for the first argument after the subcommand).
-# mysql's -p takes an attached password only (-pPW): after a separate -p it prompts, the next word is a database.
+# mysql's -p takes an attached password only (-pPW): after a separate -p it prompts, the next word is a database
+# (7z and rar: a separate -p prompts too).
 _TOOLS = {}
 for _names, _entry in (
         ("mysql mysqldump mysqladmin mysqlimport mysqlshow mysqlcheck mysqlpump mariadb mariadb-dump mariadb-admin",
@@ -784,13 +785,15 @@ for _names, _entry in (
         ("ldapsearch ldapadd ldapmodify ldapdelete ldapwhoami ldappasswd ldapcompare ldapmodrdn", ((), ("-w",))),
         ("openssl", (("enc",), ("-k",))),
         ("curl", ((), ("-b",))),
+        ("zip unzip", ((), ("-P",))),
+        ("7z 7za 7zr rar unrar", ((), ("-p",))),
         ("gh", (("secret",), ("-b", "--body"))),
         ("aws", (("put-parameter",), ("--value",))),
         ("wandb vault", (("login",), ())),
         ("ngrok", (("authtoken", "add-authtoken"), ()))):
     _TOOLS.update(dict.fromkeys(_names.split(), _entry))
 del _names, _entry
-_ATTACHED_ONLY = frozenset(n for n in _TOOLS if n.startswith(("mysql", "mariadb")))
+_ATTACHED_ONLY = frozenset(n for n in _TOOLS if n.startswith(("mysql", "mariadb", "7z")) or n.endswith("rar"))
 _CURL_USERPASS = ("-u", "-U", "-E", "--cert")  # user:password, and a certificate's file:password
 
 
@@ -1024,6 +1027,8 @@ class _Element:
         s = self.s
         if v >= len(s):
             return v
+        if s.startswith(REDACTED, v):  # redacted already (an old log read again): the same text again
+            return v + len(REDACTED)
         if s[v] in _QUOTES:
             close = _closing(s, v + 1, s[v])
             return len(s) if close < 0 else close + 1
@@ -1063,6 +1068,8 @@ class _Element:
         if s[v:v + 1] in _QUOTES:
             close = _closing(s, v + 1, s[v])
             e = len(s) if close < 0 else close
+            if sep == "," and s[e + 1 + _run(s, e + 1, " \t\n", e + 65):][:1] == ":":
+                return t  # `{"grant_type": "refresh_token", "refresh_token": "X"}`: a key follows, not a value
             if v + 1 < e:
                 spans.append((v + 1, e))
             return e + 1
@@ -1074,12 +1081,14 @@ class _Element:
         return v
 
     def _setter(self, n0):
-        """Whether the word before s[n0] is `set`, `config`, --global... (`aws configure set NAME VALUE`)."""
-        if n0 == 0:
-            return self.scan.last in _SETTERS
-        w = self.s[max(0, n0 - 24):n0]
-        w = w.rstrip(" \t")
-        return len(w) < n0 - max(0, n0 - 24) and w[max(w.rfind(" "), w.rfind("\t")) + 1:] in _SETTERS
+        """Whether the word before the one holding s[n0] is `set`, `config`, --global... (`aws configure set
+        NAME VALUE`, `npm config set //host/:_authToken VALUE`); words longer than 256 are no names."""
+        s = self.s
+        start = max(s.rfind(b, max(0, n0 - 256), n0) for b in _BLANK) + 1
+        if start == 0:
+            return n0 <= 256 and self.scan.last in _SETTERS
+        w = s[max(0, start - 24):start].rstrip(" \t")
+        return w[max(w.rfind(" "), w.rfind("\t"), w.rfind("\n")) + 1:] in _SETTERS
 
     def _urls(self, spans):
         """scheme://user:PASSWORD@host: the password may hold '/', ':' and '@' (it ends at the last '@'
@@ -1282,15 +1291,19 @@ def _token_shapes(s, families, spans):
 
 
 def _pem_keys(s, spans):
-    """The body of a PEM private key (-----BEGIN ... PRIVATE KEY----- ... -----END)."""
+    """The body of a PEM private key (-----BEGIN ... PRIVATE KEY----- ... -----END ... PRIVATE KEY-----)."""
     k = s.find("PRIVATE KEY-----")
     while k >= 0:
         v = k + len("PRIVATE KEY-----")
         e = s.find("-----END", v)
-        e = len(s) if e < 0 else e
+        if e < 0:
+            spans.append((v, len(s)))
+            return
         if v < e:
             spans.append((v, e))
         k = s.find("PRIVATE KEY-----", e)
+        if k >= 0 and s.find("\n", e, k) < 0:  # the END line's own
+            k = s.find("PRIVATE KEY-----", k + 1)
 
 
 def _apply(s, spans):
