@@ -817,7 +817,7 @@ def redact_argv(argv, limit=ARGV_SCAN):
 
 class _Scan:
     """One command line's redaction: the budget left, the option waiting for its value in the next
-    argument, the program whose options are being read."""
+    argument, the program whose options are being read; and the argument being read (s)."""
 
     def __init__(self, limit):
         self.chars = limit
@@ -827,9 +827,11 @@ class _Scan:
         self.tool = None          # a program of _TOOLS, while its options are read
         self.sub = False          # its subcommand was seen
         self.last = ""            # the last word of the argument before
+        self.s = self.upper = ""
+        self.next = None          # _finder of the pass running over s (each pass reads from the start)
 
     def element(self, a):
-        a, left_out = self._afford_chars(a)
+        a, left_out = self._within_chars(a)
         if a is None:
             return UNSCANNED % left_out
         pending = self.pending or self.tool_pending
@@ -839,44 +841,62 @@ class _Scan:
             self.tool_pending = None
             _value_spans(pending, a, 0, len(a), spans)  # the value of the option before it, whole
         else:
-            blanks = _any_in(a, _BLANK)
             upper = a.upper()
-            tools = (self.tool is not None or a.rsplit("/", 1)[-1] in _TOOLS
-                     or blanks and _any_in(upper, _TOOL_HINTS))
-            places = _Places(a, upper, tools and blanks)
-            if self.places is not None and places.total > self.places:
-                a, more = self._afford_places(a, tools and blanks)
-                left_out += more
+            words = _any_in(a, _BLANK) and (self.tool is not None or _any_in(upper, _TOOL_HINTS))
+            places = _places(a, upper, words)
+            if self.places is not None and places[-1] > self.places:
+                a, more = self._within_places(a, words, places[-1])
                 if a is None:
-                    return UNSCANNED % left_out
-                upper, places = a.upper(), _Places(a, a.upper(), tools and blanks)
+                    return UNSCANNED % (left_out + more)
+                left_out += more
+                upper = a.upper()
+                places = _places(a, upper, words)
             if self.places is not None:
-                self.places -= places.total
-            _Element(a, upper, self).rules(places, spans)
-            if tools:
+                self.places -= places[-1]
+            self._rules(a, upper, places, spans)
+            if words or self.tool is not None or a.rsplit("/", 1)[-1] in _TOOLS:
                 self._tool_words(a, spans)
         self.last = (a.rsplit(None, 1) or [""])[-1]
         out = _apply(a, spans)
         return out + UNSCANNED % left_out if left_out else out
 
-    def _afford_chars(self, a):
-        """(the part of a within the characters left, in whole words, or None; how many it leaves out)."""
+    def _within_chars(self, a):
+        """(a, 0), or a cut to the characters left (_cut)."""
         if self.chars is None or len(a) <= self.chars:
             self.chars = None if self.chars is None else self.chars - len(a)
             return a, 0
         return self._cut(a, self.chars)
 
-    def _afford_places(self, a, words):
-        n = len(a) * self.places // max(1, _Places(a, a.upper(), words).total)
-        while n > 0 and _Places(a[:n], a[:n].upper(), words).total > self.places:
+    def _within_places(self, a, words, places):
+        """a cut to the places left (_cut), places being how many a holds."""
+        n = len(a) * self.places // places
+        while n > 0 and _places(a[:n], a[:n].upper(), words)[-1] > self.places:
             n //= 2
         return self._cut(a, n)
 
     def _cut(self, a, n):
-        """a cut at its last blank before a[n] (a cut word may hold a secret's start), and the budget spent."""
+        """(a cut at its last blank before a[n], or None if it has none there; how many characters are
+        left out). A cut word may hold the start of a secret: it is left out whole. The budget is spent."""
         n = max(a.rfind(" ", 0, n), a.rfind("\t", 0, n), a.rfind("\n", 0, n))
         self.chars = self.places = 0
         return (a[:n], len(a) - n) if n > 0 else (None, len(a))
+
+    def _rules(self, s, upper, places, spans):
+        """The rules that start at a place of s: names, URLs, token shapes, PEM keys."""
+        names, tokens, urls, pem, _ = places
+        self.s, self.upper = s, upper
+        if names:
+            self.next = _finder(s)
+            self._names(names, spans)
+        if urls:
+            self.next = _finder(s)
+            self._urls(spans)
+        if tokens:
+            _token_shapes(s, tokens, spans)
+        if pem:
+            _pem_keys(s, spans)
+
+    # ------------------------------------------------------------------ programs and their options
 
     def _tool_words(self, a, spans):
         """The options of programs in _TOOLS (mysql -pX, docker login -p X, curl -u u:X, wandb login X)."""
@@ -889,13 +909,13 @@ class _Scan:
             elif pending is not None and not (pending == "hide" and _long_option(w)):
                 _value_spans(pending, a, i, j, spans)
             elif w[:1] == "-" and len(w) > 1:
-                self._option(a, i, j, w, spans)
+                self._tool_option(a, i, j, w, spans)
             else:
                 self._argument(w)
         if len(words) > 1 and self.tool_pending != "arg":
             self.tool_pending = None  # a shell command's last option takes no value from the next argument
 
-    def _option(self, s, i, j, w, spans):
+    def _tool_option(self, s, i, j, w, spans):
         name, eq, _ = w.partition("=")
         short = name if name[:2] == "--" else name[:2]
         tool = _TOOLS.get(self.tool)
@@ -924,26 +944,7 @@ class _Scan:
             if not _TOOLS[self.tool][1]:
                 self.tool_pending = "arg"
 
-
-class _Element:
-    """The rules that start at a place of one argument's text (a name, a URL, a token, a PEM key)."""
-
-    def __init__(self, s, upper, scan):
-        self.s, self.upper, self.scan = s, upper, scan
-        self.next = None  # _Next of the pass running (each pass reads from the start again)
-
-    def rules(self, places, spans):
-        s = self.s
-        if places.names:
-            self.next = _Next(s)
-            self._names(places.names, spans)
-        if places.urls:
-            self.next = _Next(s)
-            self._urls(spans)
-        if places.tokens:
-            _token_shapes(s, places.tokens, spans)
-        if places.pem:
-            _pem_keys(s, spans)
+    # ------------------------------------------------------------------ names: options, assignments, keys
 
     def _names(self, hints, spans):
         """Each name holding a hint, in order, once: its value if the name looks secret."""
@@ -963,7 +964,7 @@ class _Element:
         s = self.s
         name, before, after = s[n0:n1], s[n0 - 1:n0] if n0 else "", s[n1:n1 + 1]
         if name[:1] == "-" and before in _BEFORE_KEY:
-            return self._option(n0, n1, name, after, spans)
+            return self._option(n1, name, after, spans)
         if is_watched(name) or not _secretish(name):
             return n1
         eq = n1 + _run(s, n1, " \t", n1 + 64)
@@ -977,7 +978,7 @@ class _Element:
             return self._next_word(n1, "hide", spans)
         return n1
 
-    def _option(self, n0, n1, name, after, spans):
+    def _option(self, n1, name, after, spans):
         """--api-key X, --token=X, --user u:X, --proxy u:X@host (a word of its own)."""
         if _secretish(name):
             kind = None if name.upper().endswith("STDIN") else "hide"  # --password-stdin takes no value
@@ -1001,7 +1002,7 @@ class _Element:
         i = k + _run(s, k, " \t\n")
         if i >= len(s):
             if i == k:  # the argument is the option alone (in a shell command, the next argument is no value)
-                self.scan.pending = kind
+                self.pending = kind
             return i
         e = self._value_end(i)
         if not (kind == "hide" and _long_option(s[i:e])):
@@ -1033,13 +1034,11 @@ class _Element:
             close = _closing(s, v + 1, s[v])
             return len(s) if close < 0 else close + 1
         end = self.next(_BLANK, v, len(s))
-        if parts:
-            for sep in "&;,":
-                k = s.find(sep, v, end)
-                if k >= 0:
-                    n = _run(s, k + 1, _NAME, end)
-                    if n and s[k + 1 + n:k + 2 + n] == "=":
-                        end = k
+        for sep in "&;," if parts else ():
+            k = self.next(sep, v, end)
+            n = _run(s, k + 1, _NAME, end) if k < end else 0
+            if n and s[k + 1 + n:k + 2 + n] == "=":
+                end = k
         return end
 
     def _key_value(self, colon, before, spans):
@@ -1086,20 +1085,22 @@ class _Element:
         s = self.s
         start = max(s.rfind(b, max(0, n0 - 256), n0) for b in _BLANK) + 1
         if start == 0:
-            return n0 <= 256 and self.scan.last in _SETTERS
+            return n0 <= 256 and self.last in _SETTERS
         w = s[max(0, start - 24):start].rstrip(" \t")
         return w[max(w.rfind(" "), w.rfind("\t"), w.rfind("\n")) + 1:] in _SETTERS
+
+    # ------------------------------------------------------------------ URLs
 
     def _urls(self, spans):
         """scheme://user:PASSWORD@host: the password may hold '/', ':' and '@' (it ends at the last '@'
         before the host's '/', '?' or '#'); host:port/path@x is no password. A user name alone
         (scheme://NAME@host) is hidden when it has a token's shape. Reads at most _URL_MOST past "://"."""
         s, nxt, k = self.s, self.next, self.s.find("://")
-        while k > 0:
+        while k >= 0:
             a = k + 3
             e = min(nxt(_BLANK, a, len(s)), a + _URL_MOST)
             nk = a
-            if s[k - 1] in _SCHEME and s[a:a + 1] not in ("[", ""):
+            if k > 0 and s[k - 1] in _SCHEME and s[a:a + 1] not in ("[", ""):
                 u = nxt(":@/?#", a, e)
                 if u < e and s[u] == "@" and _token_like(s, a, u):
                     spans.append((a, u))
@@ -1117,23 +1118,20 @@ class _Element:
 _URL_MOST = 8192  # a URL's credentials end within this many characters of its "://"
 
 
-class _Places:
-    """Where rules may start in an argument (the budget's unit): the name hints and token prefixes it
-    holds, its URLs and PEM keys, and its words when a program's options are read."""
-
-    def __init__(self, a, upper, words):
-        self.names = [h for h in _NAME_HINTS if h in upper]
-        self.tokens = [p for p in _TOKEN_FAMILIES if p in a]
-        self.urls, self.pem = a.count("://"), a.count("PRIVATE KEY-----")
-        n = self.urls + self.pem
-        for hint in self.names:
-            n += upper.count(hint)
-        for prefix in self.tokens:
-            n += a.count(prefix)
-        if words:
-            for blank in _BLANK:
-                n += a.count(blank)
-        self.total = n
+def _places(a, upper, words):
+    """Where rules may start in a (the budget's unit): (the name hints it holds, the token prefixes it
+    holds, its URLs, its PEM keys, how many places in all, words too when a program's options are read)."""
+    names = [h for h in _NAME_HINTS if h in upper]
+    tokens = [p for p in _TOKEN_FAMILIES if p in a]
+    urls, pem = a.count("://"), a.count("PRIVATE KEY-----")
+    n = urls + pem
+    for hint in names:
+        n += upper.count(hint)
+    for prefix in tokens:
+        n += a.count(prefix)
+    for blank in _BLANK if words else ():
+        n += a.count(blank)
+    return names, tokens, urls, pem, n
 
 
 def _any_in(text, hints):
@@ -1161,22 +1159,21 @@ def _run(s, i, chars, end=None):
         size *= 4
 
 
-class _Next:
-    """s.find(ch, i) for increasing i of each ch: each character of s is read once per ch."""
+def _finder(s):
+    """find(chars, i, end): the first of `chars` at or after s[i], or end if none is before it; for
+    increasing i, each character of s is read once per character of chars."""
+    at = {}
 
-    def __init__(self, s):
-        self.s, self.at = s, {}
-
-    def __call__(self, chars, i, end):
-        """The first of `chars` at or after s[i], or end if none is before it."""
+    def find(chars, i, end):
         best = end
         for ch in chars:
-            k = self.at.get(ch, -2)
+            k = at.get(ch, -2)
             if k == -2 or -1 < k < i:
-                k = self.at[ch] = self.s.find(ch, i)
+                k = at[ch] = s.find(ch, i)
             if 0 <= k < best:
                 best = k
         return best
+    return find
 
 
 def _words(s):
