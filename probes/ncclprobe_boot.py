@@ -42,12 +42,15 @@ SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", 
 # Endings that make a name secret-looking only at its end (DB_PASS, SSHPASS, GITHUB_PAT, MYSQL_PWD, --db-pass):
 # PASS_THROUGH, PATH and PWD (the working directory) are no secrets.
 SECRET_ENDINGS = ("PASS", "_PAT", "-PAT", "_PWD", "-PWD")
-# What makes start() load redact_argv (upper case): any place a rule of redact_argv starts from (a secret-
-# looking name, the "@" of a URL's credentials, a known token's prefix, a program with password options).
-_ARGV_HINTS = ("@", "TOKEN", "SECRET", "PASS", "KEY", "CREDENTIAL", "AUTH", "PRIVATE", "COOKIE", "_PAT", "-PAT",
-               "_PWD", "-PWD", "-USER", "EYJ", "GHP_", "GHO_", "GHU_", "GHS_", "GHR_", "GLPAT", "HF_", "SK-", "XOX",
-               "NPM_", "PYPI-", "LOGIN", "MYSQL", "MARIADB", "MONGO", "REDIS", "SQLCMD", "BCP", "LDAP", "TWINE",
-               "OPENSSL", "CURL", "PUT-PARAMETER", "ZIP", "7Z", "RAR")
+# What makes start() load redact_argv (in "\0".join(argv).upper()): any place a rule of redact_argv starts
+# from (a secret-looking name, the "@" of a URL's credentials, a known token's prefix, a program with password
+# options; a name ending with PASS and a short program's name followed by what ends a word: `python -c pass`
+# loads nothing).
+_ARGV_HINTS = ("@", "TOKEN", "SECRET", "PASSW", "PASSP", "PASS=", "PASS:", "PASS'", 'PASS"', "PASS ", "PASS\0",
+               "PASS\t", "PASS\n", "KEY", "CREDENTIAL", "AUTH", "PRIVATE", "COOKIE", "_PAT", "-PAT", "_PWD", "-PWD",
+               "-USER", "EYJ", "GHP_", "GHO_", "GHU_", "GHS_", "GHR_", "GLPAT", "HF_", "SK-", "XOX", "NPM_", "PYPI-",
+               "LOGIN", "MYSQL", "MARIADB", "MONGO", "REDIS", "SQLCMD", "LDAP", "TWINE", "OPENSSL", "CURL",
+               "PUT-PARAMETER", "BCP", "7Z", "ZIP\0", "ZIP ", "RAR\0", "RAR ")
 # Watched entries of an environment block (NUL first, "NAME=VALUE" entries NUL-separated, NUL last) are
 # found with bytes.find: a prefix matches at the start of an entry only, a name is followed by '='.
 # Every prefix contains "NCCL": one test rules them all out, usually. (The two lists above, as bytes.)
@@ -757,8 +760,8 @@ _QUOTES = ("'", '"')
 # option with a user:password or proxy value, and a program that has password options.
 _NAME_HINTS = ("TOKEN", "SECRET", "PASS", "KEY", "CREDENTIAL", "AUTH", "PRIVATE", "COOKIE", "PAT", "PWD", "-USER",
                "PROXY")
-_TOOL_HINTS = ("LOGIN", "MYSQL", "MARIADB", "MONGO", "SSHPASS", "REDIS", "VALKEY", "KEYDB", "SQLCMD", "BCP", "LDAP",
-               "TWINE", "OPENSSL", "CURL", "SECRET", "PUT-PARAMETER", "AUTHTOKEN", "ZIP", "7Z", "RAR")
+_TOOL_HINTS = ("LOGIN", "MYSQL", "MARIADB", "MONGO", "SSHPASS", "REDIS", "VALKEY", "KEYDB", "SQLCMD", "LDAP", "TWINE",
+               "OPENSSL", "CURL", "SECRET", "PUT-PARAMETER", "AUTHTOKEN", "BCP", "7Z", "ZIP ", "RAR ")
 # Well-known token shapes, whatever holds them (20+ characters with a digit): GitHub, GitLab, Hugging Face,
 # OpenAI-style, Slack, npm and PyPI tokens, and JSON Web Tokens (three base64url parts).
 _TOKEN_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "hf_", "sk-", "xoxb-", "xoxp-",

@@ -115,7 +115,8 @@ def test_path_shortening_is_linear(unit):
     assert shorten_paths("at /venv/lib/python3.11/site-packages/ncclprobe/x.py:3") == "at …/ncclprobe/x.py:3"
 
 
-@pytest.mark.parametrize("word", ["${a}-" * 6 + "b", "$(a)-" * 6 + "b", "${a" * 2000, "$(" * 2000 + "b"], ids=repr)
+@pytest.mark.parametrize("word", ["${a}-" * 6 + "b", "$(a)-" * 6 + "b", "${a" * 40000, "$(" * 40000 + "b"],
+                         ids=lambda w: repr(w[:12]))
 def test_shell_word_matching_is_linear(word):
     script = "x " + word + "\n"
     _, took = timed(shells.pitfalls, script, ["x", "-" * 20000], lambda name: True)

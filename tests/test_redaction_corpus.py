@@ -119,7 +119,8 @@ def test_persistent_probe_function_redacts_the_corpus(tmp_path):
 
 def _old_python() -> str | None:
     """The oldest Python the boot probe supports (3.8), if this machine has one that runs."""
-    for candidate in [shutil.which("python3.8"), *glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8"))]:
+    candidates = [shutil.which("python3.8"), *glob.glob(os.path.expanduser("~/.pyenv/versions/3.8*/bin/python3.8"))]
+    for candidate in candidates:
         if candidate and subprocess.run([candidate, "-c", "import sys; assert sys.version_info[:2] == (3, 8)"],
                                         capture_output=True).returncode == 0:
             return candidate
