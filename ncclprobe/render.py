@@ -310,7 +310,7 @@ def _findings(con: Console, result: Result) -> None:
         con.print("No findings.")
 
 
-_INSTALLED = re.compile(r"/[^\s'\"`]*/(?:site|dist)-packages/")
+_INSTALLED = re.compile(r"(?<![^\s'\"`=:,;(\[{])/[^\s'\"`=:,;(\[{]*/(?:site|dist)-packages/")  # starts apart: linear
 
 
 def shorten_paths(text: str) -> str:
