@@ -33,7 +33,7 @@ import time
 import _weakref
 
 # Same set as ncclprobe/model/watched.py (tests/test_boot_profile.py checks they agree); nothing else is
-# ever logged. SECRET_MARKERS too (tests/test_secrets.py): names holding one look like secrets.
+# ever logged. SECRET_MARKERS and SECRET_ENDINGS too (tests/test_secrets.py): what makes a name look secret.
 WATCHED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "NCCLPROBE_")
 WATCHED_NAMES = frozenset(("TORCH_DISTRIBUTED_DEBUG", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PYTHONPATH",
                            "SGLANG_NCCL_SO_PATH", "VLLM_NCCL_SO_PATH"))
