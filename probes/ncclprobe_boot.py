@@ -14,9 +14,15 @@ hurts its host (DESIGN.md §4, log directory; probes/ncclprobe/log.c keeps the s
 into a private directory of its euid (no symlink; for root, no system directory), into a file it created
 (O_EXCL, O_NONBLOCK) or proved to be its own private regular file; before each write it checks with
 fstat that its fd still names that file (a host may close any fd and reuse the number), and an fd
-that does not is the host's: never written to, never closed. A refused or unusable log directory
-costs one line on stderr, then silence. The profile file is read once, at start. Importing this
-module has no side effects; ncclprobe.commands.profile imports it for the profile parser.
+that does not is the host's: never written to, never closed. Its fd sits at 200 or above (never 0-2:
+a host started with stdio closed keeps them closed). It takes no lock and starts no thread; a log
+filesystem that stalls costs the host one stall, then lines are counted, not written, for a while
+(_emit). What it writes is bounded (issue 21's policy, as log.c): NCCLPROBE_MAX_LINE per line (fields
+shortened, "truncated"), NCCLPROBE_MAX_BYTES per process file and NCCLPROBE_MAX_FILES files per host
+in a directory (then one `log_budget` line); lines lost are said as "dropped": K on the next one. A
+refused or unusable log directory costs one line on stderr per process tree (none with
+NCCLPROBE_QUIET=1), then silence. The profile file is read once, at start. Importing this module has
+no side effects; ncclprobe.commands.profile imports it for the profile parser.
 
 Start-up cost (issue 4: `python -c pass` at most 1.10x with the probe). Everything above the line
 "# ncclprobe: the rest of the probe" runs in every interpreter: it imports nothing the interpreter
@@ -50,6 +56,8 @@ _FIND = (b"\0NCCL_", b"\0TORCH_NCCL_", b"\0NCCLPROBE_",  # the prefixes, then th
 DIR_VAR = "NCCLPROBE_DIR"          # log directory (wins over the installed one)
 PROFILE_VAR = "NCCLPROBE_PROFILE"  # path of a profile file, applied after the installed profile
 OFF_VAR = "NCCLPROBE_BOOT"         # "off": this process and its children skip the probe
+QUIET_VAR = "NCCLPROBE_QUIET"      # "1": a refused log directory is not said on stderr
+SAID_VAR = "NCCLPROBE_REFUSED"     # the refused directory, once said: the processes started since stay quiet
 
 # `ncclprobe inject install` rewrites this line in its copy: {"log_dir": str|None, "profile": str, ...}
 INSTALLED = None
@@ -60,6 +68,12 @@ MAX_STR = 65536  # bound on any logged string, so a line stays far below the rea
 # file is always new (O_EXCL) and O_NONBLOCK: a FIFO planted at its name fails instead of blocking.
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# `<host>.files`, the count of log files made in the directory (one byte each): shared, never O_EXCL
+_COUNT_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FD_FLOOR = 200  # log.c's NP_FD_FLOOR: above the numbers hosts dup2() onto and close in loops
+# A log-filesystem operation this slow means the filesystem stalls (see _emit). Wall time also counts
+# waits for the GIL and the CPU: on a loaded machine those reach half a second, a stall not.
+_STALL_S = 2.0
 
 _dir = None  # log directory (absolute), None = silent
 _fd = -1     # log file of process _fd_pid, whose (st_dev, st_ino) is _fd_id
@@ -72,6 +86,20 @@ _real_unsetenv = os.unsetenv
 _pins = {}   # name -> pinned value (None: pinned absent)
 _c_env = {}  # watched names last written through os.putenv/unsetenv (os.environ does not see them)
 _start = {}  # process_start fields shared with fork children (and the parts whose failure was logged)
+# Bounds (NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES; read once per process by start()) and the state of
+# the writer: lines lost since the last written one (said as "dropped" on the next), the budget reached
+# ("bytes": this process's file is full; "files": the directory's count is), until when the log
+# filesystem is left alone after it stalled, since when an operation on it is in flight, whether the
+# last write was short (the next line then starts on a line of its own), whether RWF_NOWAIT is worth
+# trying, and whether this process is known to have one thread (start, a fork child: see _high).
+_max_line, _max_bytes, _max_files = 65536, 67108864, 4096
+_dropped = 0
+_full = None
+_quiet_until = 0.0
+_busy_since = 0.0
+_torn = False
+_nowait = hasattr(os, "RWF_NOWAIT")
+_alone = False
 
 # The fields of process_start, as _json in the rest writes them.
 _START_FIELDS = (',"ppid":%d,"argv":[%s],"exe":%s,"prefix":%s,"python":"%d.%d.%d","mode":"%s","env":{%s},'
@@ -109,7 +137,12 @@ def _emit(ev, fields):
     # One event line, as _json(rec) in the rest writes it. fields: a dict (str keys; values other than
     # str, None, bool, int go through _json) or the JSON of the fields already (',"key":value...').
     # A probe_error (fields: (part, exception)) is logged once per part and never raises.
-    global _fd
+    # A stalled log filesystem costs the host one stall, not one per line: Linux puts a writer to a
+    # frozen or hung filesystem to sleep uninterruptibly (creating a file, write(), pwritev2 with
+    # RWF_NOWAIT too: fs/read_write.c waits in file_start_write before it looks at the flag), so once an
+    # operation on it took _STALL_S, or while one in another thread has taken that long already, lines
+    # are counted, not written, for a while (_stalled); the next written line says "dropped": K.
+    global _fd, _dropped, _busy_since, _full, _torn
     try:
         if ev == "probe_error":
             part, exc = fields
@@ -117,7 +150,14 @@ def _emit(ev, fields):
                 return
             _start["failed " + part] = True
             fields = {"part": part, "message": "%s: %s" % (type(exc).__name__, exc)}
+        if _full is not None or (_fd < 0 and _dir is None):
+            return
+        t0 = time.monotonic()
+        if t0 < _quiet_until or (_busy_since and t0 - _busy_since > _STALL_S):
+            _dropped += 1
+            return
         pid = os.getpid()
+        size = -1
         if _fd >= 0:  # still our file? A host may close any fd and reuse its number (closerange)
             try:
                 st = os.fstat(_fd)
@@ -129,35 +169,128 @@ def _emit(ev, fields):
             elif _fd_pid != pid:  # our file, inherited through fork: the child writes its own
                 os.close(_fd)
                 _fd = -1
-        if _fd < 0:
-            if _dir is None:
-                return
-            _open_log(pid)
+            else:
+                size = st.st_size  # every writer of this process's file counts (the C probe's too)
+        busy = not _busy_since
+        if busy:
+            _busy_since = t0
+        try:
             if _fd < 0:
-                return
-        t = time.time()
-        if type(fields) is not str:
-            parts = [""]
-            for k, v in fields.items():
-                if type(v) is str:
-                    v = _jstr(v)
-                elif v is None or v is True or v is False:
-                    v = "null" if v is None else "true" if v else "false"
-                elif type(v) is int:
-                    v = str(v)
-                else:
+                size = _open_log(pid)
+                if _fd < 0:
+                    return
+                if time.monotonic() - t0 > _STALL_S:  # made (or opened) at last: this line is dropped
+                    _dropped += 1
                     _rest()
-                    v = _json(v)
-                parts.append('"%s":%s' % (k, v))
-            fields = ",".join(parts)
-        try:  # one write per line: O_APPEND keeps it whole
-            os.write(_fd, ('{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"%s}\n'
-                           % (ev, t, _jstr(_host), pid, fields)).encode("ascii"))
-        except OSError:
-            pass
+                    _stalled(t0)
+                    return
+            t = time.time()
+            given = None
+            if type(fields) is not str:
+                given, parts = fields, [""]
+                for k, v in fields.items():
+                    if type(v) is str:
+                        v = _jstr(v)
+                    elif v is None or v is True or v is False:
+                        v = "null" if v is None else "true" if v else "false"
+                    elif type(v) is int:
+                        v = str(v)
+                    else:
+                        _rest()
+                        v = _json(v)
+                    parts.append('"%s":%s' % (k, v))
+                fields = ",".join(parts)
+            carried = _dropped
+            head = '{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"' % (ev, t, _jstr(_host), pid)
+            tail = ',"dropped":%d}\n' % carried if carried else "}\n"
+            if len(head) + len(fields) + len(tail) > _max_line:
+                _rest()
+                fields = _fit(given, _max_line - len(head) - len(tail))
+            if _full is not None or size + len(head) + len(fields) + len(tail) > _max_bytes - 1024:
+                _full = _full or "bytes"  # this line says so, and it is the last
+                head = head.replace('"ev":"%s"' % ev, '"ev":"log_budget"', 1)
+                fields = ',"reached":"%s","limit":%d' % (_full, _max_files if _full == "files" else _max_bytes)
+            data = ("\n" if _torn else "") + head + fields + tail
+            n = _append(data.encode("ascii"))
+            if n == len(data):
+                _dropped -= carried
+                _torn = False
+            else:  # not written (EAGAIN, ENOSPC, EIO), or only in part: a torn line, ended by the next
+                _dropped += 1
+                _torn = _torn or n > 0
+            if time.monotonic() - t0 > _STALL_S:
+                _rest()
+                _stalled(t0)
+        finally:
+            if busy:
+                _busy_since = 0.0
     except Exception:
         if ev != "probe_error":
             raise
+
+
+def _append(data):
+    # One write per line: O_APPEND keeps it whole (and Linux appends whatever pwritev's offset).
+    # RWF_NOWAIT turns a write that would wait for locks, page cache or writeback into EAGAIN (xfs,
+    # btrfs); where the filesystem does not support it (ext4, tmpfs, NFS: EOPNOTSUPP) a plain write is
+    # all there is, and a stall is then noticed only once it has cost the host (_emit's _STALL_S).
+    global _nowait
+    if _nowait:
+        try:
+            return os.pwritev(_fd, (data,), 0, os.RWF_NOWAIT)
+        except OSError as exc:
+            if exc.errno not in (95, 22, 38):  # EOPNOTSUPP, EINVAL, ENOSYS: not here; else EAGAIN, ENOSPC...
+                return -1
+            _nowait = False
+    try:
+        return os.write(_fd, data)
+    except OSError:
+        return -1
+
+
+def _high(fd):
+    # fd moved to the lowest free number >= _FD_FLOOR, close-on-exec (log.c's move_high): a host that
+    # started with stdio closed must not find our file at fd 1. With one thread (start, a fork child)
+    # nothing can take a free number between a look and dup2, which saves importing fcntl (~1.5 % of
+    # an interpreter's start). Where no high number can be had (RLIMIT_NOFILE), the fd stays, unless
+    # it is one of 0-2: then -1, and the caller stays silent rather than log onto the host's stdio.
+    try:
+        high = -1
+        if _alone:
+            for n in range(_FD_FLOOR, _FD_FLOOR + 64):
+                try:
+                    os.fstat(n)
+                except OSError as exc:
+                    if exc.errno == 9:  # EBADF: free
+                        high = os.dup2(fd, n, False)
+                        break
+        if high < 0:
+            import fcntl
+            high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _FD_FLOOR)
+        os.close(fd)
+        return high
+    except Exception:
+        if fd > 2:
+            return fd
+        os.close(fd)
+        return -1
+
+
+def _count_file(dfd):
+    # The directory's count of log files, this one included (DESIGN.md §4, file budget; log.c counts
+    # alike): `<host>.files` grows by one byte per file made, so that concurrent writers never race, and
+    # no more once past the budget. One that is not a private regular file of ours: the budget reached.
+    fd = os.open(_host.replace("/", "_") + ".files", _COUNT_FLAGS, 0o600, dir_fd=dfd)
+    try:
+        st = os.fstat(fd)
+        if st.st_mode & 0o170077 != 0o100000 or st.st_uid != os.geteuid():
+            return _max_files + 2
+        if st.st_size > _max_files:
+            return st.st_size + 1
+        os.write(fd, b"\n")
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
 
 
 def _system_dir(fd, path, leaf=""):
@@ -201,13 +334,54 @@ def _make_dir(d):
         os.close(fd)
 
 
+def default_log_dir(uid=None, where=None):
+    """Log directory of a persistent install without --dir, for uid (default: this euid, with this
+    process's environment): where nobody else can have made it first. <runtime>/ncclprobe, the runtime
+    directory being $XDG_RUNTIME_DIR or /run/user/<uid> if it is a directory of uid's that only uid can
+    enter (0700; the probe makes the leaf there: a reboot or the last logout empties it); else
+    <home>/.ncclprobe-logs if it exists (`inject install` makes it; the probe never makes anything in a
+    home), home being $HOME if it is a directory of uid's, else the passwd entry's, and nobody else may
+    write to it. None: neither. where="runtime" or "home": only that one, made or not yet."""
+    env = os.environ._data
+    mine = uid is None or uid == os.geteuid()
+    uid = os.geteuid() if uid is None else uid
+    if where != "home":
+        for rt in ((env.get(b"XDG_RUNTIME_DIR") or b"") if mine else b"", b"/run/user/%d" % uid):
+            try:
+                st = os.stat(rt)
+            except OSError:
+                continue
+            if rt[:1] == b"/" and st.st_uid == uid and st.st_mode & 0o170777 == 0o040700:
+                return os.fsdecode(rt).rstrip("/") + "/ncclprobe"
+        if where:
+            return None
+    home = os.fsdecode(env.get(b"HOME") or b"") if mine else ""
+    for attempt in (0, 1):
+        try:
+            st = os.stat(home) if home[:1] == "/" and home.strip("/") else None
+        except OSError:
+            st = None
+        if st and st.st_uid == uid and st.st_mode & 0o170022 == 0o040000:  # a directory others cannot write to
+            leaf = home.rstrip("/") + "/.ncclprobe-logs"
+            return leaf if where or os.path.isdir(leaf) else None
+        if attempt == 0:
+            try:
+                import pwd  # only where $HOME says nothing: it costs a start ~0.5 %
+                home = pwd.getpwuid(uid).pw_dir
+            except (ImportError, KeyError):
+                return None
+    return None
+
+
 def _open_log(pid):
     # Open <dir>/<host>-<pid>.jsonl under the log discipline of DESIGN.md §4 (log.c keeps the same):
     # the directory a private one of ours (the leaf created 0700 if missing, in a fit parent), the
-    # file created new (O_EXCL; O_NONBLOCK: nothing we open can block the host), or an existing one
-    # re-opened only if it is a private regular file of ours. Anything else: one line on stderr,
-    # then silence, for this process and its fork children.
-    global _fd, _fd_pid, _fd_id, _dir
+    # file created new (O_EXCL; O_NONBLOCK: nothing we open can block the host) if the directory's
+    # file budget allows, or an existing one re-opened only if it is a private regular file of ours;
+    # then moved up to _FD_FLOOR. Returns the file's size, or -1: not opened. A full filesystem drops
+    # (and counts) the line; anything else costs one line on stderr, then silence, for this process
+    # and its fork children.
+    global _fd, _fd_pid, _fd_id, _dir, _full, _dropped, _alone
     dfd = -1
     try:
         try:
@@ -222,23 +396,44 @@ def _open_log(pid):
         if st.st_uid == 0 and _system_dir(dfd, _dir):
             raise PermissionError("it is a system directory")
         name = "%s-%d.jsonl" % (_host.replace("/", "_"), pid)
+        fd = -1
         try:
-            fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dfd)
-        except FileExistsError:  # ours from before (pid reuse, exec, an fd the host closed), or planted
+            os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:  # a new file: counted first
+            n = _count_file(dfd)
+            if n > _max_files + 1:  # nothing made, nothing said: the one past the budget said it
+                _full = "files"
+                return -1
+            if n == _max_files + 1:
+                _full = "files"  # made, to hold the one line that says so
+            try:
+                fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dfd)
+            except FileExistsError:  # planted since
+                pass
+        if fd < 0:  # ours from before (pid reuse, exec, an fd the host closed), or planted
             _rest()
             fd = _reopen(name, dfd)
         st = os.fstat(fd)
+        fd = _high(fd)
+        if fd < 0:
+            raise OSError("only the host's standard descriptors 0-2 were free")
         _fd, _fd_pid, _fd_id = fd, pid, (st.st_dev, st.st_ino)
+        return st.st_size
     except Exception as exc:
-        d, _dir = _dir, None
-        try:
-            _rest()
-            _refused(d, exc)
-        except Exception:
-            pass
+        if isinstance(exc, OSError) and exc.errno in (28, 122, 5):  # ENOSPC, EDQUOT, EIO: this line is lost
+            _dropped += 1
+        else:
+            d, _dir = _dir, None
+            try:
+                _rest()
+                _refused(d, exc)
+            except Exception:
+                pass
     finally:
+        _alone = False
         if dfd >= 0:
             os.close(dfd)
+    return -1
 
 
 def start():
@@ -246,13 +441,19 @@ def start():
     persistent, does nothing). Never raises."""
     # The common path (profile given at install, nothing secret-looking, plain strings) is inlined
     # here; anything else goes to the rest of the probe.
-    global _dir, _host
+    global _dir, _host, _max_line, _max_bytes, _max_files, _alone
     try:
         data, enc = os.environ._data, _fs_encoding
         if getattr(sys, "_ncclprobe_boot", None) or data.get(b"NCCLPROBE_BOOT") == b"off":
             return
         sys._ncclprobe_boot = __name__
         _host = os.uname().nodename
+        bounds = []  # NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES: positive decimal integers, else the default
+        for key, value in ((b"NCCLPROBE_MAX_LINE", _max_line), (b"NCCLPROBE_MAX_BYTES", _max_bytes),
+                           (b"NCCLPROBE_MAX_FILES", _max_files)):
+            given = data.get(key)
+            bounds.append(int(given) if given and given.isdigit() and 0 < int(given) < 1 << 62 else value)
+        _max_line, _max_bytes, _max_files = max(bounds[0], 1024), bounds[1], bounds[2]  # a record needs ~1 KB
         pid = os.getpid()
         d = data.get(b"NCCLPROBE_DIR")
         if d:
@@ -261,8 +462,8 @@ def start():
             d = None
         elif INSTALLED.get("log_dir"):
             d = INSTALLED["log_dir"]
-        else:  # default_log_dir()
-            d = "/tmp/ncclprobe-%d" % os.geteuid()
+        else:  # per user, private; None where this user has none (not made by `inject install`)
+            d = default_log_dir()
         if d and d[0] != "/":  # as the host found it: fork children and re-opens after a chdir too
             d = os.getcwd() + "/" + d
         _dir = d
@@ -273,7 +474,10 @@ def start():
                     argv = list(map(os.fsdecode, f.read().split(b"\0")[:-1]))
             except OSError:
                 argv = list(sys.argv)
-        argv = list(argv)[:512]
+        argv = list(argv)
+        if len(argv) > 512:  # a start must stay cheap; the line cap may drop more
+            _start["argv_dropped"] = len(argv) - 512
+            del argv[512:]
         upper = "\0".join(argv).upper()
         for marker in _ARGV_HINTS:
             if marker in upper:  # something looks like a secret: redact_argv
@@ -379,17 +583,24 @@ def start():
                     b = os.read(fd, 4096)
                 finally:
                     os.close(fd)
+                b = b[b.rindex(b")") + 2:].split()
+                _alone = b[17] == b"1"  # num_threads: the log fd can be moved up without fcntl (_high)
                 kstart = "%.3f" % (time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-                                   + int(b[b.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK"))
+                                   + int(b[19]) / os.sysconf("SC_CLK_TCK"))
             except Exception:
                 kstart = "null"
-            _emit("process_start", _START_FIELDS % (
+            text = _START_FIELDS % (
                 os.getppid(), ",".join(map(q, argv)), q(sys.executable), q(sys.prefix), vi[0], vi[1], vi[2],
                 _start["mode"], ",".join(map("%s:%s".__mod__, zip(map(q, env), map(q, env.values())))),
                 "null" if exec_env is None else
                 "{" + ",".join(map("%s:%s".__mod__, zip(map(q, exec_env), map(q, exec_env.values())))) + "}",
                 "null" if exec_env is None else "false" if exec_env == before else "true",
-                ",".join(texts), unwatched, ",".join(pinned), kstart))
+                ",".join(texts), unwatched, ",".join(pinned), kstart)
+            if len(text) > _max_line - 512 or "argv_dropped" in _start:  # the rest shortens it (_fit)
+                _rest()
+                text = _process_start({}, env, exec_env, before)
+            _emit("process_start", text)
+            _alone = False  # (if the line was not written: the next opening may not be alone)
             try:  # a parent that is not Python (a C/C++ daemon, a shell) has no probe: record it from here
                 ppid = os.getppid()
                 if ppid > 1 and not os.readlink("/proc/%d/exe" % ppid).rsplit("/", 1)[-1].startswith("python"):
@@ -499,6 +710,14 @@ def _rest(*fork):
     install keeps it in a second file beside this one, run here on first use, so that a start does
     not load it; everywhere else it is already defined below. With an argument (the fork hook start()
     registers): then log the fork child's process_start, reporting errors rather than raising them."""
+    global _dropped, _torn, _alone, _full, _busy_since, _quiet_until
+    if fork:  # a fork child: its own file and counts, one thread; a stall in flight at the fork is its too
+        _dropped, _torn, _alone = 0, False, True
+        if _full == "bytes":
+            _full = None
+        if _busy_since and time.monotonic() - _busy_since > _STALL_S:
+            _quiet_until = max(_quiet_until, time.monotonic() + 5.0)
+        _busy_since = 0.0
     try:
         if "_guarded_write" not in globals():
             from _frozen_importlib_external import SourceFileLoader  # the import system's own: no import
@@ -511,6 +730,8 @@ def _rest(*fork):
         if not fork:
             raise
         _emit("probe_error", ("fork", exc))
+    if fork:
+        _alone = False  # (if the child's start was not written: its next opening may not be alone)
 
 
 # ncclprobe: the rest of the probe (`ncclprobe inject install` writes what follows into a second file)
@@ -527,10 +748,66 @@ def _fail(part, exc):
     _emit("probe_error", (part, exc))
 
 
-def default_log_dir(uid=None):
-    """Log directory of a persistent install without --dir: per user, so that no user writes
-    (or is blocked by) another user's files."""
-    return "/tmp/ncclprobe-%d" % (os.geteuid() if uid is None else uid)
+def _stalled(t0):
+    """An operation on the log filesystem begun at t0 (time.monotonic) took _STALL_S or more: leave the
+    filesystem alone for ten times as long (5 s to 10 min), counting the lines instead, so that a host
+    on a stalling filesystem spends at most about a tenth of its time in the probe's writes."""
+    global _quiet_until
+    now = time.monotonic()
+    _quiet_until = now + min(600.0, max(5.0, 10 * (now - t0)))
+
+
+# ---------------------------------------------------------------------------- the line cap
+
+def _fit(fields, room):
+    """The JSON of `fields` (',"key":value...', as _emit writes them) in at most `room` characters, and
+    "truncated": true: each string cut to room/16 characters of JSON (halved again while too long),
+    list elements past half the room dropped (counted in "<key>_dropped": argv_dropped), then the
+    largest fields left out (null). Never raises: a line that cannot be made short holds no fields."""
+    room -= len(',"truncated":true')
+    out = dict(fields or {})
+    cut = max(16, room // 16)
+    for key, value in list(out.items()):
+        if type(value) is list and len(_json(_cut(value, cut))) > room // 2:
+            kept, used = [], 0
+            for item in _cut(value, cut):
+                used += len(_json(item)) + 1
+                if used > room // 2:
+                    break
+                kept.append(item)
+            out[key + "_dropped"] = out.get(key + "_dropped", 0) + len(value) - len(kept)
+            out[key] = kept
+    text = _fields_json(_cut(out, cut))
+    while len(text) > room and cut > 16:
+        cut //= 2
+        text = _fields_json(_cut(out, cut))
+    while len(text) > room:  # many fields: the largest one left out, until the rest fits
+        key = max((k for k in out if out[k] is not None), key=lambda k: len(_json(_cut(out[k], cut))), default=None)
+        if key is None:
+            return ',"truncated":true'
+        out[key] = None
+        text = _fields_json(_cut(out, cut))
+    return text + ',"truncated":true'
+
+
+def _cut(value, cut):
+    """value with every string (and dict key) cut so that its JSON is at most `cut` characters."""
+    if type(value) is str:
+        if len(value) + 2 <= cut and _plain(value):
+            return value
+        value = value[:cut]
+        while len(_jstr(value)) > cut and value:  # escapes make JSON longer than the text
+            value = value[:len(value) * cut // len(_jstr(value)) - 1]
+        return value
+    if type(value) is dict:
+        return {_cut(str(k), cut): _cut(v, cut) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return [_cut(v, cut) for v in value]
+    return value
+
+
+def _fields_json(fields):
+    return "".join(',"%s":%s' % (k, _json(v)) for k, v in fields.items())
 
 
 # ---------------------------------------------------------------------------- log opening, the rare paths
@@ -595,9 +872,14 @@ def _refused(d, exc):
             why += " (%s)" % ascii(exc.filename)[1:-1]
     else:
         why = "%s: %s" % (type(exc).__name__, exc)
+    env, said = os.environ._data, os.fsencode(d)
+    if env.get(QUIET_VAR.encode(), b"0") not in (b"", b"0") or env.get(SAID_VAR.encode()) == said:
+        return  # the user asked for silence, or an ancestor said it already (a re-exec, a subprocess)
     if _stderr_usable():
         os.write(2, ("ncclprobe: cannot log in %s: %s; the boot probe stays silent\n"
                      % (ascii(d)[1:-1], why)).encode("ascii", "backslashreplace"))
+        _real_putenv(SAID_VAR.encode(), said)  # inherited by what this process starts (fork children
+        env[SAID_VAR.encode()] = said          # are silent anyway): the tree hears it once
 
 
 # ---------------------------------------------------------------------------- JSON (no json import:
@@ -806,6 +1088,8 @@ def _process_start(extra, env, exec_env, live):
               "profile": profile if "profile" in _start else None,
               "profile_unwatched": _start.get("profile_unwatched", 0), "pinned": dict(_pins),
               "start": None}
+    if "argv_dropped" in _start:  # past the 512 a start reads
+        fields["argv_dropped"] = _start["argv_dropped"]
     fields.update(extra)
     start = _kernel_start()
     fields["start"] = None if start == "null" else float(start)
@@ -852,6 +1136,7 @@ def _forked():
     """process_start of a fork child (os.register_at_fork, through _rest)."""
     parent = _start.get("pid")
     _start["pid"] = os.getpid()
+    _writes.clear()
     env = _watched_now()
     _emit("process_start", _process_start({"forked_from": parent}, env, _exec_env(), env))
 
@@ -1031,10 +1316,25 @@ def _blocks(name, new):
     return name in _pins and _pins[name] != new
 
 
+# A variable written over and over (a scheduler setting CUDA_VISIBLE_DEVICES per task) would fill the
+# process's byte budget with one kind of line and leave none for what comes later (a fork child, a pin
+# refused, comm inits of the C probe in the same file): its first COALESCE writes are logged, then only
+# its 1024th, 2048th, 4096th, ... write, with "repeats": how many were not logged since its last line.
+COALESCE = 1000
+_writes = {}  # variable -> writes in this process (a fork child starts afresh)
+
+
 def _record(name, old, new, op, blocked):
     try:
-        _emit("env_write", {"var": name, "old": old, "new": new, "where": _writer(), "op": op,
-                            "blocked": blocked})
+        n = _writes[name] = _writes.get(name, 0) + 1
+        if n > COALESCE and n & (n - 1):  # not a power of two: counted only
+            return
+        fields = {"var": name, "old": old, "new": new, "where": _writer(), "op": op, "blocked": blocked}
+        if n == COALESCE:
+            fields["coalescing"] = True  # from here on, see above
+        elif n > COALESCE:
+            fields["repeats"] = n - max(COALESCE, n // 2) - 1
+        _emit("env_write", fields)
     except Exception as exc:
         _fail("guard", exc)
 
