@@ -29,7 +29,7 @@ Start-up cost (issue 4: `python -c pass` at most 1.10x with the probe). Everythi
 has not imported already and is kept to a handful of code objects (one start() with the common path
 inlined, the guard, the fork hook), since loading each one costs, and every object it keeps counts
 towards the interpreter's next garbage collection (a bare start ends ~100 objects short of one). A
-persistent install loads only that part at start; the rest (JSON of any value, the log writer for
+persistent install (and `run`) loads only that part at start; the rest (JSON of any value, the log writer for
 later events, profile files, argv redaction, fork children, recording of guarded writes, error
 reports) is a second file that _rest() runs on first use.
 """
@@ -91,14 +91,16 @@ _start = {}  # process_start fields shared with fork children (and the parts who
 # ("bytes": this process's file is full; "files": the directory's count is), until when the log
 # filesystem is left alone after it stalled, since when an operation on it is in flight, whether the
 # last write was short (the next line then starts on a line of its own), whether RWF_NOWAIT is worth
-# trying, and whether this process is known to have one thread (start, a fork child: see _high).
-_max_line, _max_bytes, _max_files = 65536, 67108864, 4096
+# trying, and whether this process is known to have one thread (start, a fork child: see _open_log).
+_max_line = 65536
+_max_bytes = 67108864
+_max_files = 4096
 _dropped = 0
 _full = None
 _quiet_until = 0.0
 _busy_since = 0.0
 _torn = False
-_nowait = hasattr(os, "RWF_NOWAIT")
+_nowait = False
 _alone = False
 
 # The fields of process_start, as _json in the rest writes them.
@@ -142,7 +144,7 @@ def _emit(ev, fields):
     # RWF_NOWAIT too: fs/read_write.c waits in file_start_write before it looks at the flag), so once an
     # operation on it took _STALL_S, or while one in another thread has taken that long already, lines
     # are counted, not written, for a while (_stalled); the next written line says "dropped": K.
-    global _fd, _dropped, _busy_since, _full, _torn
+    global _fd, _dropped, _busy_since, _nowait
     try:
         if ev == "probe_error":
             part, exc = fields
@@ -157,7 +159,7 @@ def _emit(ev, fields):
             _dropped += 1
             return
         pid = os.getpid()
-        size = -1
+        size = 0
         if _fd >= 0:  # still our file? A host may close any fd and reuse its number (closerange)
             try:
                 st = os.fstat(_fd)
@@ -177,17 +179,14 @@ def _emit(ev, fields):
         try:
             if _fd < 0:
                 size = _open_log(pid)
-                if _fd < 0:
+                if _fd < 0 or time.monotonic() - t0 > _STALL_S:
+                    if _fd >= 0:  # made (or opened) at last, after a stall: this line is dropped too
+                        _rest()
+                        _stalled(t0, -1, 0, 0)
                     return
-                if time.monotonic() - t0 > _STALL_S:  # made (or opened) at last: this line is dropped
-                    _dropped += 1
-                    _rest()
-                    _stalled(t0)
-                    return
-            t = time.time()
-            given = None
+            given = fields
             if type(fields) is not str:
-                given, parts = fields, [""]
+                parts = [""]
                 for k, v in fields.items():
                     if type(v) is str:
                         v = _jstr(v)
@@ -201,96 +200,33 @@ def _emit(ev, fields):
                     parts.append('"%s":%s' % (k, v))
                 fields = ",".join(parts)
             carried = _dropped
-            head = '{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"' % (ev, t, _jstr(_host), pid)
-            tail = ',"dropped":%d}\n' % carried if carried else "}\n"
-            if len(head) + len(fields) + len(tail) > _max_line:
-                _rest()
-                fields = _fit(given, _max_line - len(head) - len(tail))
-            if _full is not None or size + len(head) + len(fields) + len(tail) > _max_bytes - 1024:
-                _full = _full or "bytes"  # this line says so, and it is the last
-                head = head.replace('"ev":"%s"' % ev, '"ev":"log_budget"', 1)
-                fields = ',"reached":"%s","limit":%d' % (_full, _max_files if _full == "files" else _max_bytes)
-            data = ("\n" if _torn else "") + head + fields + tail
-            n = _append(data.encode("ascii"))
-            if n == len(data):
+            head = '{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"' % (ev, time.time(), _jstr(_host), pid)
+            line = head + fields + (',"dropped":%d}\n' % carried if carried else "}\n")
+            if _torn or _full is not None or len(line) > _max_line or size + len(line) > _max_bytes - 1024:
+                _rest()  # the line cap, the byte and file budgets, a torn line before this one
+                line = _bounded(ev, head, fields, line[len(head) + len(fields):], given, size)
+            data = line.encode("ascii")
+            try:  # one write per line: O_APPEND keeps it whole (Linux appends whatever pwritev's offset)
+                n = os.pwritev(_fd, (data,), 0, os.RWF_NOWAIT) if _nowait else os.write(_fd, data)
+            except OSError as exc:
+                n = -1
+                if _nowait and exc.errno != 11:  # not EAGAIN: maybe RWF_NOWAIT refused (EOPNOTSUPP, EINVAL)
+                    _nowait = False
+                    try:
+                        n = os.write(_fd, data)
+                    except OSError:
+                        pass
+            if n == len(data) and time.monotonic() - t0 <= _STALL_S:
                 _dropped -= carried
-                _torn = False
-            else:  # not written (EAGAIN, ENOSPC, EIO), or only in part: a torn line, ended by the next
-                _dropped += 1
-                _torn = _torn or n > 0
-            if time.monotonic() - t0 > _STALL_S:
+            else:
                 _rest()
-                _stalled(t0)
+                _stalled(t0, n, len(data), carried)
         finally:
             if busy:
                 _busy_since = 0.0
     except Exception:
         if ev != "probe_error":
             raise
-
-
-def _append(data):
-    # One write per line: O_APPEND keeps it whole (and Linux appends whatever pwritev's offset).
-    # RWF_NOWAIT turns a write that would wait for locks, page cache or writeback into EAGAIN (xfs,
-    # btrfs); where the filesystem does not support it (ext4, tmpfs, NFS: EOPNOTSUPP) a plain write is
-    # all there is, and a stall is then noticed only once it has cost the host (_emit's _STALL_S).
-    global _nowait
-    if _nowait:
-        try:
-            return os.pwritev(_fd, (data,), 0, os.RWF_NOWAIT)
-        except OSError as exc:
-            if exc.errno not in (95, 22, 38):  # EOPNOTSUPP, EINVAL, ENOSYS: not here; else EAGAIN, ENOSPC...
-                return -1
-            _nowait = False
-    try:
-        return os.write(_fd, data)
-    except OSError:
-        return -1
-
-
-def _high(fd):
-    # fd moved to the lowest free number >= _FD_FLOOR, close-on-exec (log.c's move_high): a host that
-    # started with stdio closed must not find our file at fd 1. With one thread (start, a fork child)
-    # nothing can take a free number between a look and dup2, which saves importing fcntl (~1.5 % of
-    # an interpreter's start). Where no high number can be had (RLIMIT_NOFILE), the fd stays, unless
-    # it is one of 0-2: then -1, and the caller stays silent rather than log onto the host's stdio.
-    try:
-        high = -1
-        if _alone:
-            for n in range(_FD_FLOOR, _FD_FLOOR + 64):
-                try:
-                    os.fstat(n)
-                except OSError as exc:
-                    if exc.errno == 9:  # EBADF: free
-                        high = os.dup2(fd, n, False)
-                        break
-        if high < 0:
-            import fcntl
-            high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _FD_FLOOR)
-        os.close(fd)
-        return high
-    except Exception:
-        if fd > 2:
-            return fd
-        os.close(fd)
-        return -1
-
-
-def _count_file(dfd):
-    # The directory's count of log files, this one included (DESIGN.md §4, file budget; log.c counts
-    # alike): `<host>.files` grows by one byte per file made, so that concurrent writers never race, and
-    # no more once past the budget. One that is not a private regular file of ours: the budget reached.
-    fd = os.open(_host.replace("/", "_") + ".files", _COUNT_FLAGS, 0o600, dir_fd=dfd)
-    try:
-        st = os.fstat(fd)
-        if st.st_mode & 0o170077 != 0o100000 or st.st_uid != os.geteuid():
-            return _max_files + 2
-        if st.st_size > _max_files:
-            return st.st_size + 1
-        os.write(fd, b"\n")
-        return os.fstat(fd).st_size
-    finally:
-        os.close(fd)
 
 
 def _system_dir(fd, path, leaf=""):
@@ -308,69 +244,33 @@ def _system_dir(fd, path, leaf=""):
             and not real.startswith(("/var/tmp/", "/dev/shm/")))
 
 
-def _make_dir(d):
-    # Create the log directory d, its last component only (0700), if its parent exists, is no system
-    # directory, and nobody but its owner can write to it unless it is sticky like /tmp (elsewhere
-    # another user could rename our directory away and put theirs in its place). Returns an O_PATH
-    # descriptor of the new directory (or of one that appeared meanwhile: _open_log checks it). Here,
-    # not in the rest: the first process of a log directory would otherwise load the rest to start.
-    parent, _, leaf = d.rstrip("/").rpartition("/")
-    try:  # the parent may be reached through symlinks (/tmp -> /private/tmp)
-        fd = os.open(parent or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise FileNotFoundError("its parent does not exist (only the last directory is ever created)") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if mode & 0o022 and not mode & 0o1000:
-            raise PermissionError("group or others can write to its parent")
-        if os.geteuid() == 0 and _system_dir(fd, parent or "/", leaf):  # the new directory would be root's
-            raise PermissionError("it is a system directory")
+def default_log_dir(where):
+    # Log directory of a persistent install without --dir, for this euid and this process's
+    # environment, where nobody else can have made it first: <runtime>/ncclprobe, the runtime
+    # directory being $XDG_RUNTIME_DIR or /run/user/<uid> if it is a directory of ours that only we can
+    # enter (0700; the probe makes the leaf there: a reboot or the last logout empties it); else
+    # <home>/.ncclprobe-logs if it exists (`inject install` makes it; the probe never makes anything in
+    # a home), home being $HOME (else the passwd entry's) if it is a directory of ours that nobody else
+    # can write to. None: neither. where="runtime" or "home": only that one, made or not. (Comments,
+    # not docstrings, and no default arguments in this part: every interpreter loads it.)
+    env, uid = os.environ._data, os.geteuid()
+    for rt in (env.get(b"XDG_RUNTIME_DIR") or b"", b"/run/user/%d" % uid) if where != "home" else ():
         try:
-            os.mkdir(leaf, 0o700, dir_fd=fd)
-        except FileExistsError:
-            pass
-        return os.open(leaf, _DIR_FLAGS, dir_fd=fd)
-    finally:
-        os.close(fd)
-
-
-def default_log_dir(uid=None, where=None):
-    """Log directory of a persistent install without --dir, for uid (default: this euid, with this
-    process's environment): where nobody else can have made it first. <runtime>/ncclprobe, the runtime
-    directory being $XDG_RUNTIME_DIR or /run/user/<uid> if it is a directory of uid's that only uid can
-    enter (0700; the probe makes the leaf there: a reboot or the last logout empties it); else
-    <home>/.ncclprobe-logs if it exists (`inject install` makes it; the probe never makes anything in a
-    home), home being $HOME if it is a directory of uid's, else the passwd entry's, and nobody else may
-    write to it. None: neither. where="runtime" or "home": only that one, made or not yet."""
-    env = os.environ._data
-    mine = uid is None or uid == os.geteuid()
-    uid = os.geteuid() if uid is None else uid
-    if where != "home":
-        for rt in ((env.get(b"XDG_RUNTIME_DIR") or b"") if mine else b"", b"/run/user/%d" % uid):
-            try:
-                st = os.stat(rt)
-            except OSError:
-                continue
-            if rt[:1] == b"/" and st.st_uid == uid and st.st_mode & 0o170777 == 0o040700:
-                return os.fsdecode(rt).rstrip("/") + "/ncclprobe"
-        if where:
-            return None
-    home = os.fsdecode(env.get(b"HOME") or b"") if mine else ""
-    for attempt in (0, 1):
-        try:
-            st = os.stat(home) if home[:1] == "/" and home.strip("/") else None
+            st = os.stat(rt)
         except OSError:
-            st = None
-        if st and st.st_uid == uid and st.st_mode & 0o170022 == 0o040000:  # a directory others cannot write to
-            leaf = home.rstrip("/") + "/.ncclprobe-logs"
-            return leaf if where or os.path.isdir(leaf) else None
-        if attempt == 0:
-            try:
-                import pwd  # only where $HOME says nothing: it costs a start ~0.5 %
-                home = pwd.getpwuid(uid).pw_dir
-            except (ImportError, KeyError):
-                return None
-    return None
+            continue
+        if rt[:1] == b"/" and st.st_uid == uid and st.st_mode & 0o170777 == 0o040700:
+            return os.fsdecode(rt).rstrip("/") + "/ncclprobe"
+    home = os.path.expanduser("~").rstrip("/")
+    try:
+        st = os.stat(home or "/")
+    except OSError:
+        return None
+    leaf = home + "/.ncclprobe-logs"
+    if (where == "runtime" or not home or st.st_uid != uid or st.st_mode & 0o170022 != 0o040000
+            or not (where or os.path.isdir(leaf))):
+        return None
+    return leaf
 
 
 def _open_log(pid):
@@ -380,13 +280,14 @@ def _open_log(pid):
     # file budget allows, or an existing one re-opened only if it is a private regular file of ours;
     # then moved up to _FD_FLOOR. Returns the file's size, or -1: not opened. A full filesystem drops
     # (and counts) the line; anything else costs one line on stderr, then silence, for this process
-    # and its fork children.
+    # and its fork children. (One function, not several: every interpreter loads this part.)
     global _fd, _fd_pid, _fd_id, _dir, _full, _dropped, _alone
     dfd = -1
     try:
         try:
             dfd = os.open(_dir, _DIR_FLAGS)  # O_NOFOLLOW: a symlink fails (ENOTDIR)
-        except FileNotFoundError:
+        except FileNotFoundError:  # made by the first process only: in the rest
+            _rest()
             dfd = _make_dir(_dir)
         st = os.fstat(dfd)
         if st.st_uid != os.geteuid():
@@ -395,33 +296,60 @@ def _open_log(pid):
             raise PermissionError("group or others can write to it")
         if st.st_uid == 0 and _system_dir(dfd, _dir):
             raise PermissionError("it is a system directory")
-        name = "%s-%d.jsonl" % (_host.replace("/", "_"), pid)
-        fd = -1
-        try:
-            os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        except FileNotFoundError:  # a new file: counted first
-            n = _count_file(dfd)
-            if n > _max_files + 1:  # nothing made, nothing said: the one past the budget said it
-                _full = "files"
-                return -1
-            if n == _max_files + 1:
-                _full = "files"  # made, to hold the one line that says so
+        host = _host.replace("/", "_")
+        if _fd_pid != pid:
+            # This process's file, about to be made (or an exec'd predecessor's, counted twice then):
+            # the directory's file budget. `<host>.files` grows by one byte per file, so that concurrent
+            # writers never race, and no more once past the budget; one that is not a private regular
+            # file of ours counts as the budget reached (log.c counts alike).
+            fd = os.open(host + ".files", _COUNT_FLAGS, 0o600, dir_fd=dfd)
             try:
-                fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dfd)
-            except FileExistsError:  # planted since
-                pass
-        if fd < 0:  # ours from before (pid reuse, exec, an fd the host closed), or planted
+                st = os.fstat(fd)
+                if st.st_mode & 0o170077 != 0o100000 or st.st_uid != os.geteuid():
+                    n = _max_files + 2
+                elif st.st_size > _max_files:
+                    n = st.st_size + 1
+                else:
+                    os.write(fd, b"\n")
+                    n = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+            if n > _max_files:  # the one just past the budget is made to say so; after it, nothing
+                _full = "files"
+                if n > _max_files + 1:
+                    return -1
+        name = "%s-%d.jsonl" % (host, pid)
+        try:
+            fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dfd)
+        except FileExistsError:  # ours from before (pid reuse, exec, an fd the host closed), or planted
             _rest()
             fd = _reopen(name, dfd)
         st = os.fstat(fd)
-        fd = _high(fd)
-        if fd < 0:
+        # Moved to the lowest free number >= _FD_FLOOR, close-on-exec (log.c's move_high): a host that
+        # started with stdio closed must not find our file at fd 1. With one thread (start, a fork
+        # child) nothing can take a free number between a look and dup2, which saves importing fcntl
+        # (~1.5 % of an interpreter's start). Where no high number can be had (RLIMIT_NOFILE), the fd
+        # stays, unless it is one of 0-2: then silence rather than a log on the host's stdio.
+        high = -1
+        try:
+            for n in range(_FD_FLOOR, _FD_FLOOR + 64) if _alone else ():  # (_alone: /proc is there)
+                if not os.access("/proc/self/fd/%d" % n, 0):  # F_OK: an open fd's link always resolves
+                    high = os.dup2(fd, n, False)
+                    break
+            if high < 0:
+                import fcntl
+                high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _FD_FLOOR)
+        except (ImportError, OSError):
+            high = fd if fd > 2 else -1
+        if high != fd:
+            os.close(fd)
+        if high < 0:
             raise OSError("only the host's standard descriptors 0-2 were free")
-        _fd, _fd_pid, _fd_id = fd, pid, (st.st_dev, st.st_ino)
+        _fd, _fd_pid, _fd_id = high, pid, (st.st_dev, st.st_ino)
         return st.st_size
     except Exception as exc:
-        if isinstance(exc, OSError) and exc.errno in (28, 122, 5):  # ENOSPC, EDQUOT, EIO: this line is lost
-            _dropped += 1
+        if isinstance(exc, OSError) and exc.errno and "%d," % exc.errno in "5,28,122,":  # EIO, ENOSPC, EDQUOT:
+            _dropped += 1  # this line is lost (the next one may not be); (a string: a tuple costs every start)
         else:
             d, _dir = _dir, None
             try:
@@ -441,19 +369,16 @@ def start():
     persistent, does nothing). Never raises."""
     # The common path (profile given at install, nothing secret-looking, plain strings) is inlined
     # here; anything else goes to the rest of the probe.
-    global _dir, _host, _max_line, _max_bytes, _max_files, _alone
+    global _dir, _host, _alone, _nowait
     try:
         data, enc = os.environ._data, _fs_encoding
         if getattr(sys, "_ncclprobe_boot", None) or data.get(b"NCCLPROBE_BOOT") == b"off":
             return
         sys._ncclprobe_boot = __name__
         _host = os.uname().nodename
-        bounds = []  # NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES: positive decimal integers, else the default
-        for key, value in ((b"NCCLPROBE_MAX_LINE", _max_line), (b"NCCLPROBE_MAX_BYTES", _max_bytes),
-                           (b"NCCLPROBE_MAX_FILES", _max_files)):
-            given = data.get(key)
-            bounds.append(int(given) if given and given.isdigit() and 0 < int(given) < 1 << 62 else value)
-        _max_line, _max_bytes, _max_files = max(bounds[0], 1024), bounds[1], bounds[2]  # a record needs ~1 KB
+        if b"NCCLPROBE_MAX_LINE" in data or b"NCCLPROBE_MAX_BYTES" in data or b"NCCLPROBE_MAX_FILES" in data:
+            _rest()
+            _bounds(data)
         pid = os.getpid()
         d = data.get(b"NCCLPROBE_DIR")
         if d:
@@ -463,7 +388,7 @@ def start():
         elif INSTALLED.get("log_dir"):
             d = INSTALLED["log_dir"]
         else:  # per user, private; None where this user has none (not made by `inject install`)
-            d = default_log_dir()
+            d = default_log_dir(None)
         if d and d[0] != "/":  # as the host found it: fork children and re-opens after a chdir too
             d = os.getcwd() + "/" + d
         _dir = d
@@ -494,7 +419,9 @@ def start():
                     b = os.read(fd, 65536)
                     while b:
                         chunks.append(b)
-                        b = os.read(fd, 65536)
+                        # procfs fills a read up to its size unless the block ends (fs/proc/base.c
+                        # environ_read): a short one is the last, and an empty read more is saved
+                        b = os.read(fd, 65536) if len(b) == 65536 else b""
                     chunks.append(b"\0")  # an extra empty entry at the end is harmless
                     raw = b"".join(chunks)
                 finally:
@@ -584,7 +511,7 @@ def start():
                 finally:
                     os.close(fd)
                 b = b[b.rindex(b")") + 2:].split()
-                _alone = b[17] == b"1"  # num_threads: the log fd can be moved up without fcntl (_high)
+                _alone = b[17] == b"1"  # num_threads: the log fd can be moved up without fcntl (_open_log)
                 kstart = "%.3f" % (time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
                                    + int(b[19]) / os.sysconf("SC_CLK_TCK"))
             except Exception:
@@ -601,6 +528,9 @@ def start():
                 text = _process_start({}, env, exec_env, before)
             _emit("process_start", text)
             _alone = False  # (if the line was not written: the next opening may not be alone)
+            # from the next line on (a start's own is written plainly: a process that writes no other
+            # line, most do not, never pays for the EOPNOTSUPP of ext4 or tmpfs)
+            _nowait = hasattr(os, "RWF_NOWAIT")
             try:  # a parent that is not Python (a C/C++ daemon, a shell) has no probe: record it from here
                 ppid = os.getppid()
                 if ppid > 1 and not os.readlink("/proc/%d/exe" % ppid).rsplit("/", 1)[-1].startswith("python"):
@@ -707,17 +637,9 @@ def _fork_hook():
 
 def _rest(*fork):
     """Define the rest of the probe (what only some processes need) in this module. A persistent
-    install keeps it in a second file beside this one, run here on first use, so that a start does
-    not load it; everywhere else it is already defined below. With an argument (the fork hook start()
+    install (and `run`) keeps it in a second file beside this one, run here on first use, so that a start
+    does not load it; imported whole, it is already defined below. With an argument (the fork hook start()
     registers): then log the fork child's process_start, reporting errors rather than raising them."""
-    global _dropped, _torn, _alone, _full, _busy_since, _quiet_until
-    if fork:  # a fork child: its own file and counts, one thread; a stall in flight at the fork is its too
-        _dropped, _torn, _alone = 0, False, True
-        if _full == "bytes":
-            _full = None
-        if _busy_since and time.monotonic() - _busy_since > _STALL_S:
-            _quiet_until = max(_quiet_until, time.monotonic() + 5.0)
-        _busy_since = 0.0
     try:
         if "_guarded_write" not in globals():
             from _frozen_importlib_external import SourceFileLoader  # the import system's own: no import
@@ -730,8 +652,6 @@ def _rest(*fork):
         if not fork:
             raise
         _emit("probe_error", ("fork", exc))
-    if fork:
-        _alone = False  # (if the child's start was not written: its next opening may not be alone)
 
 
 # ncclprobe: the rest of the probe (`ncclprobe inject install` writes what follows into a second file)
@@ -748,13 +668,48 @@ def _fail(part, exc):
     _emit("probe_error", (part, exc))
 
 
-def _stalled(t0):
-    """An operation on the log filesystem begun at t0 (time.monotonic) took _STALL_S or more: leave the
-    filesystem alone for ten times as long (5 s to 10 min), counting the lines instead, so that a host
-    on a stalling filesystem spends at most about a tenth of its time in the probe's writes."""
-    global _quiet_until
+def _bounds(env):
+    """NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES of env (os.environ._data): positive decimal integers,
+    else the default; a line cap is at least 1 KiB (a record's own fields need that much)."""
+    global _max_line, _max_bytes, _max_files
+    given = []
+    for key, value in ((b"NCCLPROBE_MAX_LINE", _max_line), (b"NCCLPROBE_MAX_BYTES", _max_bytes),
+                       (b"NCCLPROBE_MAX_FILES", _max_files)):
+        text = env.get(key)
+        given.append(int(text) if text and text.isdigit() and 0 < int(text) < 1 << 62 else value)
+    _max_line, _max_bytes, _max_files = max(given[0], 1024), given[1], given[2]
+
+
+def _stalled(t0, n, length, carried):
+    """A line begun at t0 (time.monotonic) that was not written whole (n of its length bytes; -1: none)
+    or whose writing took _STALL_S: it is counted as dropped (a part written is a torn line: the next one
+    starts on a line of its own), and after a stall the log filesystem is left alone for ten times as
+    long (5 s to 10 min), so that a host on a stalling filesystem spends at most about a tenth of its
+    time in the probe's writes."""
+    global _dropped, _torn, _quiet_until
+    if n == length:
+        _dropped -= carried
+    else:
+        _dropped += 1
+        _torn = _torn or n > 0
     now = time.monotonic()
-    _quiet_until = now + min(600.0, max(5.0, 10 * (now - t0)))
+    if now - t0 > _STALL_S:
+        _quiet_until = now + min(600.0, max(5.0, 10 * (now - t0)))
+
+
+def _bounded(ev, head, text, tail, given, size):
+    """The line of _emit (head, its fields' JSON text, tail; the fields as given) as it may be written:
+    "\n" first after a torn line; the fields shortened to the line cap (_fit); a log_budget line
+    instead where this process's byte budget or the directory's file budget is reached (the last)."""
+    global _full
+    if len(head) + len(text) + len(tail) > _max_line:
+        text = _fit(given if type(given) is dict else None, _max_line - len(head) - len(tail))
+    if _full is None and size + len(head) + len(text) + len(tail) > _max_bytes - 1024:
+        _full = "bytes"
+    if _full is not None:
+        head = head.replace('"ev":"%s"' % ev, '"ev":"log_budget"', 1)
+        text = ',"reached":"%s","limit":%d' % (_full, _max_files if _full == "files" else _max_bytes)
+    return ("\n" if _torn else "") + head + text + tail
 
 
 # ---------------------------------------------------------------------------- the line cap
@@ -811,7 +766,32 @@ def _fields_json(fields):
 
 
 # ---------------------------------------------------------------------------- log opening, the rare paths
-# (_open_log and _make_dir, in the part every interpreter loads, have the common ones)
+# (_open_log, in the part every interpreter loads, has the common ones)
+
+def _make_dir(d):
+    # Create the log directory d, its last component only (0700), if its parent exists, is no system
+    # directory, and nobody but its owner can write to it unless it is sticky like /tmp (elsewhere
+    # another user could rename our directory away and put theirs in its place). Returns an O_PATH
+    # descriptor of the new directory (or of one that appeared meanwhile: _open_log checks it).
+    parent, _, leaf = d.rstrip("/").rpartition("/")
+    try:  # the parent may be reached through symlinks (/tmp -> /private/tmp)
+        fd = os.open(parent or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FileNotFoundError("its parent does not exist (only the last directory is ever created)") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if mode & 0o022 and not mode & 0o1000:
+            raise PermissionError("group or others can write to its parent")
+        if os.geteuid() == 0 and _system_dir(fd, parent or "/", leaf):  # the new directory would be root's
+            raise PermissionError("it is a system directory")
+        try:
+            os.mkdir(leaf, 0o700, dir_fd=fd)
+        except FileExistsError:
+            pass
+        return os.open(leaf, _DIR_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+
 
 _S_IFMT, _S_IFREG, _S_IFIFO = 0o170000, 0o100000, 0o010000
 
@@ -1134,11 +1114,23 @@ def _parent_seen(ppid):
 
 def _forked():
     """process_start of a fork child (os.register_at_fork, through _rest)."""
+    global _dropped, _torn, _alone, _full, _busy_since, _quiet_until
+    _dropped = 0  # its own file, its own counts; one thread; a stall in flight at the fork is its too
+    _torn = False
+    _alone = True
+    if _full == "bytes":
+        _full = None
+    if _busy_since and time.monotonic() - _busy_since > _STALL_S:
+        _quiet_until = max(_quiet_until, time.monotonic() + 5.0)
+    _busy_since = 0.0
+    _writes.clear()
     parent = _start.get("pid")
     _start["pid"] = os.getpid()
-    _writes.clear()
-    env = _watched_now()
-    _emit("process_start", _process_start({"forked_from": parent}, env, _exec_env(), env))
+    try:
+        env = _watched_now()
+        _emit("process_start", _process_start({"forked_from": parent}, env, _exec_env(), env))
+    finally:
+        _alone = False  # (if the line was not written: the next opening may not be alone)
 
 
 def _profile_entries():

@@ -204,10 +204,10 @@ def test_default_log_dir_is_never_a_place_others_can_write(tmp_path, monkeypatch
     for runtime in (shared, theirs, made_dir(tmp_path / "open", 0o755)):
         monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
         monkeypatch.setenv("HOME", str(shared))
-        got = _boot.default_log_dir()
+        got = _boot.default_log_dir(None)
         home = pwd.getpwuid(os.geteuid()).pw_dir  # where $HOME is no private place, the passwd entry's
         assert got is None or got.startswith(f"/run/user/{os.geteuid()}/") or got == home + "/.ncclprobe-logs"
-        assert _boot.default_log_dir(where="home") in (None, home + "/.ncclprobe-logs")
+        assert _boot.default_log_dir("home") in (None, home + "/.ncclprobe-logs")
 
 
 def test_a_user_without_the_default_directory_gets_no_output(venv, tmp_path, monkeypatch):

@@ -1,9 +1,10 @@
 """Wiring the boot probe (probes/ncclprobe_boot.py) into Python interpreters.
 
 Ephemeral (`ncclprobe run`): ephemeral_env() prepares a fresh directory holding a sitecustomize.py
-that runs the probe and then the sitecustomize that would have run without it; the caller puts the
-returned variables (PYTHONPATH first of all) into the command's environment. `python -E/-I/-S` and
-launchers that drop PYTHONPATH lose it (user-pain.md §4): their processes have no process_start.
+that runs the probe (in two files as below, unless with a profile) and then the sitecustomize that
+would have run without it; the caller puts the returned variables (PYTHONPATH first of all) into the
+command's environment. `python -E/-I/-S` and launchers that drop PYTHONPATH lose it (user-pain.md §4):
+their processes have no process_start.
 
 Persistent (`ncclprobe inject install`): a uniquely named .pth (plus PEP 829 .start) and the probe
 module (with the rest of the probe, loaded on first use, in a second file) in the interpreter's
@@ -43,8 +44,8 @@ INSTALLED_LINE = "INSTALLED = None"
 # parser, recording of guarded writes) goes into REST, which MODULE runs on first use (start-up cost).
 REST_LINE = "# ncclprobe: the rest of the probe"
 REST = f"{MODULE}_rest"
-REST_HEADER = ("# ncclprobe boot probe, the part only some processes need (written by `ncclprobe inject install`):\n"
-               f"# {MODULE}._rest() runs it in the namespace of {MODULE}; it is no module of its own.\n\n")
+REST_HEADER = ("# ncclprobe boot probe, the part only some processes need (written by ncclprobe `inject install` or\n"
+               "# `run`): {module}._rest() runs it in the namespace of {module}; it is no module of its own.\n\n")
 RECENT = 20
 # Where probes installed by older versions log without --dir: a name anyone can create first.
 LEGACY_DEFAULT = "/tmp/ncclprobe-{uid}"
@@ -93,6 +94,21 @@ def _boot_source() -> str:
                            data={"hint": "run `python probes/build.py` or reinstall ncclprobe"}) from None
 
 
+def _boot_files(module: str, installed: dict | None = None) -> list[tuple[str, str]]:
+    """The probe as two files: <module>.py, what every interpreter loads (INSTALLED set to `installed`),
+    and <module>_rest.py, what _rest() runs on first use (start-up cost: most interpreters never do)."""
+    source = _boot_source()
+    if source.count(INSTALLED_LINE) != 1:
+        raise Unexaminable("the boot probe has no INSTALLED line to configure", reason="not built")
+    split = source.find("\n" + REST_LINE)
+    if split < 0 or source.count("\n" + REST_LINE) != 1 or source.find(INSTALLED_LINE) > split:
+        raise Unexaminable("the boot probe has no line where its rest begins", reason="not built")
+    hot = source[:split + 1]
+    if installed is not None:
+        hot = hot.replace(INSTALLED_LINE, "INSTALLED = " + repr(installed), 1)
+    return [(f"{module}.py", hot), (f"{module}_rest.py", REST_HEADER.format(module=module) + source[split + 1:])]
+
+
 def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
     fd = os.open(path, logdir.FILE_FLAGS, mode)  # always a new file: nothing planted at the name is opened
     with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
@@ -112,10 +128,15 @@ def ephemeral_env(base_env: Mapping[str, str], log_dir: str | Path, profile: Pro
     """
     log_dir = logdir.check(log_dir)  # logdir.Unfit if the log discipline refuses it
     boot_dir = Path(tempfile.mkdtemp(prefix="boot-", dir=log_dir))  # 0700
-    _write_private(boot_dir / BOOT_FILE, _boot_source())
-    _write_private(boot_dir / "sitecustomize.py", SITECUSTOMIZE)
+    # Two files, as installed: most interpreters never load the rest. With a profile, every one does
+    # at start (the profile parser is there): then one file loads faster.
+    with_profile = profile is not None and not profile.empty
+    files = [(BOOT_FILE, _boot_source())] if with_profile else _boot_files(BOOT_FILE[:-len(".py")])
+    files.append(("sitecustomize.py", SITECUSTOMIZE))
+    for name, text in files:
+        _write_private(boot_dir / name, text)
     os.mkdir(boot_dir / "__pycache__", 0o700)  # py_compile (and each interpreter) would make it 0755
-    for name in (BOOT_FILE, "sitecustomize.py"):  # for this interpreter, even under PYTHONDONTWRITEBYTECODE
+    for name, _ in files:  # for this interpreter, even under PYTHONDONTWRITEBYTECODE
         try:
             py_compile.compile(str(boot_dir / name), doraise=True)
         except (OSError, py_compile.PyCompileError):
@@ -272,16 +293,7 @@ def install(python: str | None = None, profile: Profile | None = None, log_dir: 
                 "`ncclprobe inject uninstall` first.")
         replaced = (old, previous.get("log_dir"))
     _check_log_dir(log_dir)  # (a refused install makes no directory)
-    source = _boot_source()
-    if source.count(INSTALLED_LINE) != 1:
-        raise Unexaminable("the boot probe has no INSTALLED line to configure", reason="not built")
-    split = source.find("\n" + REST_LINE)
-    if split < 0 or source.count("\n" + REST_LINE) != 1 or source.find(INSTALLED_LINE) > split:
-        raise Unexaminable("the boot probe has no line where its rest begins", reason="not built")
-    files = [(f"{MODULE}.py", source[:split + 1].replace(INSTALLED_LINE, "INSTALLED = " + repr(config), 1)),
-             (f"{REST}.py", REST_HEADER + source[split + 1:]),
-             (START, f"{MODULE}:start\n"),
-             (PTH, f"import {MODULE}; {MODULE}.start()\n")]
+    files = _boot_files(MODULE, config) + [(START, f"{MODULE}:start\n"), (PTH, f"import {MODULE}; {MODULE}.start()\n")]
     _atomic_write_all(sp, files, fresh=previous is None)
     compiled = _compile(info, sp / f"{MODULE}.py", sp / f"{REST}.py")
     return _install_result(info, sp, config, profile, compiled, replaced)
@@ -291,7 +303,7 @@ def _default_dirs() -> list[str]:
     """This user's default log directories (the probe's default_log_dir): the one in its runtime
     directory, where processes with a login session log, and the one in its home, where the others do
     (daemons, cron, batch jobs); those this user can have."""
-    return [d for d in (_boot.default_log_dir(where="runtime"), _boot.default_log_dir(where="home")) if d]
+    return [d for d in (_boot.default_log_dir("runtime"), _boot.default_log_dir("home")) if d]
 
 
 def _check_log_dir(log_dir: Path | None) -> None:
