@@ -516,16 +516,18 @@ def start():
                                    + int(b[19]) / os.sysconf("SC_CLK_TCK"))
             except Exception:
                 kstart = "null"
-            text = _START_FIELDS % (
-                os.getppid(), ",".join(map(q, argv)), q(sys.executable), q(sys.prefix), vi[0], vi[1], vi[2],
-                _start["mode"], ",".join(map("%s:%s".__mod__, zip(map(q, env), map(q, env.values())))),
-                "null" if exec_env is None else
-                "{" + ",".join(map("%s:%s".__mod__, zip(map(q, exec_env), map(q, exec_env.values())))) + "}",
-                "null" if exec_env is None else "false" if exec_env == before else "true",
-                ",".join(texts), unwatched, ",".join(pinned), kstart)
-            if len(text) > _max_line - 512 or "argv_dropped" in _start:  # the rest shortens it (_fit)
+            text = None  # a record too long already (a huge command line): shortened in the rest
+            if len(s) < _max_line - 512 and "argv_dropped" not in _start:
+                text = _START_FIELDS % (
+                    os.getppid(), ",".join(map(q, argv)), q(sys.executable), q(sys.prefix), vi[0], vi[1], vi[2],
+                    _start["mode"], ",".join(map("%s:%s".__mod__, zip(map(q, env), map(q, env.values())))),
+                    "null" if exec_env is None else
+                    "{" + ",".join(map("%s:%s".__mod__, zip(map(q, exec_env), map(q, exec_env.values())))) + "}",
+                    "null" if exec_env is None else "false" if exec_env == before else "true",
+                    ",".join(texts), unwatched, ",".join(pinned), kstart)
+            if text is None or len(text) > _max_line - 512:
                 _rest()
-                text = _process_start({}, env, exec_env, before)
+                text = _start_fields(_process_start({}, env, exec_env, before))
             _emit("process_start", text)
             _alone = False  # (if the line was not written: the next opening may not be alone)
             # from the next line on (a start's own is written plainly: a process that writes no other
@@ -723,9 +725,10 @@ def _fit(fields, room):
     out = dict(fields or {})
     cut = max(16, room // 16)
     for key, value in list(out.items()):
-        if type(value) is list and len(_json(_cut(value, cut))) > room // 2:
+        short = _cut(value, cut) if type(value) is list else None
+        if short is not None and len(_json(short)) > room // 2:
             kept, used = [], 0
-            for item in _cut(value, cut):
+            for item in short:
                 used += len(_json(item)) + 1
                 if used > room // 2:
                     break
@@ -751,8 +754,10 @@ def _cut(value, cut):
         if len(value) + 2 <= cut and _plain(value):
             return value
         value = value[:cut]
-        while len(_jstr(value)) > cut and value:  # escapes make JSON longer than the text
-            value = value[:len(value) * cut // len(_jstr(value)) - 1]
+        size = len(_jstr(value))
+        while size > cut and value:  # escapes make JSON longer than the text
+            value = value[:len(value) * cut // size - 1]
+            size = len(_jstr(value))
         return value
     if type(value) is dict:
         return {_cut(str(k), cut): _cut(v, cut) for k, v in value.items()}
@@ -1076,6 +1081,14 @@ def _process_start(extra, env, exec_env, live):
     return fields
 
 
+def _start_fields(fields):
+    """process_start's fields, or their JSON already shortened to the line cap where the command line
+    alone would pass it (serializing a 2 MB argv whole before shortening it costs its size again)."""
+    if sum(map(len, fields.get("argv") or ())) + len(fields) < _max_line // 2 and "argv_dropped" not in fields:
+        return fields
+    return _fit(fields, _max_line - 256)
+
+
 def _parent_seen(ppid):
     """parent_seen: this process's parent, not Python, as /proc shows it now (its start, command line,
     executable and watched exec-time environment). It may be gone before a scan of run's watch sees it
@@ -1128,7 +1141,7 @@ def _forked():
     _start["pid"] = os.getpid()
     try:
         env = _watched_now()
-        _emit("process_start", _process_start({"forked_from": parent}, env, _exec_env(), env))
+        _emit("process_start", _start_fields(_process_start({"forked_from": parent}, env, _exec_env(), env)))
     finally:
         _alone = False  # (if the line was not written: the next opening may not be alone)
 

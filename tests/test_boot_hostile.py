@@ -396,6 +396,32 @@ def test_log_fd_never_takes_a_low_number_a_host_writes_to(tmp_path, closed):
     assert write["pid"] == pid
 
 
+REOPEN_HOST = """\
+import os, sys
+os.closerange(0, 4096)  # stdio too: the probe's file must not come back on 0-2 when it is opened again
+os.environ["NCCL_PROTO"] = "LL"
+fds = {}
+for name in os.listdir("/proc/self/fd"):
+    try:
+        fds[int(name)] = os.readlink("/proc/self/fd/" + name)
+    except OSError:
+        pass
+with open(sys.argv[1], "w") as out:
+    out.write(repr(fds))
+"""
+
+
+def test_a_log_reopened_after_the_host_closed_everything_stays_high(tmp_path):
+    report = tmp_path / "report.txt"
+    res = subprocess.run([PYTHON, "-c", REOPEN_HOST, str(report)], env=wired(tmp_path), capture_output=True,
+                         timeout=TIMEOUT)
+    assert res.returncode == 0, res.stderr
+    fds = eval(report.read_text())
+    mine = [fd for fd, target in fds.items() if target.endswith(".jsonl")]
+    assert mine and all(fd >= 200 for fd in mine), fds
+    assert [w["new"] for w in events(tmp_path / "log", "env_write")] == ["LL"]
+
+
 DUP2_FORK_HOST = """\
 import os, sys
 def target(n):

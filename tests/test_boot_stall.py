@@ -311,3 +311,92 @@ def test_a_full_log_filesystem_drops_and_counts_lines(tmp_path, loopfs):
     written = [e["var"] for e in lines if e["ev"] == "env_write"][:-1]
     assert len(written) + last["dropped"] == 300  # each line is written or counted, once
     assert read_dirs([log]).skipped_total <= 1  # at most the one torn line, on a line of its own
+
+
+# ---------------------------------------------------------------------------- exit, and other threads
+
+EXIT_HOST = """\
+import os, sys
+print("started", flush=True)
+sys.stdin.readline()  # the test froze the log filesystem
+for i in range(100):  # the first write sleeps until the test thaws the filesystem (and freezes it again)
+    os.environ["NCCL_PROTO"] = "loop-%d" % i
+pid = os.fork()
+if pid == 0:
+    os.environ["NCCL_ALGO"] = "child"
+    sys.exit(0)  # a child's interpreter ends normally too
+os.waitpid(pid, 0)
+print("exiting", flush=True)
+sys.exit(7)
+"""
+
+
+def test_a_host_exits_while_its_log_filesystem_stays_frozen(tmp_path, loopfs):
+    log = loopfs.mnt / "log"
+    log.mkdir(mode=0o700)
+    host = Host(EXIT_HOST, wired(tmp_path, log), loopfs)
+    try:
+        assert host.said(BOUND_S) == "started"
+        loopfs.freeze()
+        host.send("go")
+        host.asleep_in_the_filesystem(STALL_S)
+        loopfs.thaw()
+        loopfs.freeze()
+        assert host.said(BOUND_S) == "exiting"
+        host.proc.wait(timeout=BOUND_S)  # while the filesystem is still frozen
+        assert loopfs.frozen
+    finally:
+        rc, err = host.end()
+    assert rc == 7 and err == "", err
+
+
+THREADS_HOST = """\
+import os, sys, threading
+print("started", flush=True)
+sys.stdin.readline()  # the test froze the log filesystem
+stuck = threading.Thread(target=lambda: os.environ.__setitem__("NCCL_PROTO", "thread"))
+stuck.start()  # its write sleeps in the frozen filesystem
+sys.stdin.readline()  # it has slept long enough to count as a stall
+for i in range(100):  # the main thread's writes are counted, not attempted
+    os.environ["NCCL_ALGO"] = "main-%d" % i
+pid = os.fork()  # and its fork child does not touch the filesystem either
+if pid == 0:
+    os.environ["NCCL_ALGO"] = "child"
+    os._exit(0)
+os.waitpid(pid, 0)
+print("main went on", flush=True)
+stuck.join()
+"""
+
+
+def test_other_threads_go_on_while_one_is_stalled_in_the_log_filesystem(tmp_path, loopfs):
+    log = loopfs.mnt / "log"
+    log.mkdir(mode=0o700)
+    host = Host(THREADS_HOST, wired(tmp_path, log), loopfs)
+    try:
+        assert host.said(BOUND_S) == "started"
+        loopfs.freeze()
+        host.send("go")
+        deadline = time.monotonic() + BOUND_S  # the stalled thread (the main one is waiting on stdin)
+        while time.monotonic() < deadline and not [t for t in os.listdir(f"/proc/{host.pid}/task")
+                                                    if _task_state(host.pid, t) == "D"]:
+            time.sleep(0.02)
+        assert "D" in [_task_state(host.pid, t) for t in os.listdir(f"/proc/{host.pid}/task")], "no thread stalled"
+        time.sleep(STALL_S)  # how long the stall has lasted is the point here: a duration, not a wait
+        host.send("stalled")
+        said = host.said(BOUND_S)
+        assert said == "main went on", f"the main thread stalled too ({host.state()})"
+        assert loopfs.frozen
+    finally:
+        rc, err = host.end()
+    assert rc == 0 and err == "", err
+    values = [e.get("new") for e in lines_of(log, host.pid)]
+    assert "thread" in values and not [v for v in values if v and v.startswith("main-")]
+
+
+def _task_state(pid: int, tid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"
