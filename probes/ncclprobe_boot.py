@@ -348,8 +348,10 @@ def _open_log(pid):
         _fd, _fd_pid, _fd_id = high, pid, (st.st_dev, st.st_ino)
         return st.st_size
     except Exception as exc:
-        if isinstance(exc, OSError) and exc.errno and "%d," % exc.errno in "5,28,122,":  # EIO, ENOSPC, EDQUOT:
-            _dropped += 1  # this line is lost (the next one may not be); (a string: a tuple costs every start)
+        # EINTR, EIO, EAGAIN, ENFILE, EMFILE, ENOSPC, EDQUOT: this line is lost, the next may not be (a
+        # string, not a tuple: a tuple constant costs every interpreter's start a tracked object)
+        if isinstance(exc, OSError) and ",%s," % exc.errno in ",4,5,11,23,24,28,122,":
+            _dropped += 1
         else:
             d, _dir = _dir, None
             try:
@@ -718,11 +720,14 @@ def _bounded(ev, head, text, tail, given, size):
 
 def _fit(fields, room):
     """The JSON of `fields` (',"key":value...', as _emit writes them) in at most `room` characters, and
-    "truncated": true: each string cut to room/16 characters of JSON (halved again while too long),
-    list elements past half the room dropped (counted in "<key>_dropped": argv_dropped), then the
-    largest fields left out (null). Never raises: a line that cannot be made short holds no fields."""
+    "truncated": true: where they do not fit, each string cut to room/16 characters of JSON (halved
+    again while too long), list elements past half the room dropped (counted in "<key>_dropped":
+    argv_dropped), then the largest fields left out (null). A line that cannot be short has no fields."""
     room -= len(',"truncated":true')
     out = dict(fields or {})
+    text = _fields_json(_cut(out, room))
+    if len(text) <= room:  # (argv_dropped alone: it fits)
+        return text + ',"truncated":true'
     cut = max(16, room // 16)
     for key, value in list(out.items()):
         short = _cut(value, cut) if type(value) is list else None
