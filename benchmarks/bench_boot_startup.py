@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ncclprobe import inject, profile  # the installed package (its boot probe is built at install)
+from ncclprobe.commands import inject, profile  # the installed package (its boot probe is built at install)
 
 GOAL = 1.10
 

@@ -233,7 +233,8 @@ def inject():
 @click.option("--set", "sets", multiple=True, metavar="K=V", help="Set a variable at interpreter start.")
 @click.option("--set-default", "defaults", multiple=True, metavar="K=V", help="Set it only where absent.")
 @click.option("--pin", "pins", multiple=True, metavar="K", help="Refuse in-process writes to K.")
-@click.option("--dir", "log_dir", type=click.Path(file_okay=False), help="Log directory for the events.")
+@click.option("--dir", "log_dir", type=click.Path(file_okay=False),
+              help="Log directory for the events (default: per user, private; see below).")
 @click.option("--replace", is_flag=True,
               help="Replace a probe installed with another profile or log directory (never merged).")
 @json_option
@@ -243,7 +244,16 @@ def inject_install(python, sets, defaults, pins, log_dir, replace, as_json):
     A probe already installed there with another profile (--set, --set-default, --pin) or log
     directory is left as it is and the command fails (exit 2), naming the installed variables;
     --replace installs this profile in its place (profiles are not merged). The same profile and
-    directory again just rewrite the probe's files."""
+    directory again just rewrite the probe's files.
+
+    Without --dir, each user's processes log where no other user can have made the directory first:
+    $XDG_RUNTIME_DIR/ncclprobe (or /run/user/UID/ncclprobe) where that runtime directory is the user's
+    own (mode 0700), else ~/.ncclprobe-logs. install makes them for this user; other users of the
+    interpreter log where they have a runtime directory, or once they made ~/.ncclprobe-logs (mode 0700).
+    A NCCLPROBE_DIR in a process's environment wins.
+
+    A log directory the probe refuses (another user's, writable by others, a symlink) costs one
+    `ncclprobe:` line on stderr per process tree, then silence; NCCLPROBE_QUIET=1 silences that line."""
     from ncclprobe.commands import inject as inject_mod, profile as profile_mod
     profile = _guarded("inject install", as_json, profile_mod.from_cli, sets, defaults, pins)
     try:

@@ -14,16 +14,22 @@ hurts its host (DESIGN.md §4, log directory; probes/ncclprobe/log.c keeps the s
 into a private directory of its euid (no symlink; for root, no system directory), into a file it created
 (O_EXCL, O_NONBLOCK) or proved to be its own private regular file; before each write it checks with
 fstat that its fd still names that file (a host may close any fd and reuse the number), and an fd
-that does not is the host's: never written to, never closed. A refused or unusable log directory
-costs one line on stderr, then silence. The profile file is read once, at start. Importing this
-module has no side effects; ncclprobe.commands.profile imports it for the profile parser.
+that does not is the host's: never written to, never closed. Its fd sits at 200 or above (never 0-2:
+a host started with stdio closed keeps them closed). It takes no lock and starts no thread; a log
+filesystem that stalls costs the host one stall, then lines are counted, not written, for a while
+(_emit). What it writes is bounded (issue 21's policy, as log.c): NCCLPROBE_MAX_LINE per line (fields
+shortened, "truncated"), NCCLPROBE_MAX_BYTES per process file and NCCLPROBE_MAX_FILES files per host
+in a directory (then one `log_budget` line); lines lost are said as "dropped": K on the next one. A
+refused or unusable log directory costs one line on stderr per process tree (none with
+NCCLPROBE_QUIET=1), then silence. The profile file is read once, at start. Importing this module has
+no side effects; ncclprobe.commands.profile imports it for the profile parser.
 
 Start-up cost (issue 4: `python -c pass` at most 1.10x with the probe). Everything above the line
 "# ncclprobe: the rest of the probe" runs in every interpreter: it imports nothing the interpreter
 has not imported already and is kept to a handful of code objects (one start() with the common path
 inlined, the guard, the fork hook), since loading each one costs, and every object it keeps counts
 towards the interpreter's next garbage collection (a bare start ends ~100 objects short of one). A
-persistent install loads only that part at start; the rest (JSON of any value, the log writer for
+persistent install (and `run`) loads only that part at start; the rest (JSON of any value, the log writer for
 later events, profile files, argv redaction, fork children, recording of guarded writes, error
 reports) is a second file that _rest() runs on first use.
 """
@@ -61,6 +67,8 @@ _FIND = (b"\0NCCL_", b"\0TORCH_NCCL_", b"\0NCCLPROBE_",  # the prefixes, then th
 DIR_VAR = "NCCLPROBE_DIR"          # log directory (wins over the installed one)
 PROFILE_VAR = "NCCLPROBE_PROFILE"  # path of a profile file, applied after the installed profile
 OFF_VAR = "NCCLPROBE_BOOT"         # "off": this process and its children skip the probe
+QUIET_VAR = "NCCLPROBE_QUIET"      # "1": a refused log directory is not said on stderr
+SAID_VAR = "NCCLPROBE_REFUSED"     # the refused directory, once said: the processes started since stay quiet
 
 # `ncclprobe inject install` rewrites this line in its copy: {"log_dir": str|None, "profile": str, ...}
 INSTALLED = None
@@ -71,6 +79,12 @@ MAX_STR = 65536  # bound on any logged string, so a line stays far below the rea
 # file is always new (O_EXCL) and O_NONBLOCK: a FIFO planted at its name fails instead of blocking.
 _DIR_FLAGS = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# `<host>.files`, the count of log files made in the directory (one byte each): shared, never O_EXCL
+_COUNT_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FD_FLOOR = 200  # log.c's NP_FD_FLOOR: above the numbers hosts dup2() onto and close in loops
+# A log-filesystem operation this slow means the filesystem stalls (see _emit). Wall time also counts
+# waits for the GIL and the CPU: on a loaded machine those reach half a second, a stall not.
+_STALL_S = 2.0
 
 _dir = None  # log directory (absolute), None = silent
 _fd = -1     # log file of process _fd_pid, whose (st_dev, st_ino) is _fd_id
@@ -83,6 +97,22 @@ _real_unsetenv = os.unsetenv
 _pins = {}   # name -> pinned value (None: pinned absent)
 _c_env = {}  # watched names last written through os.putenv/unsetenv (os.environ does not see them)
 _start = {}  # process_start fields shared with fork children (and the parts whose failure was logged)
+# Bounds (NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES; read once per process by start()) and the state of
+# the writer: lines lost since the last written one (said as "dropped" on the next), the budget reached
+# ("bytes": this process's file is full; "files": the directory's count is), until when the log
+# filesystem is left alone after it stalled, since when an operation on it is in flight, whether the
+# last write was short (the next line then starts on a line of its own), whether RWF_NOWAIT is worth
+# trying, and whether this process is known to have one thread (start, a fork child: see _open_log).
+_max_line = 65536
+_max_bytes = 67108864
+_max_files = 4096
+_dropped = 0
+_full = None
+_quiet_until = 0.0
+_busy_since = 0.0
+_torn = False
+_nowait = False
+_alone = False
 
 # The fields of process_start, as _json in the rest writes them.
 _START_FIELDS = (',"ppid":%d,"argv":[%s],"exe":%s,"prefix":%s,"python":"%d.%d.%d","mode":"%s","env":{%s},'
@@ -120,7 +150,12 @@ def _emit(ev, fields):
     # One event line, as _json(rec) in the rest writes it. fields: a dict (str keys; values other than
     # str, None, bool, int go through _json) or the JSON of the fields already (',"key":value...').
     # A probe_error (fields: (part, exception)) is logged once per part and never raises.
-    global _fd
+    # A stalled log filesystem costs the host one stall, not one per line: Linux puts a writer to a
+    # frozen or hung filesystem to sleep uninterruptibly (creating a file, write(), pwritev2 with
+    # RWF_NOWAIT too: fs/read_write.c waits in file_start_write before it looks at the flag), so once an
+    # operation on it took _STALL_S, or while one in another thread has taken that long already, lines
+    # are counted, not written, for a while (_stalled); the next written line says "dropped": K.
+    global _fd, _dropped, _busy_since, _nowait
     try:
         if ev == "probe_error":
             part, exc = fields
@@ -128,7 +163,14 @@ def _emit(ev, fields):
                 return
             _start["failed " + part] = True
             fields = {"part": part, "message": "%s: %s" % (type(exc).__name__, exc)}
+        if _full is not None or (_fd < 0 and _dir is None):
+            return
+        t0 = time.monotonic()
+        if t0 < _quiet_until or (_busy_since and t0 - _busy_since > _STALL_S):
+            _dropped += 1
+            return
         pid = os.getpid()
+        size = 0
         if _fd >= 0:  # still our file? A host may close any fd and reuse its number (closerange)
             try:
                 st = os.fstat(_fd)
@@ -140,32 +182,59 @@ def _emit(ev, fields):
             elif _fd_pid != pid:  # our file, inherited through fork: the child writes its own
                 os.close(_fd)
                 _fd = -1
-        if _fd < 0:
-            if _dir is None:
-                return
-            _open_log(pid)
+            else:
+                size = st.st_size  # every writer of this process's file counts (the C probe's too)
+        busy = not _busy_since
+        if busy:
+            _busy_since = t0
+        try:
             if _fd < 0:
-                return
-        t = time.time()
-        if type(fields) is not str:
-            parts = [""]
-            for k, v in fields.items():
-                if type(v) is str:
-                    v = _jstr(v)
-                elif v is None or v is True or v is False:
-                    v = "null" if v is None else "true" if v else "false"
-                elif type(v) is int:
-                    v = str(v)
-                else:
-                    _rest()
-                    v = _json(v)
-                parts.append('"%s":%s' % (k, v))
-            fields = ",".join(parts)
-        try:  # one write per line: O_APPEND keeps it whole
-            os.write(_fd, ('{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"%s}\n'
-                           % (ev, t, _jstr(_host), pid, fields)).encode("ascii"))
-        except OSError:
-            pass
+                size = _open_log(pid)
+                if _fd < 0 or time.monotonic() - t0 > _STALL_S:
+                    if _fd >= 0:  # made (or opened) at last, after a stall: this line is dropped too
+                        _rest()
+                        _stalled(t0, -1, 0, 0)
+                    return
+            given = fields
+            if type(fields) is not str:
+                parts = [""]
+                for k, v in fields.items():
+                    if type(v) is str:
+                        v = _jstr(v)
+                    elif v is None or v is True or v is False:
+                        v = "null" if v is None else "true" if v else "false"
+                    elif type(v) is int:
+                        v = str(v)
+                    else:
+                        _rest()
+                        v = _json(v)
+                    parts.append('"%s":%s' % (k, v))
+                fields = ",".join(parts)
+            carried = _dropped
+            head = '{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"' % (ev, time.time(), _jstr(_host), pid)
+            line = head + fields + (',"dropped":%d}\n' % carried if carried else "}\n")
+            if _torn or _full is not None or len(line) > _max_line or size + len(line) > _max_bytes - 1024:
+                _rest()  # the line cap, the byte and file budgets, a torn line before this one
+                line = _bounded(ev, head, fields, line[len(head) + len(fields):], given, size)
+            data = line.encode("ascii")
+            try:  # one write per line: O_APPEND keeps it whole (Linux appends whatever pwritev's offset)
+                n = os.pwritev(_fd, (data,), 0, os.RWF_NOWAIT) if _nowait else os.write(_fd, data)
+            except OSError as exc:
+                n = -1
+                if _nowait and exc.errno != 11:  # not EAGAIN: maybe RWF_NOWAIT refused (EOPNOTSUPP, EINVAL)
+                    _nowait = False
+                    try:
+                        n = os.write(_fd, data)
+                    except OSError:
+                        pass
+            if n == len(data) and time.monotonic() - t0 <= _STALL_S:
+                _dropped -= carried
+            else:
+                _rest()
+                _stalled(t0, n, len(data), carried)
+        finally:
+            if busy:
+                _busy_since = 0.0
     except Exception:
         if ev != "probe_error":
             raise
@@ -186,44 +255,50 @@ def _system_dir(fd, path, leaf=""):
             and not real.startswith(("/var/tmp/", "/dev/shm/")))
 
 
-def _make_dir(d):
-    # Create the log directory d, its last component only (0700), if its parent exists, is no system
-    # directory, and nobody but its owner can write to it unless it is sticky like /tmp (elsewhere
-    # another user could rename our directory away and put theirs in its place). Returns an O_PATH
-    # descriptor of the new directory (or of one that appeared meanwhile: _open_log checks it). Here,
-    # not in the rest: the first process of a log directory would otherwise load the rest to start.
-    parent, _, leaf = d.rstrip("/").rpartition("/")
-    try:  # the parent may be reached through symlinks (/tmp -> /private/tmp)
-        fd = os.open(parent or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise FileNotFoundError("its parent does not exist (only the last directory is ever created)") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if mode & 0o022 and not mode & 0o1000:
-            raise PermissionError("group or others can write to its parent")
-        if os.geteuid() == 0 and _system_dir(fd, parent or "/", leaf):  # the new directory would be root's
-            raise PermissionError("it is a system directory")
+def default_log_dir(where):
+    # Log directory of a persistent install without --dir, for this euid and this process's
+    # environment, where nobody else can have made it first: <runtime>/ncclprobe, the runtime
+    # directory being $XDG_RUNTIME_DIR or /run/user/<uid> if it is a directory of ours that only we can
+    # enter (0700; the probe makes the leaf there: a reboot or the last logout empties it); else
+    # <home>/.ncclprobe-logs if it exists (`inject install` makes it; the probe never makes anything in
+    # a home), home being $HOME (else the passwd entry's) if it is a directory of ours that nobody else
+    # can write to. None: neither. where="runtime" or "home": only that one, made or not. (Comments,
+    # not docstrings, and no default arguments in this part: every interpreter loads it.)
+    env, uid = os.environ._data, os.geteuid()
+    for rt in (env.get(b"XDG_RUNTIME_DIR") or b"", b"/run/user/%d" % uid) if where != "home" else ():
         try:
-            os.mkdir(leaf, 0o700, dir_fd=fd)
-        except FileExistsError:
-            pass
-        return os.open(leaf, _DIR_FLAGS, dir_fd=fd)
-    finally:
-        os.close(fd)
+            st = os.stat(rt)
+        except OSError:
+            continue
+        if rt[:1] == b"/" and st.st_uid == uid and st.st_mode & 0o170777 == 0o040700:
+            return os.fsdecode(rt).rstrip("/") + "/ncclprobe"
+    home = os.path.expanduser("~").rstrip("/")
+    try:
+        st = os.stat(home or "/")
+    except OSError:
+        return None
+    leaf = home + "/.ncclprobe-logs"
+    if (where == "runtime" or not home or st.st_uid != uid or st.st_mode & 0o170022 != 0o040000
+            or not (where or os.path.isdir(leaf))):
+        return None
+    return leaf
 
 
 def _open_log(pid):
     # Open <dir>/<host>-<pid>.jsonl under the log discipline of DESIGN.md §4 (log.c keeps the same):
     # the directory a private one of ours (the leaf created 0700 if missing, in a fit parent), the
-    # file created new (O_EXCL; O_NONBLOCK: nothing we open can block the host), or an existing one
-    # re-opened only if it is a private regular file of ours. Anything else: one line on stderr,
-    # then silence, for this process and its fork children.
-    global _fd, _fd_pid, _fd_id, _dir
+    # file created new (O_EXCL; O_NONBLOCK: nothing we open can block the host) if the directory's
+    # file budget allows, or an existing one re-opened only if it is a private regular file of ours;
+    # then moved up to _FD_FLOOR. Returns the file's size, or -1: not opened. A full filesystem drops
+    # (and counts) the line; anything else costs one line on stderr, then silence, for this process
+    # and its fork children. (One function, not several: every interpreter loads this part.)
+    global _fd, _fd_pid, _fd_id, _dir, _full, _dropped, _alone
     dfd = -1
     try:
         try:
             dfd = os.open(_dir, _DIR_FLAGS)  # O_NOFOLLOW: a symlink fails (ENOTDIR)
-        except FileNotFoundError:
+        except FileNotFoundError:  # made by the first process only: in the rest
+            _rest()
             dfd = _make_dir(_dir)
         st = os.fstat(dfd)
         if st.st_uid != os.geteuid():
@@ -232,24 +307,74 @@ def _open_log(pid):
             raise PermissionError("group or others can write to it")
         if st.st_uid == 0 and _system_dir(dfd, _dir):
             raise PermissionError("it is a system directory")
-        name = "%s-%d.jsonl" % (_host.replace("/", "_"), pid)
+        host = _host.replace("/", "_")
+        if _fd_pid != pid:
+            # This process's file, about to be made (or an exec'd predecessor's, counted twice then):
+            # the directory's file budget. `<host>.files` grows by one byte per file, so that concurrent
+            # writers never race, and no more once past the budget; one that is not a private regular
+            # file of ours counts as the budget reached (log.c counts alike).
+            fd = os.open(host + ".files", _COUNT_FLAGS, 0o600, dir_fd=dfd)
+            try:
+                st = os.fstat(fd)
+                if st.st_mode & 0o170077 != 0o100000 or st.st_uid != os.geteuid():
+                    n = _max_files + 2
+                elif st.st_size > _max_files:
+                    n = st.st_size + 1
+                else:
+                    os.write(fd, b"\n")
+                    n = os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+            if n > _max_files:  # the one just past the budget is made to say so; after it, nothing
+                _full = "files"
+                if n > _max_files + 1:
+                    return -1
+        name = "%s-%d.jsonl" % (host, pid)
         try:
             fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dfd)
         except FileExistsError:  # ours from before (pid reuse, exec, an fd the host closed), or planted
             _rest()
             fd = _reopen(name, dfd)
         st = os.fstat(fd)
-        _fd, _fd_pid, _fd_id = fd, pid, (st.st_dev, st.st_ino)
-    except Exception as exc:
-        d, _dir = _dir, None
+        # Moved to the lowest free number >= _FD_FLOOR, close-on-exec (log.c's move_high): a host that
+        # started with stdio closed must not find our file at fd 1. With one thread (start, a fork
+        # child) nothing can take a free number between a look and dup2, which saves importing fcntl
+        # (~1.5 % of an interpreter's start). Where no high number can be had (RLIMIT_NOFILE), the fd
+        # stays, unless it is one of 0-2: then silence rather than a log on the host's stdio.
+        high = -1
         try:
-            _rest()
-            _refused(d, exc)
-        except Exception:
-            pass
+            for n in range(_FD_FLOOR, _FD_FLOOR + 64) if _alone else ():  # (_alone: /proc is there)
+                if not os.access("/proc/self/fd/%d" % n, 0):  # F_OK: an open fd's link always resolves
+                    high = os.dup2(fd, n, False)
+                    break
+            if high < 0:
+                import fcntl
+                high = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, _FD_FLOOR)
+        except (ImportError, OSError):
+            high = fd if fd > 2 else -1
+        if high != fd:
+            os.close(fd)
+        if high < 0:
+            raise OSError("only the host's standard descriptors 0-2 were free")
+        _fd, _fd_pid, _fd_id = high, pid, (st.st_dev, st.st_ino)
+        return st.st_size
+    except Exception as exc:
+        # EINTR, EIO, EAGAIN, ENFILE, EMFILE, ENOSPC, EDQUOT: this line is lost, the next may not be (a
+        # string, not a tuple: a tuple constant costs every interpreter's start a tracked object)
+        if isinstance(exc, OSError) and ",%s," % exc.errno in ",4,5,11,23,24,28,122,":
+            _dropped += 1
+        else:
+            d, _dir = _dir, None
+            try:
+                _rest()
+                _refused(d, exc)
+            except Exception:
+                pass
     finally:
+        _alone = False
         if dfd >= 0:
             os.close(dfd)
+    return -1
 
 
 def start():
@@ -257,13 +382,16 @@ def start():
     persistent, does nothing). Never raises."""
     # The common path (profile given at install, nothing secret-looking, plain strings) is inlined
     # here; anything else goes to the rest of the probe.
-    global _dir, _host
+    global _dir, _host, _alone, _nowait
     try:
         data, enc = os.environ._data, _fs_encoding
         if getattr(sys, "_ncclprobe_boot", None) or data.get(b"NCCLPROBE_BOOT") == b"off":
             return
         sys._ncclprobe_boot = __name__
         _host = os.uname().nodename
+        if b"NCCLPROBE_MAX_LINE" in data or b"NCCLPROBE_MAX_BYTES" in data or b"NCCLPROBE_MAX_FILES" in data:
+            _rest()
+            _bounds(data)
         pid = os.getpid()
         d = data.get(b"NCCLPROBE_DIR")
         if d:
@@ -272,8 +400,8 @@ def start():
             d = None
         elif INSTALLED.get("log_dir"):
             d = INSTALLED["log_dir"]
-        else:  # default_log_dir()
-            d = "/tmp/ncclprobe-%d" % os.geteuid()
+        else:  # per user, private; None where this user has none (not made by `inject install`)
+            d = default_log_dir(None)
         if d and d[0] != "/":  # as the host found it: fork children and re-opens after a chdir too
             d = os.getcwd() + "/" + d
         _dir = d
@@ -284,7 +412,10 @@ def start():
                     argv = list(map(os.fsdecode, f.read().split(b"\0")[:-1]))
             except OSError:
                 argv = list(sys.argv)
-        argv = list(argv)[:512]
+        argv = list(argv)
+        if len(argv) > 512:  # a start must stay cheap; the line cap may drop more
+            _start["argv_dropped"] = len(argv) - 512
+            del argv[512:]
         upper = "\0".join(argv).upper()
         for marker in _ARGV_HINTS:
             if marker in upper:  # something looks like a secret: redact_argv
@@ -301,7 +432,9 @@ def start():
                     b = os.read(fd, 65536)
                     while b:
                         chunks.append(b)
-                        b = os.read(fd, 65536)
+                        # procfs fills a read up to its size unless the block ends (fs/proc/base.c
+                        # environ_read): a short one is the last, and an empty read more is saved
+                        b = os.read(fd, 65536) if len(b) == 65536 else b""
                     chunks.append(b"\0")  # an extra empty entry at the end is harmless
                     raw = b"".join(chunks)
                 finally:
@@ -390,17 +523,29 @@ def start():
                     b = os.read(fd, 4096)
                 finally:
                     os.close(fd)
+                b = b[b.rindex(b")") + 2:].split()
+                _alone = b[17] == b"1"  # num_threads: the log fd can be moved up without fcntl (_open_log)
                 kstart = "%.3f" % (time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
-                                   + int(b[b.rindex(b")") + 2:].split()[19]) / os.sysconf("SC_CLK_TCK"))
+                                   + int(b[19]) / os.sysconf("SC_CLK_TCK"))
             except Exception:
                 kstart = "null"
-            _emit("process_start", _START_FIELDS % (
-                os.getppid(), ",".join(map(q, argv)), q(sys.executable), q(sys.prefix), vi[0], vi[1], vi[2],
-                _start["mode"], ",".join(map("%s:%s".__mod__, zip(map(q, env), map(q, env.values())))),
-                "null" if exec_env is None else
-                "{" + ",".join(map("%s:%s".__mod__, zip(map(q, exec_env), map(q, exec_env.values())))) + "}",
-                "null" if exec_env is None else "false" if exec_env == before else "true",
-                ",".join(texts), unwatched, ",".join(pinned), kstart))
+            text = None  # a record too long already (a huge command line): shortened in the rest
+            if len(s) < _max_line - 512 and "argv_dropped" not in _start:
+                text = _START_FIELDS % (
+                    os.getppid(), ",".join(map(q, argv)), q(sys.executable), q(sys.prefix), vi[0], vi[1], vi[2],
+                    _start["mode"], ",".join(map("%s:%s".__mod__, zip(map(q, env), map(q, env.values())))),
+                    "null" if exec_env is None else
+                    "{" + ",".join(map("%s:%s".__mod__, zip(map(q, exec_env), map(q, exec_env.values())))) + "}",
+                    "null" if exec_env is None else "false" if exec_env == before else "true",
+                    ",".join(texts), unwatched, ",".join(pinned), kstart)
+            if text is None or len(text) > _max_line - 512:
+                _rest()
+                text = _start_fields(_process_start({}, env, exec_env, before))
+            _emit("process_start", text)
+            _alone = False  # (if the line was not written: the next opening may not be alone)
+            # from the next line on (a start's own is written plainly: a process that writes no other
+            # line, most do not, never pays for the EOPNOTSUPP of ext4 or tmpfs)
+            _nowait = hasattr(os, "RWF_NOWAIT")
             try:  # a parent that is not Python (a C/C++ daemon, a shell) has no probe: record it from here
                 ppid = os.getppid()
                 if ppid > 1 and not os.readlink("/proc/%d/exe" % ppid).rsplit("/", 1)[-1].startswith("python"):
@@ -507,8 +652,8 @@ def _fork_hook():
 
 def _rest(*fork):
     """Define the rest of the probe (what only some processes need) in this module. A persistent
-    install keeps it in a second file beside this one, run here on first use, so that a start does
-    not load it; everywhere else it is already defined below. With an argument (the fork hook start()
+    install (and `run`) keeps it in a second file beside this one, run here on first use, so that a start
+    does not load it; imported whole, it is already defined below. With an argument (the fork hook start()
     registers): then log the fork child's process_start, reporting errors rather than raising them."""
     try:
         if "_guarded_write" not in globals():
@@ -538,14 +683,136 @@ def _fail(part, exc):
     _emit("probe_error", (part, exc))
 
 
-def default_log_dir(uid=None):
-    """Log directory of a persistent install without --dir: per user, so that no user writes
-    (or is blocked by) another user's files."""
-    return "/tmp/ncclprobe-%d" % (os.geteuid() if uid is None else uid)
+def _bounds(env):
+    """NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES of env (os.environ._data): positive decimal integers,
+    else the default; a line cap is at least 1 KiB (a record's own fields need that much)."""
+    global _max_line, _max_bytes, _max_files
+    given = []
+    for key, value in ((b"NCCLPROBE_MAX_LINE", _max_line), (b"NCCLPROBE_MAX_BYTES", _max_bytes),
+                       (b"NCCLPROBE_MAX_FILES", _max_files)):
+        text = env.get(key)
+        given.append(int(text) if text and text.isdigit() and 0 < int(text) < 1 << 62 else value)
+    _max_line, _max_bytes, _max_files = max(given[0], 1024), given[1], given[2]
+
+
+def _stalled(t0, n, length, carried):
+    """A line begun at t0 (time.monotonic) that was not written whole (n of its length bytes; -1: none)
+    or whose writing took _STALL_S: it is counted as dropped (a part written is a torn line: the next one
+    starts on a line of its own), and after a stall the log filesystem is left alone for ten times as
+    long (5 s to 10 min), so that a host on a stalling filesystem spends at most about a tenth of its
+    time in the probe's writes."""
+    global _dropped, _torn, _quiet_until
+    if n == length:
+        _dropped -= carried
+    else:
+        _dropped += 1
+        _torn = _torn or n > 0
+    now = time.monotonic()
+    if now - t0 > _STALL_S:
+        _quiet_until = now + min(600.0, max(5.0, 10 * (now - t0)))
+
+
+def _bounded(ev, head, text, tail, given, size):
+    """The line of _emit (head, its fields' JSON text, tail; the fields as given) as it may be written:
+    "\n" first after a torn line; the fields shortened to the line cap (_fit); a log_budget line
+    instead where this process's byte budget or the directory's file budget is reached (the last)."""
+    global _full
+    if len(head) + len(text) + len(tail) > _max_line:
+        text = _fit(given if type(given) is dict else None, _max_line - len(head) - len(tail))
+    if _full is None and size + len(head) + len(text) + len(tail) > _max_bytes - 1024:
+        _full = "bytes"
+    if _full is not None:
+        head = head.replace('"ev":"%s"' % ev, '"ev":"log_budget"', 1)
+        text = ',"reached":"%s","limit":%d' % (_full, _max_files if _full == "files" else _max_bytes)
+    return ("\n" if _torn else "") + head + text + tail
+
+
+# ---------------------------------------------------------------------------- the line cap
+
+def _fit(fields, room):
+    """The JSON of `fields` (',"key":value...', as _emit writes them) in at most `room` characters, and
+    "truncated": true: where they do not fit, each string cut to room/16 characters of JSON (halved
+    again while too long), list elements past half the room dropped (counted in "<key>_dropped":
+    argv_dropped), then the largest fields left out (null). A line that cannot be short has no fields."""
+    room -= len(',"truncated":true')
+    out = dict(fields or {})
+    text = _fields_json(_cut(out, room))
+    if len(text) <= room:  # (argv_dropped alone: it fits)
+        return text + ',"truncated":true'
+    cut = max(16, room // 16)
+    for key, value in list(out.items()):
+        short = _cut(value, cut) if type(value) is list else None
+        if short is not None and len(_json(short)) > room // 2:
+            kept, used = [], 0
+            for item in short:
+                used += len(_json(item)) + 1
+                if used > room // 2:
+                    break
+                kept.append(item)
+            out[key + "_dropped"] = out.get(key + "_dropped", 0) + len(value) - len(kept)
+            out[key] = kept
+    text = _fields_json(_cut(out, cut))
+    while len(text) > room and cut > 16:
+        cut //= 2
+        text = _fields_json(_cut(out, cut))
+    while len(text) > room:  # many fields: the largest one left out, until the rest fits
+        key = max((k for k in out if out[k] is not None), key=lambda k: len(_json(_cut(out[k], cut))), default=None)
+        if key is None:
+            return ',"truncated":true'
+        out[key] = None
+        text = _fields_json(_cut(out, cut))
+    return text + ',"truncated":true'
+
+
+def _cut(value, cut):
+    """value with every string (and dict key) cut so that its JSON is at most `cut` characters."""
+    if type(value) is str:
+        if len(value) + 2 <= cut and _plain(value):
+            return value
+        value = value[:cut]
+        size = len(_jstr(value))
+        while size > cut and value:  # escapes make JSON longer than the text
+            value = value[:len(value) * cut // size - 1]
+            size = len(_jstr(value))
+        return value
+    if type(value) is dict:
+        return {_cut(str(k), cut): _cut(v, cut) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return [_cut(v, cut) for v in value]
+    return value
+
+
+def _fields_json(fields):
+    return "".join(',"%s":%s' % (k, _json(v)) for k, v in fields.items())
 
 
 # ---------------------------------------------------------------------------- log opening, the rare paths
-# (_open_log and _make_dir, in the part every interpreter loads, have the common ones)
+# (_open_log, in the part every interpreter loads, has the common ones)
+
+def _make_dir(d):
+    # Create the log directory d, its last component only (0700), if its parent exists, is no system
+    # directory, and nobody but its owner can write to it unless it is sticky like /tmp (elsewhere
+    # another user could rename our directory away and put theirs in its place). Returns an O_PATH
+    # descriptor of the new directory (or of one that appeared meanwhile: _open_log checks it).
+    parent, _, leaf = d.rstrip("/").rpartition("/")
+    try:  # the parent may be reached through symlinks (/tmp -> /private/tmp)
+        fd = os.open(parent or "/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FileNotFoundError("its parent does not exist (only the last directory is ever created)") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if mode & 0o022 and not mode & 0o1000:
+            raise PermissionError("group or others can write to its parent")
+        if os.geteuid() == 0 and _system_dir(fd, parent or "/", leaf):  # the new directory would be root's
+            raise PermissionError("it is a system directory")
+        try:
+            os.mkdir(leaf, 0o700, dir_fd=fd)
+        except FileExistsError:
+            pass
+        return os.open(leaf, _DIR_FLAGS, dir_fd=fd)
+    finally:
+        os.close(fd)
+
 
 _S_IFMT, _S_IFREG, _S_IFIFO = 0o170000, 0o100000, 0o010000
 
@@ -606,9 +873,14 @@ def _refused(d, exc):
             why += " (%s)" % ascii(exc.filename)[1:-1]
     else:
         why = "%s: %s" % (type(exc).__name__, exc)
+    env, said = os.environ._data, os.fsencode(d)
+    if env.get(QUIET_VAR.encode(), b"0") not in (b"", b"0") or env.get(SAID_VAR.encode()) == said:
+        return  # the user asked for silence, or an ancestor said it already (a re-exec, a subprocess)
     if _stderr_usable():
         os.write(2, ("ncclprobe: cannot log in %s: %s; the boot probe stays silent\n"
                      % (ascii(d)[1:-1], why)).encode("ascii", "backslashreplace"))
+        _real_putenv(SAID_VAR.encode(), said)  # inherited by what this process starts (fork children
+        env[SAID_VAR.encode()] = said          # are silent anyway): the tree hears it once
 
 
 # ---------------------------------------------------------------------------- JSON (no json import:
@@ -1336,10 +1608,20 @@ def _process_start(extra, env, exec_env, live):
               "profile": profile if "profile" in _start else None,
               "profile_unwatched": _start.get("profile_unwatched", 0), "pinned": dict(_pins),
               "start": None}
+    if "argv_dropped" in _start:  # past the 512 a start reads
+        fields["argv_dropped"] = _start["argv_dropped"]
     fields.update(extra)
     start = _kernel_start()
     fields["start"] = None if start == "null" else float(start)
     return fields
+
+
+def _start_fields(fields):
+    """process_start's fields, or their JSON already shortened to the line cap where the command line
+    alone would pass it (serializing a 2 MB argv whole before shortening it costs its size again)."""
+    if sum(map(len, fields.get("argv") or ())) + len(fields) < _max_line // 2 and "argv_dropped" not in fields:
+        return fields
+    return _fit(fields, _max_line - 256)
 
 
 def _parent_seen(ppid):
@@ -1380,10 +1662,23 @@ def _parent_seen(ppid):
 
 def _forked():
     """process_start of a fork child (os.register_at_fork, through _rest)."""
+    global _dropped, _torn, _alone, _full, _busy_since, _quiet_until
+    _dropped = 0  # its own file, its own counts; one thread; a stall in flight at the fork is its too
+    _torn = False
+    _alone = True
+    if _full == "bytes":
+        _full = None
+    if _busy_since and time.monotonic() - _busy_since > _STALL_S:
+        _quiet_until = max(_quiet_until, time.monotonic() + 5.0)
+    _busy_since = 0.0
+    _writes.clear()
     parent = _start.get("pid")
     _start["pid"] = os.getpid()
-    env = _watched_now()
-    _emit("process_start", _process_start({"forked_from": parent}, env, _exec_env(), env))
+    try:
+        env = _watched_now()
+        _emit("process_start", _start_fields(_process_start({"forked_from": parent}, env, _exec_env(), env)))
+    finally:
+        _alone = False  # (if the line was not written: the next opening may not be alone)
 
 
 def _profile_entries():
@@ -1561,10 +1856,25 @@ def _blocks(name, new):
     return name in _pins and _pins[name] != new
 
 
+# A variable written over and over (a scheduler setting CUDA_VISIBLE_DEVICES per task) would fill the
+# process's byte budget with one kind of line and leave none for what comes later (a fork child, a pin
+# refused, comm inits of the C probe in the same file): its first COALESCE writes are logged, then only
+# its 1024th, 2048th, 4096th, ... write, with "repeats": how many were not logged since its last line.
+COALESCE = 1000
+_writes = {}  # variable -> writes in this process (a fork child starts afresh)
+
+
 def _record(name, old, new, op, blocked):
     try:
-        _emit("env_write", {"var": name, "old": old, "new": new, "where": _writer(), "op": op,
-                            "blocked": blocked})
+        n = _writes[name] = _writes.get(name, 0) + 1
+        if n > COALESCE and n & (n - 1):  # not a power of two: counted only
+            return
+        fields = {"var": name, "old": old, "new": new, "where": _writer(), "op": op, "blocked": blocked}
+        if n == COALESCE:
+            fields["coalescing"] = True  # from here on, see above
+        elif n > COALESCE:
+            fields["repeats"] = n - max(COALESCE, n // 2) - 1
+        _emit("env_write", fields)
     except Exception as exc:
         _fail("guard", exc)
 

@@ -352,3 +352,148 @@ def test_profile_file_is_not_needed_after_start(tmp_path):
     assert events(tmp_path / "log", "probe_error") == []
     assert [(w["var"], w["blocked"]) for w in events(tmp_path / "log", "env_write")] == [("NCCL_PROTO", True)]
     assert "hunter2" not in raw_log_text(tmp_path / "log")
+
+
+# ---------------------------------------------------------------------------- hosts started with stdio closed
+# The probe's log fd must never take 0-2 (nor any low number a host dup2()s onto): what the host later
+# writes to its "stdout" must not land in the log. The host reports into a file named in argv.
+
+CLOSED_STDIO_HOST = """\
+import os, sys
+try:
+    os.write(1, b"host " + b"stdout line\\n")  # (not as one string: argv holds this code)
+    wrote = "written"
+except OSError as exc:
+    wrote = exc.errno
+os.environ["NCCL_PROTO"] = "LL"  # an event after the start: the log is open now
+fds = {}
+for name in os.listdir("/proc/self/fd"):
+    try:
+        fds[int(name)] = os.readlink("/proc/self/fd/" + name)
+    except OSError:
+        pass
+with open(sys.argv[1], "w") as out:
+    out.write(repr((os.getpid(), wrote, fds)))
+"""
+
+
+@pytest.mark.parametrize("closed", ["0 1 2", "1", "1 2"])
+def test_log_fd_never_takes_a_low_number_a_host_writes_to(tmp_path, closed):
+    report = tmp_path / "report.txt"
+    env = wired(tmp_path)
+    close = " ".join(f"{fd}>&-" for fd in closed.split())
+    res = subprocess.run(["sh", "-c", f'exec {close} "$@"', "sh", PYTHON, "-c", CLOSED_STDIO_HOST, str(report)],
+                         env=env, capture_output=True, timeout=TIMEOUT)
+    assert res.returncode == 0, res.stderr
+    pid, wrote, fds = eval(report.read_text())  # the host's own repr of ints and strings
+    log = tmp_path / "log"
+    assert "host stdout line" not in raw_log_text(log)
+    assert wrote == 9  # EBADF: fd 1 stayed closed, as the host left it
+    mine = [fd for fd, target in fds.items() if target.startswith(str(log)) and target.endswith(".jsonl")]
+    assert mine and all(fd >= 200 for fd in mine), fds
+    assert not [fd for fd in fds if str(fd) in closed.split()], fds  # closed it was, closed it stays
+    (write,) = events(log, "env_write")
+    assert write["pid"] == pid
+
+
+REOPEN_HOST = """\
+import os, sys
+os.closerange(0, 4096)  # stdio too: the probe's file must not come back on 0-2 when it is opened again
+os.environ["NCCL_PROTO"] = "LL"
+fds = {}
+for name in os.listdir("/proc/self/fd"):
+    try:
+        fds[int(name)] = os.readlink("/proc/self/fd/" + name)
+    except OSError:
+        pass
+with open(sys.argv[1], "w") as out:
+    out.write(repr(fds))
+"""
+
+
+def test_a_log_reopened_after_the_host_closed_everything_stays_high(tmp_path):
+    report = tmp_path / "report.txt"
+    res = subprocess.run([PYTHON, "-c", REOPEN_HOST, str(report)], env=wired(tmp_path), capture_output=True,
+                         timeout=TIMEOUT)
+    assert res.returncode == 0, res.stderr
+    fds = eval(report.read_text())
+    mine = [fd for fd, target in fds.items() if target.endswith(".jsonl")]
+    assert mine and all(fd >= 200 for fd in mine), fds
+    assert [w["new"] for w in events(tmp_path / "log", "env_write")] == ["LL"]
+
+
+DUP2_FORK_HOST = """\
+import os, sys
+def target(n):
+    try:
+        return os.readlink("/proc/self/fd/" + n)
+    except OSError:  # the descriptor listdir itself had open
+        return ""
+(probe_fd,) = [int(n) for n in os.listdir("/proc/self/fd") if target(n).endswith(".jsonl")]  # the probe's
+os.closerange(3, 4096)  # a daemon's close-all, then its own file on the very number the probe had
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+os.dup2(fd, probe_fd)
+os.close(fd)
+kids = []
+for i in range(3):
+    pid = os.fork()
+    if pid == 0:
+        os.environ["NCCL_ALGO"] = "Ring"  # the child's probe logs into its own file
+        os.write(probe_fd, b"child %%d\\n" %% i)
+        os._exit(0)
+    kids.append(pid)
+for pid in kids:
+    os.waitpid(pid, 0)
+os.write(probe_fd, b"parent\\n")
+print(probe_fd)
+print("host ok")
+sys.exit(%d)
+""" % EXIT
+
+
+def test_fork_children_keep_the_hosts_fd_on_the_probes_old_number(tmp_path):
+    data = tmp_path / "data.txt"
+    res = host(wired(tmp_path), [PYTHON, "-c", DUP2_FORK_HOST, data])
+    assert warnings_of(res) == []
+    assert sorted(data.read_text().splitlines()) == ["child 0", "child 1", "child 2", "parent"]
+    assert len([e for e in events(tmp_path / "log", "process_start") if "forked_from" in e]) == 3
+
+
+# ---------------------------------------------------------------------------- a refusal: once per process tree
+# A parent, its fork child, a subprocess interpreter and that one's re-exec: one `ncclprobe:` line in all.
+
+TREE_HOST = """\
+import os, subprocess, sys
+if len(sys.argv) == 1:  # the parent: a fork child, then an interpreter that re-execs itself
+    pid = os.fork()
+    if pid == 0:
+        os.environ["NCCL_ALGO"] = "Ring"
+        os._exit(0)
+    os.waitpid(pid, 0)
+    subprocess.run([sys.executable, __file__, "child"], check=True)
+elif sys.argv[1] == "child":
+    os.environ["NCCL_PROTO"] = "LL"
+    os.execv(sys.executable, [sys.executable, __file__, "exec"])
+else:
+    os.environ["NCCL_PROTO"] = "Simple"
+print("host ok", sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_refusal_is_said_once_per_process_tree_and_never_when_quiet(tmp_path, quiet):
+    squatted = made_dir(tmp_path / "squatted", 0o777)  # as anyone could leave a directory in /tmp
+    script = tmp_path / "tree.py"
+    script.write_text(TREE_HOST)
+    env = wired(tmp_path, squatted)
+    if quiet:
+        env["NCCLPROBE_QUIET"] = "1"
+    res = subprocess.run([PYTHON, str(script)], env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert res.returncode == 0 and res.stdout.splitlines() == ["host ok ['exec']", "host ok []"], res
+    lines = res.stderr.splitlines()
+    if quiet:
+        assert lines == []
+    else:
+        (line,) = lines
+        assert line.startswith("ncclprobe: cannot log in") and "group or others can write" in line
+    assert list(squatted.iterdir()) == []

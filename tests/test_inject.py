@@ -3,6 +3,8 @@ interpreter."""
 from __future__ import annotations
 
 import os
+import pwd
+import shutil
 import subprocess
 import sys
 import time
@@ -10,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from ncclprobe._lib import ncclprobe_boot as _boot
 from ncclprobe.commands import inject, profile
 from ncclprobe.doc import Unexaminable
 from boot_support import clean_env, events, make_venv, run, site_packages, snapshot, starts_by_pid
+from users import made_dir
 
 
 @pytest.fixture
@@ -166,15 +170,60 @@ def test_a_second_install_with_another_profile_is_refused_unless_replace(venv, t
     assert "--replace" in run([*cli, "--help"], clean_env()).stdout
 
 
-def test_default_log_dir_is_per_user(venv):
+def _pid(py, **env) -> int:
+    res = run([py, "-c", "import os; print(os.getpid())"], clean_env(**env))
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    return int(res.stdout)
+
+
+def test_default_log_dir_is_private_per_user(venv, tmp_path, monkeypatch):
+    """No name in a shared place (the old /tmp/ncclprobe-<uid>, which anyone could create first): the
+    user's runtime directory where it has one (a login session), else its home; install makes both."""
     py, sp = venv
+    home, runtime = made_dir(tmp_path / "home", 0o755), made_dir(tmp_path / "runtime", 0o700)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     res = inject.install(str(py))
-    assert res.data["log_dir"] == f"/tmp/ncclprobe-{os.geteuid()}"
-    out = run([py, "-c", "import os; print(os.getpid())"], clean_env())
+    session, other = runtime / "ncclprobe", home / ".ncclprobe-logs"
+    assert res.data["log_dir"] == str(session)
+    assert [oct(d.stat().st_mode & 0o777) for d in (session, other)] == ["0o700", "0o700"]
+    assert _pid(py) in starts_by_pid(session)
+    shutil.rmtree(session)  # a reboot or the last logout empties the runtime directory: the probe makes it again
+    assert _pid(py) in starts_by_pid(session)
+    assert oct(session.stat().st_mode & 0o777) == "0o700"
+    if not os.path.isdir(f"/run/user/{os.geteuid()}"):  # a daemon, a cron job: no runtime directory
+        without = _pid(py, XDG_RUNTIME_DIR="")
+        assert without in starts_by_pid(other)
+        assert without in {s["pid"] for s in inject.status(str(py)).data["seen"]}
     inject.uninstall(str(py))
-    assert int(out.stdout) in starts_by_pid(res.data["log_dir"])
-    for f in Path(res.data["log_dir"]).glob(f"*-{int(out.stdout)}.jsonl"):
-        f.unlink()
+
+
+def test_default_log_dir_is_never_a_place_others_can_write(tmp_path, monkeypatch, other_user):
+    shared = made_dir(tmp_path / "shared", 0o1777)  # like /tmp
+    theirs = made_dir(tmp_path / "theirs", 0o700)
+    os.chown(theirs, other_user, other_user)
+    for runtime in (shared, theirs, made_dir(tmp_path / "open", 0o755)):
+        monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+        monkeypatch.setenv("HOME", str(shared))
+        got = _boot.default_log_dir(None)
+        home = pwd.getpwuid(os.geteuid()).pw_dir  # where $HOME is no private place, the passwd entry's
+        assert got is None or got.startswith(f"/run/user/{os.geteuid()}/") or got == home + "/.ncclprobe-logs"
+        assert _boot.default_log_dir("home") in (None, home + "/.ncclprobe-logs")
+
+
+def test_a_user_without_the_default_directory_gets_no_output(venv, tmp_path, monkeypatch):
+    """Another user of a shared interpreter (no runtime directory, no ~/.ncclprobe-logs): silence."""
+    py, sp = venv
+    monkeypatch.setenv("HOME", str(made_dir(tmp_path / "installer", 0o700)))
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    inject.install(str(py))
+    if os.path.isdir(f"/run/user/{os.geteuid()}"):
+        pytest.skip("this user has a runtime directory here")
+    other_home = made_dir(tmp_path / "other", 0o700)
+    res = run([py, "-c", "import os; os.environ['NCCL_PROTO'] = 'LL'; print('ok')"], clean_env(HOME=str(other_home)))
+    assert (res.returncode, res.stdout, res.stderr) == (0, "ok\n", "")
+    assert list(other_home.iterdir()) == []
+    inject.uninstall(str(py))
 
 
 def test_ephemeral_on_top_of_persistent_boots_once(venv, tmp_path):

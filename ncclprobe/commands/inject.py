@@ -1,9 +1,10 @@
 """Wiring the boot probe (probes/ncclprobe_boot.py) into Python interpreters.
 
 Ephemeral (`ncclprobe run`): ephemeral_env() prepares a fresh directory holding a sitecustomize.py
-that runs the probe and then the sitecustomize that would have run without it; the caller puts the
-returned variables (PYTHONPATH first of all) into the command's environment. `python -E/-I/-S` and
-launchers that drop PYTHONPATH lose it (user-pain.md §4): their processes have no process_start.
+that runs the probe (in two files as below, unless with a profile) and then the sitecustomize that
+would have run without it; the caller puts the returned variables (PYTHONPATH first of all) into the
+command's environment. `python -E/-I/-S` and launchers that drop PYTHONPATH lose it (user-pain.md §4):
+their processes have no process_start.
 
 Persistent (`ncclprobe inject install`): a uniquely named .pth (plus PEP 829 .start) and the probe
 module (with the rest of the probe, loaded on first use, in a second file) in the interpreter's
@@ -43,9 +44,12 @@ INSTALLED_LINE = "INSTALLED = None"
 # parser, recording of guarded writes) goes into REST, which MODULE runs on first use (start-up cost).
 REST_LINE = "# ncclprobe: the rest of the probe"
 REST = f"{MODULE}_rest"
-REST_HEADER = ("# ncclprobe boot probe, the part only some processes need (written by `ncclprobe inject install`):\n"
-               f"# {MODULE}._rest() runs it in the namespace of {MODULE}; it is no module of its own.\n\n")
+REST_HEADER = ("# ncclprobe boot probe, the part only some processes need (written by ncclprobe `inject install` or\n"
+               "# `run`): {module}._rest() runs it in the namespace of {module}; it is no module of its own.\n\n")
 RECENT = 20
+# Where probes installed by older versions log without --dir: a name anyone can create first.
+LEGACY_DEFAULT = "/tmp/ncclprobe-{uid}"
+DEFAULT_SCHEME = "runtime-or-home"  # the INSTALLED key "default_log_dir": the probe's default_log_dir()
 
 SITECUSTOMIZE = '''\
 """ncclprobe ephemeral boot (written by `ncclprobe run`): runs the probe, then the sitecustomize
@@ -90,6 +94,21 @@ def _boot_source() -> str:
                            data={"hint": "run `python probes/build.py` or reinstall ncclprobe"}) from None
 
 
+def _boot_files(module: str, installed: dict | None = None) -> list[tuple[str, str]]:
+    """The probe as two files: <module>.py, what every interpreter loads (INSTALLED set to `installed`),
+    and <module>_rest.py, what _rest() runs on first use (start-up cost: most interpreters never do)."""
+    source = _boot_source()
+    if source.count(INSTALLED_LINE) != 1:
+        raise Unexaminable("the boot probe has no INSTALLED line to configure", reason="not built")
+    split = source.find("\n" + REST_LINE)
+    if split < 0 or source.count("\n" + REST_LINE) != 1 or source.find(INSTALLED_LINE) > split:
+        raise Unexaminable("the boot probe has no line where its rest begins", reason="not built")
+    hot = source[:split + 1]
+    if installed is not None:
+        hot = hot.replace(INSTALLED_LINE, "INSTALLED = " + repr(installed), 1)
+    return [(f"{module}.py", hot), (f"{module}_rest.py", REST_HEADER.format(module=module) + source[split + 1:])]
+
+
 def _write_private(path: Path, text: str, mode: int = 0o600) -> None:
     fd = os.open(path, logdir.FILE_FLAGS, mode)  # always a new file: nothing planted at the name is opened
     with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
@@ -109,10 +128,15 @@ def ephemeral_env(base_env: Mapping[str, str], log_dir: str | Path, profile: Pro
     """
     log_dir = logdir.check(log_dir)  # logdir.Unfit if the log discipline refuses it
     boot_dir = Path(tempfile.mkdtemp(prefix="boot-", dir=log_dir))  # 0700
-    _write_private(boot_dir / BOOT_FILE, _boot_source())
-    _write_private(boot_dir / "sitecustomize.py", SITECUSTOMIZE)
+    # Two files, as installed: most interpreters never load the rest. With a profile, every one does
+    # at start (the profile parser is there): then one file loads faster.
+    with_profile = profile is not None and not profile.empty
+    files = [(BOOT_FILE, _boot_source())] if with_profile else _boot_files(BOOT_FILE[:-len(".py")])
+    files.append(("sitecustomize.py", SITECUSTOMIZE))
+    for name, text in files:
+        _write_private(boot_dir / name, text)
     os.mkdir(boot_dir / "__pycache__", 0o700)  # py_compile (and each interpreter) would make it 0755
-    for name in (BOOT_FILE, "sitecustomize.py"):  # for this interpreter, even under PYTHONDONTWRITEBYTECODE
+    for name, _ in files:  # for this interpreter, even under PYTHONDONTWRITEBYTECODE
         try:
             py_compile.compile(str(boot_dir / name), doraise=True)
         except (OSError, py_compile.PyCompileError):
@@ -251,10 +275,9 @@ def install(python: str | None = None, profile: Profile | None = None, log_dir: 
                            reason="permission",
                            data={"hint": "run as the owner of that interpreter, or install into a venv"})
     log_dir = Path(log_dir).expanduser().absolute() if log_dir else None
-    _check_log_dir(log_dir)
     previous = _installed_config(sp)
     pycache = sp / "__pycache__"
-    config = {"log_dir": str(log_dir) if log_dir else None,
+    config = {"log_dir": str(log_dir) if log_dir else None, "default_log_dir": DEFAULT_SCHEME,
               "profile": profile.to_text(), "entries": [list(e) for e in profile.entries()], "installed_at": round(time.time(), 3), "ncclprobe": __version__,
               "pycache_created": (previous or {}).get("pycache_created", not pycache.exists())}
     replaced = None
@@ -269,33 +292,46 @@ def install(python: str | None = None, profile: Profile | None = None, log_dir: 
                 "give --replace to install this one in its place (profiles are not merged), or run "
                 "`ncclprobe inject uninstall` first.")
         replaced = (old, previous.get("log_dir"))
-    source = _boot_source()
-    if source.count(INSTALLED_LINE) != 1:
-        raise Unexaminable("the boot probe has no INSTALLED line to configure", reason="not built")
-    split = source.find("\n" + REST_LINE)
-    if split < 0 or source.count("\n" + REST_LINE) != 1 or source.find(INSTALLED_LINE) > split:
-        raise Unexaminable("the boot probe has no line where its rest begins", reason="not built")
-    files = [(f"{MODULE}.py", source[:split + 1].replace(INSTALLED_LINE, "INSTALLED = " + repr(config), 1)),
-             (f"{REST}.py", REST_HEADER + source[split + 1:]),
-             (START, f"{MODULE}:start\n"),
-             (PTH, f"import {MODULE}; {MODULE}.start()\n")]
+    _check_log_dir(log_dir)  # (a refused install makes no directory)
+    files = _boot_files(MODULE, config) + [(START, f"{MODULE}:start\n"), (PTH, f"import {MODULE}; {MODULE}.start()\n")]
     _atomic_write_all(sp, files, fresh=previous is None)
     compiled = _compile(info, sp / f"{MODULE}.py", sp / f"{REST}.py")
     return _install_result(info, sp, config, profile, compiled, replaced)
 
 
+def _default_dirs() -> list[str]:
+    """This user's default log directories (the probe's default_log_dir): the one in its runtime
+    directory, where processes with a login session log, and the one in its home, where the others do
+    (daemons, cron, batch jobs); those this user can have."""
+    return [d for d in (_boot.default_log_dir("runtime"), _boot.default_log_dir("home")) if d]
+
+
 def _check_log_dir(log_dir: Path | None) -> None:
-    """The log directory must be one the probe will log into, for this user (logdir): --dir is created
-    now (0700) if missing; the default one (the probe makes it) is checked if it exists already,
-    since another user may have made it first."""
-    path = log_dir or Path(_boot.default_log_dir())
-    if log_dir is None and not os.path.lexists(path):
-        return
-    try:
-        logdir.check(path, create=log_dir is not None)
-    except logdir.Unfit as exc:
-        hint = "give --dir a directory of yours that only you can write (mode 0700)"
-        raise Unexaminable(f"{exc}; nothing was installed", reason="bad log directory", data={"hint": hint}) from None
+    """The log directory must be one the probe will log into, for this user (logdir), made now (0700,
+    its last component only) if missing: --dir, or else this user's default ones (other users of the
+    interpreter log only where they have a runtime directory, or once they made ~/.ncclprobe-logs)."""
+    paths = [log_dir] if log_dir is not None else _default_dirs()
+    hint = "give --dir a directory of yours that only you can write (mode 0700)"
+    if not paths:
+        raise Unexaminable("this user has no private place for the default log directory (no runtime directory "
+                           "of its own, no home directory that only it can write to); nothing was installed",
+                           reason="bad log directory", data={"hint": hint})
+    for path in paths:
+        try:
+            logdir.check(path, create=True)
+        except logdir.Unfit as exc:
+            raise Unexaminable(f"{exc}; nothing was installed", reason="bad log directory",
+                               data={"hint": hint}) from None
+
+
+def _log_dirs(config: Mapping) -> list[str]:
+    """Where an installed probe of this configuration logs for this user (the first: where this
+    process's own interpreters would)."""
+    if config.get("log_dir"):
+        return [config["log_dir"]]
+    if config.get("default_log_dir") != DEFAULT_SCHEME:  # installed by an older ncclprobe
+        return [LEGACY_DEFAULT.format(uid=os.geteuid())]
+    return _default_dirs() or [str(Path.home() / ".ncclprobe-logs")]
 
 
 def _atomic_write_all(sp: Path, files: list[tuple[str, str]], fresh: bool) -> None:
@@ -341,11 +377,12 @@ def _profile_rows(profile: Profile) -> list[list[str]]:
 
 
 def _install_result(info, sp, config, profile, compiled, replaced) -> Result:
-    log_dir = config["log_dir"] or _boot.default_log_dir()
+    dirs = _log_dirs(config)
+    log_dir = dirs[0]
     files = [str(sp / name) for name in (PTH, START, f"{MODULE}.py", f"{REST}.py")]
     doc = [Title(f"Boot probe installed into {info['executable']} (Python {info['version']})"),
            Table(["file"], [[f] for f in files], title="written"),
-           Text(f"log directory: {log_dir}" + ("" if config["log_dir"] else " (default, per user)"))]
+           Text(f"log directory: {log_dir}{_dir_note(config, dirs)}")]
     if replaced is not None:
         doc.append(Text(f"Replaced what was installed: {_names(replaced[0])}, {_log_dir_label(replaced[1])}.",
                         "warn"))
@@ -362,6 +399,14 @@ def _install_result(info, sp, config, profile, compiled, replaced) -> Result:
         "log_dir": log_dir, "profile": profile.to_json(), "compiled": compiled,
         "replaced": None if replaced is None else {
             "profile": replaced[0].to_json() if replaced[0] is not None else None, "log_dir": replaced[1]}}, doc=doc)
+
+
+def _dir_note(config: Mapping, dirs: list[str]) -> str:
+    if config.get("log_dir"):
+        return ""
+    if config.get("default_log_dir") != DEFAULT_SCHEME:
+        return " (the default of a probe installed by an older ncclprobe, a name others can take first: install again)"
+    return " (default, per user" + (f"; {dirs[1]} for processes without a login session)" if len(dirs) > 1 else ")")
 
 
 def uninstall(python: str | None = None) -> Result:
@@ -407,10 +452,12 @@ def status(python: str | None = None, proc_root: Path = Path("/proc")) -> Result
         profile = parse_profile(config.get("profile", ""), "installed profile")
     except ValueError:
         profile = Profile()
-    log_dir = config.get("log_dir") or _boot.default_log_dir()
+    dirs = _log_dirs(config)
+    log_dir = dirs[0]
     starts = []
-    if Path(log_dir).is_dir():
-        log = read_dirs([log_dir])
+    found = [d for d in dirs if Path(d).is_dir()]
+    if found:
+        log = read_dirs(found)
         starts = [e for e in log.events if e["ev"] == "process_start" and e.get("mode") == "persistent"
                   and e.get("prefix") == info["prefix"]]
     seen = [{"pid": e["pid"], "host": e.get("host"), "t": e["t"], "ppid": e.get("ppid"),
@@ -419,7 +466,7 @@ def status(python: str | None = None, proc_root: Path = Path("/proc")) -> Result
     without = live_without_probe(info, starts, proc_root)
     doc = [Title(f"Boot probe installed in {info['executable']} (Python {info['version']})"),
            Table(["file"], [[str(f)] for f in _installed_files(sp)], title="files"),
-           Text(f"log directory: {log_dir}" + ("" if config.get("log_dir") else " (default, per user)"))]
+           Text(f"log directory: {log_dir}{_dir_note(config, dirs)}")]
     if not profile.empty:
         doc.append(Table(["op", "variable", "value"], _profile_rows(profile), title="profile"))
     doc.append(Table(["pid", "ppid", "started", "command"],
