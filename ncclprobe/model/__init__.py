@@ -172,17 +172,31 @@ class CommView:
 
 
 @dataclass
+class LogReading:
+    """What the readers did not read and the writers did not write, said per file and per process."""
+    skipped_files: dict[str, int] = field(default_factory=dict)   # reason -> files (Model.skipped has them too)
+    notes: list[dict[str, Any]] = field(default_factory=list)     # {path, note, bytes}: a file not read whole
+    budget: dict[tuple[str, int], tuple[str, int | None]] = field(default_factory=dict)  # log_budget: (reached, limit)
+    dropped: dict[tuple[str, int], int] = field(default_factory=dict)  # lines a writer lost ("dropped": K)
+    unattributed: dict[str, int] = field(default_factory=dict)    # NCCL log TUNING lines no communicator got
+
+
+@dataclass
 class Model:
     processes: dict[tuple[str, int], ProcessView] = field(default_factory=dict)
     comms: list[CommView] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)  # lines and files not read, by reason
+    reading: LogReading = field(default_factory=LogReading)
     files: int = 0
     nccl_log: Any = None
     shell_pitfalls: list[dict[str, Any]] = field(default_factory=list)  # witnesses.shells, per ancestor shell
     # run's /proc watch per host: its watch_summary, plus missed_started (pids whose boot probe recorded
     # a process_start that no scan saw) and missed_started_pids
     watch: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # comms_of's index: (host, pid) -> its communicators, over the first _indexed[1] of the list _indexed[0]
+    _by_proc: dict[tuple[str, int], list[CommView]] = field(default_factory=dict, repr=False, compare=False)
+    _indexed: tuple[list | None, int] = field(default=(None, 0), repr=False, compare=False)
 
     def parent(self, p: ProcessView) -> ProcessView | None:
         return self.processes.get((p.host, p.ppid)) if p.ppid else None
@@ -205,7 +219,15 @@ class Model:
         return self.processes[key]
 
     def comms_of(self, host: str, pid: int) -> list[CommView]:
-        return [c for c in self.comms if c.host == host and c.pid == pid]
+        """The communicators of one process, in list order: an index kept up with `comms`, which is only
+        ever appended to (or replaced whole), so a model of many processes is not scanned once per process."""
+        indexed, done = self._indexed
+        if indexed is not self.comms or done > len(self.comms):
+            self._by_proc, done = {}, 0
+        for c in self.comms[done:]:
+            self._by_proc.setdefault((c.host, c.pid), []).append(c)
+        self._indexed = (self.comms, len(self.comms))
+        return list(self._by_proc.get((host, pid), ()))
 
     @property
     def preload_active(self) -> bool:
@@ -272,6 +294,8 @@ def build(log: EventLog) -> Model:
     by_hash: dict[tuple[str, int, str], CommView] = {}
     for e in log.events:
         host, pid, kind, t = e.get("host", "?"), e["pid"], e["ev"], float(e["t"])
+        if e.get("dropped"):  # lines this writer lost before this one
+            m.reading.dropped[(host, pid)] = m.reading.dropped.get((host, pid), 0) + e["dropped"]
         if kind == "watch_summary":  # its pid is run's, no process of the job
             m.watch[host] = {k: v for k, v in e.items() if k not in ("ev", "host", "pid", "src")}
             continue
@@ -335,6 +359,8 @@ def build(log: EventLog) -> Model:
         elif kind == "env_write":
             proc.writes.append(EnvWrite(str(e.get("var")), e.get("old"), e.get("new"), str(e.get("where", "?")),
                                         str(e.get("op", "set")), bool(e.get("blocked")), t))
+        elif kind == "log_budget":  # the writer's last line: nothing after it was recorded
+            m.reading.budget.setdefault((host, pid), (e["reached"], e.get("limit")))
         elif kind == "probe_error":
             proc.errors.append(str(e.get("message", "")))
         elif kind == "plugin_load":
@@ -413,7 +439,8 @@ def build(log: EventLog) -> Model:
                         if p.host == host and p.t_start is not None and "proc" not in p.sources)
         w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
     # a stream's counts are complete only once it has been consumed
-    m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}}
+    m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}, **log.skipped_files}
+    m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
     _label_simulated(m)
     return m
 

@@ -199,13 +199,14 @@ class Warn:
 Record = Union[VersionLine, EnvSetting, InvalidValue, CacheDisabled, CommInit, CommEnd, CommTopology,
                PluginLoaded, ConfigLine, CollCall, Tuning, Warn]
 
-# What the counts mean where a report lists what it skipped.
+# What the counts mean where a report lists what it skipped: lines, and files (FILE_PROBLEMS). Records
+# past MAX_RECORDS are not kept in NcclLog.records but still reach the sink (the model): not skipped.
 PROBLEMS = {
     "too_long": f"NCCL log line over {MAX_LINE} bytes",
     "malformed": "NCCL log line in an unexpected format",
     "unreadable": "NCCL log file unreadable or not a regular file",
-    "records_not_kept": f"NCCL log records past the first {MAX_RECORDS} (counted, not kept)",
 }
+FILE_PROBLEMS = frozenset({PROBLEMS["unreadable"]})
 
 
 @dataclass
@@ -480,9 +481,12 @@ def parse_lines(lines: Iterable[str | None], name: str = "<text>", log: NcclLog 
         if len(heads) > 1:
             # two processes' lines glued together on a shared stream: parse each part on its own
             log.counts["glued"] += 1
+        malformed = False
         for i, h in enumerate(heads):
             end = heads[i + 1].start if i + 1 < len(heads) else len(line)
-            _one(h, line[h.body:end].rstrip(), f"{name}:{n}", log, sink, procs)
+            malformed |= _one(h, line[h.body:end].rstrip(), f"{name}:{n}", log, sink, procs)
+        if malformed:  # once per line, however many glued parts it holds
+            log.counts["malformed"] += 1
         if heads:
             continue
         stripped = line.strip()
@@ -494,7 +498,8 @@ def parse_lines(lines: Iterable[str | None], name: str = "<text>", log: NcclLog 
     return log
 
 
-def _one(h: _Head, msg: str, source: str, log: NcclLog, sink: Sink | None, procs: set) -> None:
+def _one(h: _Head, msg: str, source: str, log: NcclLog, sink: Sink | None, procs: set) -> bool:
+    """Parses one message into a record; whether it was malformed."""
     at = Where(source, _clean(h.host), h.pid, h.tid, h.dev, h.ts)
     procs.add((at.host, at.pid))
     log.procs.setdefault((at.host, at.pid))
@@ -504,9 +509,11 @@ def _one(h: _Head, msg: str, source: str, log: NcclLog, sink: Sink | None, procs
     elif h.level in ("INFO", "TRACE"):
         rec = _message(msg, at)
     if not rec:
-        log.counts["malformed" if rec is False else "nccl_other"] += 1
-        return
+        if rec is None:
+            log.counts["nccl_other"] += 1
+        return rec is False
     _keep(log, rec, sink)
+    return False
 
 
 def _keep(log: NcclLog, rec, sink: Sink | None) -> None:
