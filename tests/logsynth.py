@@ -79,3 +79,30 @@ def one_line_files(d: Path, n: int) -> None:
             os.close(fd)
     finally:
         os.close(fd_dir)
+
+
+def comm_events_dir(d: Path, procs: int, comms: int, host: str = "h") -> int:
+    """A log directory of `procs` process files, each creating `comms` communicators (preload comm_init and
+    profiler init, one env plugin read each, a collective flush each) that span every process; returns
+    the lines written."""
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    total = 0
+    for r in range(procs):
+        pid, t = 100 + r, 1.7e9 + r * 1e-3
+        out = [event(t, pid, "process_start", "boot", host, ppid=1, argv=["python", "train.py"],
+                     env={"NCCL_PROTO": "Simple"})]
+        for c in range(comms):
+            t += 1.0
+            h = f"0x{0xc0ffee0000 + c:016x}"
+            out += [event(t, pid, "comm_init", "preload", host, api="ncclCommInitRank", call=c + 1,
+                          comm=f"0x{(r << 20) + c + 1:016x}", uid=f"0x{0xbeef0000 + c:016x}", nranks=procs, rank=r,
+                          env={"NCCL_PROTO": "Simple"}, rc=0, lib=LIB, version=22809, ms=1.0),
+                    event(t + 1e-3, pid, "nccl_getenv", "envplugin", host, var="NCCL_PROTO", value="Simple", lib=LIB),
+                    event(t + 2e-3, pid, "comm_plugin_init", "profiler", host, comm_hash=h, nranks=procs, rank=r,
+                          lib=LIB, call=c + 1),
+                    event(t + 3e-3, pid, "coll_summary", "profiler", host, comm_hash=h, func="AllReduce", algo="Ring",
+                          proto="Simple", nchannels=2, bytes_min=8, bytes_max=1 << 20, count=7, rank=r,
+                          reason="finalize")]
+        (d / f"{host}-{pid}.jsonl").write_bytes(b"".join(out))
+        total += len(out)
+    return total

@@ -288,7 +288,7 @@ def writer_lines(m: Model) -> list[str]:
         budgets.setdefault((host, reached, limit), []).append(pid)
     out = []
     for (host, reached, limit), pids in budgets.items():
-        what = _budget_size(limit) if reached == "bytes" else f"{limit} files" if limit is not None else "?"
+        what = _budget_size(limit) if reached == "bytes" else str(limit) if limit is not None else "?"
         if reached == "bytes":
             out.append(f"log budget reached (bytes, {what}){on(host)}: later lines of pid {_pids(pids)} not recorded")
         else:

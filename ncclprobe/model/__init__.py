@@ -194,9 +194,11 @@ class Model:
     # run's /proc watch per host: its watch_summary, plus missed_started (pids whose boot probe recorded
     # a process_start that no scan saw) and missed_started_pids
     watch: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # comms_of's index: (host, pid) -> its communicators, over the first _indexed[1] of the list _indexed[0]
+    # comms_of's index: (host, pid) -> its communicators, over the first _indexed[1] of the list _indexed[0];
+    # _by_time: comms_by_time's, dropped whenever the index grows
     _by_proc: dict[tuple[str, int], list[CommView]] = field(default_factory=dict, repr=False, compare=False)
     _indexed: tuple[list | None, int] = field(default=(None, 0), repr=False, compare=False)
+    _by_time: dict[tuple[str, int], list[CommView]] = field(default_factory=dict, repr=False, compare=False)
 
     def parent(self, p: ProcessView) -> ProcessView | None:
         return self.processes.get((p.host, p.ppid)) if p.ppid else None
@@ -221,13 +223,26 @@ class Model:
     def comms_of(self, host: str, pid: int) -> list[CommView]:
         """The communicators of one process, in list order: an index kept up with `comms`, which is only
         ever appended to (or replaced whole), so a model of many processes is not scanned once per process."""
+        return list(self._index().get((host, pid), ()))
+
+    def comms_by_time(self, host: str, pid: int) -> list[CommView]:
+        """comms_of in creation order (CommView.t, set when a witness first sees it), sorted once per process."""
+        index = self._index()
+        got = self._by_time.get((host, pid))
+        if got is None:
+            got = self._by_time[(host, pid)] = sorted(index.get((host, pid), ()), key=lambda c: c.t)
+        return got
+
+    def _index(self) -> dict[tuple[str, int], list[CommView]]:
         indexed, done = self._indexed
         if indexed is not self.comms or done > len(self.comms):
             self._by_proc, done = {}, 0
-        for c in self.comms[done:]:
-            self._by_proc.setdefault((c.host, c.pid), []).append(c)
+        if done < len(self.comms):
+            for c in self.comms[done:]:
+                self._by_proc.setdefault((c.host, c.pid), []).append(c)
+            self._by_time = {}
         self._indexed = (self.comms, len(self.comms))
-        return list(self._by_proc.get((host, pid), ()))
+        return self._by_proc
 
     @property
     def preload_active(self) -> bool:

@@ -118,9 +118,10 @@ SOURCES = ("preload", "profiler", "envplugin", "boot", "proc")
 RUN_META = "run.json"
 MAX_LINE = jsonlines.MAX_LINE
 MAX_RUN_META = 1 << 20
-# event files one report reads (all directories): each costs a merge head and a process in the model, about
-# 7 KiB; the writers create at most NCCLPROBE_MAX_FILES (4096 by default) per host and directory
-FILES_MAX = 65_536
+# event files one report reads (all directories given): each costs a merge head and a process in the model,
+# about 6 KiB and 1-1.5 ms (2 cores), so at most ~100 MiB and ~25 s; the writers create at most
+# NCCLPROBE_MAX_FILES (4096 by default) per host and directory. NCCLPROBE_REPORT_MAX_FILES raises it.
+FILES_MAX = 16_384
 NAME, TEXT = 4096, 65536   # caps: a name or path (PATH_MAX), any other string
 ITEMS = 4096         # cap on the entries of a list or map
 NODES, DEPTH = 1024, 6  # caps on a nested object (config, profile): values in all, levels
@@ -279,6 +280,7 @@ class EventLog:
     skipped_files: Counter = field(default_factory=Counter)  # reason -> files (symlinks, FIFOs, unreadable)
     notes: list[dict[str, Any]] = field(default_factory=list)  # {path, note, bytes}: what of a file was not read
     refused: str | None = None                          # why no file was read (more than FILES_MAX of them)
+    file_cap: int = jsonlines.FILE_CAP                  # data bytes read per file
     unknown: Counter = field(default_factory=Counter)   # unknown kind -> lines
     dropped: Counter = field(default_factory=Counter)   # "kind.field" -> values refused, line kept
     resorted: list[str] = field(default_factory=list)   # files not in time order, sorted whole
@@ -342,7 +344,7 @@ def _sort_key(e: dict[str, Any]) -> tuple:
 def read_file(path: Path, log: EventLog, note: bool = True) -> Iterator[dict[str, Any]]:
     """The checked events of one file, in its order (note: say in log.notes what of it was not read)."""
     try:
-        src = jsonlines.Source(path, _knob("NCCLPROBE_REPORT_MAX_FILE_BYTES", jsonlines.FILE_CAP))
+        src = jsonlines.Source(path, log.file_cap)
     except OSError as exc:
         _skip_file(log, str(path), exc.strerror if isinstance(exc, jsonlines.NotRegular) else
                    f"unreadable ({exc.strerror})")
@@ -400,10 +402,10 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-def _in_order(path: Path) -> bool:
+def _in_order(path: Path, file_cap: int) -> bool:
     """Whether a file's events are in time order (one writer appending; a foreign writer may not be)."""
     last = None
-    for e in read_file(path, EventLog(), note=False):
+    for e in read_file(path, EventLog(file_cap=file_cap), note=False):
         key = _sort_key(e)
         if last is not None and key < last:
             return False
@@ -413,7 +415,7 @@ def _in_order(path: Path) -> bool:
 
 def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
     """One file's events in time order: streamed where the file is in order, else that file sorted."""
-    if not _in_order(path):
+    if not _in_order(path, log.file_cap):
         log.resorted.append(str(path))
         yield from sorted(read_file(path, log), key=_sort_key)
         return
@@ -482,7 +484,7 @@ def stream_dirs(dirs) -> EventLog:
     """Every *.jsonl file of each directory (several hosts' directories may be given), merged in time
     order as an iterator: events, skipped and dropped are complete once it has been consumed. More than
     NCCLPROBE_REPORT_MAX_FILES (FILES_MAX) files in all are not read: log.refused says so."""
-    log = EventLog()
+    log = EventLog(file_cap=_knob("NCCLPROBE_REPORT_MAX_FILE_BYTES", jsonlines.FILE_CAP))
     paths: list[Path] = []
     seen: set = set()
     cap = _knob("NCCLPROBE_REPORT_MAX_FILES", FILES_MAX)

@@ -66,9 +66,10 @@ class Source:
         os.close(fd)
         self.path, self.ident, self.cap = path, (st.st_dev, st.st_ino), cap
         self.offset = self.data = self.holes = self.not_read = 0
+        self.size = st.st_size  # as the latest fstat saw it: a read that reaches it is the last (no extra open)
 
     def pieces(self) -> Iterator[bytes | None]:
-        while True:
+        while self.offset < self.size or self.data >= self.cap:
             piece = self._next()
             if piece == b"":
                 return
@@ -83,6 +84,7 @@ class Source:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != self.ident:  # replaced since it was opened: not the file we read
                 return b""
+            self.size = st.st_size
             if self.data >= self.cap:
                 self.not_read = max(0, st.st_size - self.offset)
                 return b""
