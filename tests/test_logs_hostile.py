@@ -354,3 +354,88 @@ def test_bad_budget_fields_are_refused_like_any_other(tmp_path):
     log = events.read_dirs([d])
     assert log.skipped == {"log_budget: bad reached": 1, "log_budget: no reached": 1}
     assert log.dropped == {"dropped": 3} and not any("dropped" in e for e in log.events)
+
+
+# ---- the line splitter ----------------------------------------------------------------------------
+
+SPLIT_CASES = {
+    "plain": b'{"a": 1}\n{"b": 2}\n',
+    "torn_end": b'{"a": 1}\n{"b"',
+    "empty_lines": b"\n\n{}\n\n",
+    "nul_fill_then_line": b'{"a": 1}\n{"b": \0\0\0\0{"c": 3}\n',
+    "nuls_after_newline": b'{"a": 1}\n\0\0\0\n{"c": 3}\n\0\0',
+    "alternating": b"a\0" * 40 + b"\n" + b"b\0" * 40,
+    "oversized": b"x" * 40 + b"\n" + b"{}\n" + b"y" * 50,
+    "oversized_then_nul": b"x" * 40 + b"\0\0" + b"{}\n",
+    "nul_then_oversized": b"ab\0" + b"z" * 40 + b"\n{}\n",
+    "exactly_max": b"q" * 15 + b"\n" + b"r" * 16 + b"\n",
+}
+SPLIT_EXPECT = {  # (lines kept, counts)
+    "plain": ([b'{"a": 1}\n', b'{"b": 2}\n'], {}),
+    "torn_end": ([b'{"a": 1}\n'], {"torn line": 1}),
+    "empty_lines": ([b"{}\n"], {"empty line": 3}),
+    "nul_fill_then_line": ([b'{"a": 1}\n', b'{"c": 3}\n'], {"torn line": 1}),
+    "nuls_after_newline": ([b'{"a": 1}\n', b'{"c": 3}\n'], {}),
+    "alternating": ([], {"torn line": 80}),
+    "oversized": ([b"{}\n"], {"oversized line": 2}),
+    "oversized_then_nul": ([b"{}\n"], {"oversized line": 1}),
+    "nul_then_oversized": ([b"{}\n"], {"torn line": 1, "oversized line": 1}),
+    "exactly_max": ([b"q" * 15 + b"\n"], {"oversized line": 1}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_CASES))
+def test_lines_and_counts_are_the_same_at_every_chunk_boundary(monkeypatch, name):
+    """The splitter gives the same lines and counts whatever pieces the file comes in (MAX_LINE 16 here)."""
+    from collections import Counter
+    from ncclprobe.witnesses import jsonlines
+    monkeypatch.setattr(jsonlines, "MAX_LINE", 16)
+    data = SPLIT_CASES[name]
+    for size in range(1, len(data) + 1):
+        counts: Counter = Counter()
+        got = list(jsonlines.Lines(counts).of(data[i:i + size] for i in range(0, len(data), size)))
+        assert (got, dict(counts)) == SPLIT_EXPECT[name], size
+    counts = Counter()  # a hole (None) is a NUL run that was never read
+    assert list(jsonlines.Lines(counts).of([b'{"a": 1}\n{"b', None, b'{"c": 3}\n'])) == [b'{"a": 1}\n', b'{"c": 3}\n']
+    assert counts == {"torn line": 1}
+
+
+def _reference_lines(data: bytes, cap: int):
+    """The splitter's rule, one byte at a time: NUL ends a fragment as a torn line (oversized past cap),
+    a newline ends a line (oversized past cap with it; empty, unless only NULs came since the last break)."""
+    from collections import Counter
+    lines, counts, frag, after_cut = [], Counter(), bytearray(), False
+    for b in data:
+        if b == 0:
+            if frag:
+                counts["oversized line" if len(frag) > cap else "torn line"] += 1
+            frag, after_cut = bytearray(), True
+        elif b == 10:
+            if len(frag) + 1 > cap:
+                counts["oversized line"] += 1
+            elif not frag:
+                counts["empty line"] += not after_cut
+            else:
+                lines.append(bytes(frag) + b"\n")
+            frag, after_cut = bytearray(), False
+        else:
+            frag.append(b)
+            after_cut = False
+    if frag:
+        counts["oversized line" if len(frag) > cap else "torn line"] += 1
+    return lines, {k: v for k, v in counts.items() if v}
+
+
+def test_the_splitter_agrees_with_a_byte_at_a_time_reference_on_random_input(monkeypatch):
+    import random
+    from collections import Counter
+    from ncclprobe.witnesses import jsonlines
+    monkeypatch.setattr(jsonlines, "MAX_LINE", 8)
+    rng = random.Random(2112)
+    for _ in range(400):
+        data = bytes(rng.choice(b"ab{}\n\n\0\0") for _ in range(rng.randrange(1, 70)))
+        want = _reference_lines(data, 8)
+        for size in {1, 2, 3, 5, 8, 9, 17, len(data)}:
+            counts: Counter = Counter()
+            got = list(jsonlines.Lines(counts).of(data[i:i + size] for i in range(0, len(data), size)))
+            assert (got, dict(counts)) == want, (data, size)

@@ -516,11 +516,8 @@ def test_read_lines_splits_at_every_chunk_boundary(tmp_path):
     p = tmp_path / "edges.log"
     lines = [b"a" * n for n in (0, 1, nl.CHUNK - 1, nl.CHUNK, nl.CHUNK + 1, nl.MAX_LINE, nl.MAX_LINE + 1, 3)]
     p.write_bytes(b"\n".join(lines))
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        got = list(nl.read_lines(fd))
-    finally:
-        os.close(fd)
+    from ncclprobe.witnesses import jsonlines
+    got = list(nl.read_lines(jsonlines.Source(p).pieces()))
     assert got == [ln if len(ln) <= nl.MAX_LINE else None for ln in lines]
 
 
@@ -528,7 +525,7 @@ def test_fifos_and_other_non_regular_files_are_refused_without_blocking(tmp_path
     fifo = tmp_path / "nccl-debug.h.1"
     os.mkfifo(fifo)
     log = nl.parse_files([fifo, tmp_path])
-    assert log.unreadable == {str(fifo): "not a regular file", str(tmp_path): "not a regular file"}
+    assert log.unreadable == {str(fifo): "not a regular file (FIFO)", str(tmp_path): "not a regular file (directory)"}
     assert log.files == [] and log.counts["unreadable"] == 2
 
 

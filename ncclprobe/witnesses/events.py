@@ -341,8 +341,8 @@ def _sort_key(e: dict[str, Any]) -> tuple:
     return (e["t"], e["host"], e["pid"])
 
 
-def read_file(path: Path, log: EventLog, note: bool = True) -> Iterator[dict[str, Any]]:
-    """The checked events of one file, in its order (note: say in log.notes what of it was not read)."""
+def read_file(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
+    """The checked events of one file, in its order; log.notes says what of it was not read."""
     try:
         src = jsonlines.Source(path, log.file_cap)
     except OSError as exc:
@@ -354,8 +354,7 @@ def read_file(path: Path, log: EventLog, note: bool = True) -> Iterator[dict[str
         ev = _event(raw, log)
         if ev is not None:
             yield ev
-    if note:
-        _note_file(log, path, src, lines.nul)
+    _note_file(log, path, src, lines.nul)
 
 
 def _skip_file(log: EventLog, path: str, why: str) -> None:
@@ -386,27 +385,33 @@ def _event(raw: bytes, log: EventLog) -> dict[str, Any] | None:
 
 
 def _note_file(log: EventLog, path: Path, src: jsonlines.Source, nul: int) -> None:
+    words = jsonlines.size_words
     if src.holes + nul:
-        log.notes.append({"path": str(path), "note": f"{_size(src.holes + nul)} of NUL bytes skipped (a hole or a "
-                          "zero fill: a crash, a truncate)", "bytes": src.holes + nul})
+        log.notes.append({"path": str(path), "note": f"{words(src.holes + nul)} of NUL bytes skipped (a hole or "
+                          "a zero fill: a crash, a truncate)", "bytes": src.holes + nul})
     if src.not_read:
-        log.notes.append({"path": str(path), "note": f"read the first {_size(src.cap)} of its data (the per-file cap, "
-                          f"NCCLPROBE_REPORT_MAX_FILE_BYTES); {_size(src.not_read)} after it not read",
+        log.notes.append({"path": str(path), "note": f"read the first {words(src.cap)} of its data (the per-file "
+                          f"cap, NCCLPROBE_REPORT_MAX_FILE_BYTES); {words(src.not_read)} after it not read",
                           "bytes": src.not_read})
 
 
-def _size(n: int) -> str:
-    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift:
-            return f"{n / (1 << shift):.3g} {unit}"
-    return f"{n} bytes"
-
-
 def _in_order(path: Path, file_cap: int) -> bool:
-    """Whether a file's events are in time order (one writer appending; a foreign writer may not be)."""
-    last = None
-    for e in read_file(path, EventLog(file_cap=file_cap), note=False):
-        key = _sort_key(e)
+    """Whether a file's events are in time order (one writer appending; a foreign writer may not be).
+    Only the common fields are checked here: the keys of a superset of the lines read_file keeps, so
+    in order here means in order there."""
+    try:
+        src = jsonlines.Source(path, file_cap)
+    except OSError:
+        return True
+    last, ignored = None, Counter()
+    for raw in jsonlines.Lines(ignored).of(src.pieces()):
+        obj, reason = _parse(raw)
+        if reason or not isinstance(obj, dict):
+            continue
+        ev, reason = checked(obj, COMMON, "", ignored)
+        if reason:
+            continue
+        key = (ev["t"], ev.get("host", "?"), ev["pid"])
         if last is not None and key < last:
             return False
         last = key

@@ -110,6 +110,14 @@ class Source:
         return data
 
 
+def size_words(n: int) -> str:
+    """A byte count as a person reads it: '20 GiB', '8 MiB', '512 bytes'."""
+    for unit, shift in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.3g} {unit}"
+    return f"{n} bytes"
+
+
 def read_small(path: Path | str, cap: int) -> bytes:
     """A small regular file whole (run.json), at most cap + 1 bytes (more means oversized)."""
     fd, _ = open_regular(path)
@@ -123,14 +131,16 @@ def read_small(path: Path | str, cap: int) -> bytes:
 
 
 class Lines:
-    """Complete lines out of a file's pieces: skipped lines are counted in `counts` by reason (TORN,
-    OVERSIZED, EMPTY), once each; NUL bytes skipped are counted in `nul`. A NUL run ends the line
-    before it: what a physical line holds before its last NUL run is one torn line (if it holds
-    anything but NULs), what follows is read as a line. Every scan is bytes.find/rfind/count (C): a
-    chunk costs a few Python steps per newline, whatever its NULs."""
+    """Complete lines out of a file's pieces. NUL bytes are never part of a line: a NUL run or a hole
+    ends the fragment before it as a newline would, but a fragment so ended is a torn line (oversized past
+    MAX_LINE). Skipped lines are counted in `counts` by reason (TORN, OVERSIZED, EMPTY), once each,
+    whatever pieces the file comes in; NUL bytes in the data are counted in `nul`. Every scan is a bytes
+    method (C): a chunk costs a few Python steps per newline, however its NULs fall."""
 
     def __init__(self, counts: Counter):
-        self.counts, self.buf, self.discarding, self.nul = counts, b"", False, 0
+        self.counts, self.nul = counts, 0
+        self.buf, self.discarding = b"", False  # the fragment so far; dropping an oversized one (counted)
+        self.after_cut = False                  # nothing since the last NUL run or hole (a newline there: no line)
 
     def of(self, pieces) -> Iterator[bytes]:
         """Every complete line (with its newline) of the pieces; a last line without one is torn."""
@@ -142,40 +152,48 @@ class Lines:
         self.cut()
 
     def cut(self) -> None:
-        """The line so far ends here without its newline (a hole, a NUL run, the end of the file)."""
-        if self.buf:
+        """The fragment so far ends here without its newline (a hole, the end of the file)."""
+        if self.buf and not self.discarding:
             self.counts[TORN] += 1
-        self.buf, self.discarding = b"", False
+        self.buf, self.discarding, self.after_cut = b"", False, True
 
     def _past_nuls(self, chunk: bytes, start: int, last: int) -> int:
-        """chunk[start:last + 1] ends with a NUL: the line so far is torn there; where the next one begins."""
-        nul = chunk.count(b"\0", start, last + 1)
-        self.nul += nul
-        if not self.discarding and (self.buf or last + 1 - start > nul):  # an oversized one is counted already
-            self.counts[TORN] += 1
-        self.buf, self.discarding = b"", False
+        """chunk[start:last + 1] ends with a NUL: count the fragments it ends (the one so far first);
+        return where the next fragment begins."""
+        parts = chunk[start:last + 1].split(b"\0")  # its last part is the empty one after the final NUL
+        self.nul += chunk.count(b"\0", start, last + 1)
+        first = len(self.buf) + len(parts[0])
+        if not self.discarding and first:  # a discarded one was counted when it overflowed
+            self.counts[OVERSIZED if first > MAX_LINE else TORN] += 1
+        rest = parts[1:]
+        if (n := len(rest) - rest.count(b"")):
+            big = sum(len(p) > MAX_LINE for p in rest) if max(map(len, rest)) > MAX_LINE else 0
+            self.counts[TORN] += n - big
+            if big:
+                self.counts[OVERSIZED] += big
+        self.buf, self.discarding, self.after_cut = b"", False, True
         return last + 1
 
     def _text(self, chunk: bytes) -> Iterator[bytes]:
         start, nuls = 0, b"\0" in chunk
         while (nl := chunk.find(b"\n", start)) >= 0:
-            after_nul = nuls and (last := chunk.rfind(b"\0", start, nl)) >= 0
-            if after_nul:
+            if nuls and (last := chunk.rfind(b"\0", start, nl)) >= 0:
                 start = self._past_nuls(chunk, start, last)
             if self.discarding:
                 self.discarding = False
             elif len(self.buf) + nl + 1 - start > MAX_LINE:
                 self.counts[OVERSIZED] += 1
             elif not self.buf and nl == start:
-                if not after_nul:  # NULs then a newline: a zero fill, counted as NUL bytes
+                if not self.after_cut:  # NULs or a hole, then a newline: a zero fill, not a line
                     self.counts[EMPTY] += 1
             else:
                 yield self.buf + chunk[start:nl + 1]
-            self.buf, start = b"", nl + 1
+            self.buf, start, self.after_cut = b"", nl + 1, False
         if nuls and (last := chunk.rfind(b"\0", start)) >= 0:
             start = self._past_nuls(chunk, start, last)
-        if self.discarding:
+        if start == len(chunk) or self.discarding:
             return
+        self.after_cut = False
         if len(self.buf) + len(chunk) - start > MAX_LINE:  # counted now, its bytes dropped up to its newline
             self.counts[OVERSIZED] += 1
             self.buf, self.discarding = b"", True

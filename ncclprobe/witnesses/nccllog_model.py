@@ -287,6 +287,7 @@ def merge(m: Model, paths) -> Model:
     log = nccllog.parse_files(paths, sink=a.feed)
     a.finish()
     m.nccl_log = log
+    m.reading.notes.extend(log.notes)
     by_pid: dict[int, list[ProcessView]] = defaultdict(list)
     for view in m.processes.values():
         by_pid[view.pid].append(view)
