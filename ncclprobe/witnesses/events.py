@@ -522,6 +522,8 @@ def stream_dirs(dirs) -> EventLog:
                 log.runs.append({**run, "dir": str(d)})
     log.events = heapq.merge(*(_file_events(p, log) for p in paths), key=_sort_key)
     return log
+
+
 def read_dirs(dirs) -> EventLog:
     """stream_dirs with the events in one list (for readers that look at them more than once)."""
     log = stream_dirs(dirs)
