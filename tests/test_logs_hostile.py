@@ -309,6 +309,8 @@ def test_comms_of_follows_appends_and_a_replaced_list():
     assert m.comms_by_time("h", 1) == [c, a]
     m.comms = [b]
     assert m.comms_of("h", 1) == [] and m.comms_by_time("h", 2) == [b]
+    m.comms = []
+    assert m.comms_by_time("h", 2) == [] and m.comms_of("h", 2) == []
 
 
 # ---- 6. what the writers did not record -----------------------------------------------------------

@@ -54,8 +54,9 @@ def load(dirs, nccl_logs=()) -> Model:
             reason += f"; no NCCL log lines recognised in {', '.join(map(str, nccl_logs))}"
         raise Unexaminable(f"nothing to report in {', '.join(map(str, [*dirs, *nccl_logs]))}: {reason}",
                            "empty log directory",
-                           {"skipped": {**log.skipped, **log.skipped_files}, "hint": "was the job started under `ncclprobe run` "
-                            "(or with NCCLPROBE_DIR set and the probes wired in)?"})
+                           {"skipped": {**log.skipped, **log.skipped_files},
+                            "hint": "was the job started under `ncclprobe run` "
+                                    "(or with NCCLPROBE_DIR set and the probes wired in)?"})
     return m
 
 

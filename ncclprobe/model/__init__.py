@@ -236,7 +236,7 @@ class Model:
     def _index(self) -> dict[tuple[str, int], list[CommView]]:
         indexed, done = self._indexed
         if indexed is not self.comms or done > len(self.comms):
-            self._by_proc, done = {}, 0
+            self._by_proc, self._by_time, done = {}, {}, 0
         if done < len(self.comms):
             for c in self.comms[done:]:
                 self._by_proc.setdefault((c.host, c.pid), []).append(c)
