@@ -4,6 +4,7 @@ culprit of each deviation. Built from the model (report, run, demo) or from insp
 line says which witnesses it rests on."""
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,7 +87,9 @@ def nccl_read(m: Model, c: CommView, var: str) -> NcclRead | None:
 
 
 def _next_comm(m: Model, c: CommView) -> float:
-    return min((x.t for x in m.comms_of(c.host, c.pid) if x.t > c.t), default=float("inf"))
+    ordered = m.comms_by_time(c.host, c.pid)
+    i = bisect.bisect_right(ordered, c.t, key=lambda x: x.t)  # the first created after c, in log time
+    return ordered[i].t if i < len(ordered) else float("inf")
 
 
 def _pick(reads: list[NcclRead], var: str, c: CommView, end: float) -> NcclRead | None:
@@ -163,10 +166,10 @@ def comm_reads(m: Model, c: CommView) -> CommReads:
     return CommReads(values)
 
 
-def effective(m: Model, c: CommView, var: str) -> tuple[bool, str | None]:
+def effective(m: Model, c: CommView, var: str, firsts: dict | None = None) -> tuple[bool, str | None]:
     """(known, value) of var for communicator c: what NCCL read where the env plugin or its log saw
     it, else the environment at the communicator's creation; a variable NCCL caches per process takes
-    the value at the process's first communicator."""
+    the value at the process's first communicator (firsts: those already found, by process)."""
     if c.env_source == "nccl-log" and c.env is not None:  # what the log says NCCL read for this one
         return True, c.env.get(var)
     read = nccl_read(m, c, var)
@@ -174,7 +177,10 @@ def effective(m: Model, c: CommView, var: str) -> tuple[bool, str | None]:
         return True, read.value
     from ncclprobe.diagnose.inprocess import process_cached
     if process_cached(var, c.version):
-        first = min((x for x in m.comms_of(c.host, c.pid) if x.env is not None), key=lambda x: x.t, default=None)
+        firsts = {} if firsts is None else firsts
+        if (c.host, c.pid) not in firsts:
+            firsts[(c.host, c.pid)] = next((x for x in m.comms_by_time(c.host, c.pid) if x.env is not None), None)
+        first = firsts[(c.host, c.pid)]
         if first is not None:
             return True, first.env.get(var)
     return (c.env is not None), (c.env or {}).get(var)
@@ -259,16 +265,18 @@ def _for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
     roots = [p for p in m.processes.values() if (p.host, p.ppid) not in m.processes and p.start_env is not None]
     root_env = min(roots, key=lambda p: p.t_start or 0).start_env if roots else {}
     shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
-    rows = []
+    rows, firsts = [], {}
     for var in shown:
         reference, basis = _reference(var, expect, sets, root_env)
         groups: dict = {}
+        listed: set[tuple[int, str]] = set()  # (group, communicator) already in g.comms: no scan of the list
         for c in sorted(comms, key=lambda c: (c.rank is None, c.rank or 0, c.host, c.pid)):
-            known, value = effective(m, c, var)
+            known, value = effective(m, c, var, firsts)
             value = value if known else "?"
             ident = c.group or c.ident  # one communicator, all its ranks
             g = _group(groups, value, _culprit_of(index, c.host, c.pid, var, ident, value != reference))
-            if ident not in g.comms:
+            if (id(g), ident) not in listed:
+                listed.add((id(g), ident))
                 g.comms.append(ident)
                 if c.comm_name:
                     g.names.append(c.comm_name)

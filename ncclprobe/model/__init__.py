@@ -200,17 +200,33 @@ class CommView:
 
 
 @dataclass
+class LogReading:
+    """What the readers did not read and the writers did not write, said per file and per process."""
+    skipped_files: dict[str, int] = field(default_factory=dict)   # reason -> files (Model.skipped has them too)
+    notes: list[dict[str, Any]] = field(default_factory=list)     # {path, note, bytes}: a file not read whole
+    budget: dict[tuple[str, int], tuple[str, int | None]] = field(default_factory=dict)  # log_budget: (reached, limit)
+    dropped: dict[tuple[str, int], int] = field(default_factory=dict)  # lines a writer lost ("dropped": K)
+    unattributed: dict[str, int] = field(default_factory=dict)    # NCCL log TUNING lines no communicator got
+
+
+@dataclass
 class Model:
     processes: dict[tuple[str, int], ProcessView] = field(default_factory=dict)
     comms: list[CommView] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)  # lines and files not read, by reason
+    reading: LogReading = field(default_factory=LogReading)
     files: int = 0
     nccl_log: Any = None
     shell_pitfalls: list[dict[str, Any]] = field(default_factory=list)  # witnesses.shells, per ancestor shell
     # run's /proc watch per host: its watch_summary, plus missed_started (pids whose boot probe recorded
     # a process_start that no scan saw) and missed_started_pids
     watch: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # comms_of's index: (host, pid) -> its communicators, over the first _indexed[1] of the list _indexed[0];
+    # _by_time: comms_by_time's, dropped whenever the index grows
+    _by_proc: dict[tuple[str, int], list[CommView]] = field(default_factory=dict, repr=False, compare=False)
+    _indexed: tuple[list | None, int] = field(default=(None, 0), repr=False, compare=False)
+    _by_time: dict[tuple[str, int], list[CommView]] = field(default_factory=dict, repr=False, compare=False)
 
     def parent(self, p: ProcessView) -> ProcessView | None:
         return self.processes.get((p.host, p.ppid)) if p.ppid else None
@@ -233,7 +249,28 @@ class Model:
         return self.processes[key]
 
     def comms_of(self, host: str, pid: int) -> list[CommView]:
-        return [c for c in self.comms if c.host == host and c.pid == pid]
+        """The communicators of one process, in list order: an index kept up with `comms`, which is only
+        ever appended to (or replaced whole), so a model of many processes is not scanned once per process."""
+        return list(self._index().get((host, pid), ()))
+
+    def comms_by_time(self, host: str, pid: int) -> list[CommView]:
+        """comms_of in creation order (CommView.t, set when a witness first sees it), sorted once per process."""
+        index = self._index()
+        got = self._by_time.get((host, pid))
+        if got is None:
+            got = self._by_time[(host, pid)] = sorted(index.get((host, pid), ()), key=lambda c: c.t)
+        return got
+
+    def _index(self) -> dict[tuple[str, int], list[CommView]]:
+        indexed, done = self._indexed
+        if indexed is not self.comms or done > len(self.comms):
+            self._by_proc, self._by_time, done = {}, {}, 0
+        if done < len(self.comms):
+            for c in self.comms[done:]:
+                self._by_proc.setdefault((c.host, c.pid), []).append(c)
+            self._by_time = {}
+        self._indexed = (self.comms, len(self.comms))
+        return self._by_proc
 
     @property
     def preload_active(self) -> bool:
@@ -300,6 +337,8 @@ def build(log: EventLog) -> Model:
     by_hash: dict[tuple[str, int, str], CommView] = {}
     for e in log.events:
         host, pid, kind, t = e.get("host", "?"), e["pid"], e["ev"], float(e["t"])
+        if e.get("dropped"):  # lines this writer lost before this one
+            m.reading.dropped[(host, pid)] = m.reading.dropped.get((host, pid), 0) + e["dropped"]
         if kind == "watch_summary":  # its pid is run's, no process of the job
             m.watch[host] = {k: v for k, v in e.items() if k not in ("ev", "host", "pid", "src")}
             continue
@@ -371,6 +410,8 @@ def build(log: EventLog) -> Model:
         elif kind == "env_write":
             proc.writes.append(EnvWrite(str(e.get("var")), e.get("old"), e.get("new"), str(e.get("where", "?")),
                                         str(e.get("op", "set")), bool(e.get("blocked")), t))
+        elif kind == "log_budget":  # the writer's last line: nothing after it was recorded
+            m.reading.budget.setdefault((host, pid), (e["reached"], e.get("limit")))
         elif kind == "probe_error":
             proc.errors.append(str(e.get("message", "")))
         elif kind == "plugin_load":
@@ -449,7 +490,8 @@ def build(log: EventLog) -> Model:
                         if p.host == host and p.t_start is not None and "proc" not in p.sources)
         w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
     # a stream's counts are complete only once it has been consumed
-    m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}}
+    m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}, **log.skipped_files}
+    m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
     _label_simulated(m)
     return m
 
