@@ -416,12 +416,17 @@ def start():
         if len(argv) > 512:  # a start must stay cheap; the line cap may drop more
             _start["argv_dropped"] = len(argv) - 512
             del argv[512:]
-        upper = "\0".join(argv).upper()
-        for marker in _ARGV_HINTS:
-            if marker in upper:  # something looks like a secret: redact_argv
-                _rest()
-                argv = redact_argv(argv)
-                break
+        joined = "\0".join(argv)
+        if len(joined) > 4096:  # redact_argv reads at most ARGV_SCAN characters: cheaper than ~50 searches
+            _rest()
+            argv = redact_argv(argv)
+        else:
+            upper = joined.upper()
+            for marker in _ARGV_HINTS:
+                if marker in upper:  # something looks like a secret: redact_argv
+                    _rest()
+                    argv = redact_argv(argv)
+                    break
         _start.update(pid=pid, mode="persistent" if INSTALLED else "ephemeral", argv=argv)
         found = []  # watched part of os.environ (before the profile) and of /proc/self/environ
         if d is not None:  # silent: nothing to find
