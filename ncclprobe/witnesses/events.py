@@ -96,8 +96,8 @@ dropped (treated as absent; counted in EventLog.dropped) or, where the table say
 line is skipped and counted with its reason; fields the table does not know are dropped. Torn,
 malformed, too deeply nested and oversized lines and unknown kinds are skipped and counted, each once.
 Files are read by witnesses/jsonlines.py: bounded chunks, holes and NUL runs stepped over, at most
-FILE_CAP bytes of data each (what was not read is a note), never a symlink or a FIFO. stream_dirs lists
-the directories without materialising them, reads at most FILES_MAX files (more are refused whole: the
+FILE_CAP bytes of data and FILE_LINES lines each (what was not read is a note), never a symlink or a
+FIFO. stream_dirs lists the directories without materialising them, reads at most FILES_MAX files (more are refused whole: the
 model keeps a process per file) and merges them lazily, so memory is bounded by what the model keeps.
 """
 from __future__ import annotations
@@ -119,8 +119,9 @@ RUN_META = "run.json"
 MAX_LINE = jsonlines.MAX_LINE
 MAX_RUN_META = 1 << 20
 # event files one report reads (all directories given): each costs a merge head and a process in the model,
-# about 6 KiB and 1-1.5 ms (2 cores), so at most ~100 MiB and ~25 s; the writers create at most
-# NCCLPROBE_MAX_FILES (4096 by default) per host and directory. NCCLPROBE_REPORT_MAX_FILES raises it.
+# about 5 KiB and 0.3 ms of CPU (benchmarks/bench_log_readers.py files), so at most ~80 MiB and ~5 s; the
+# writers create at most NCCLPROBE_MAX_FILES (4096 by default) per host and directory. A user with more
+# raises NCCLPROBE_REPORT_MAX_FILES.
 FILES_MAX = 16_384
 NAME, TEXT = 4096, 65536   # caps: a name or path (PATH_MAX), any other string
 ITEMS = 4096         # cap on the entries of a list or map
@@ -281,6 +282,7 @@ class EventLog:
     notes: list[dict[str, Any]] = field(default_factory=list)  # {path, note, bytes}: what of a file was not read
     refused: str | None = None                          # why no file was read (more than FILES_MAX of them)
     file_cap: int = jsonlines.FILE_CAP                  # data bytes read per file
+    file_lines: int = jsonlines.FILE_LINES              # lines read per file
     unknown: Counter = field(default_factory=Counter)   # unknown kind -> lines
     dropped: Counter = field(default_factory=Counter)   # "kind.field" -> values refused, line kept
     resorted: list[str] = field(default_factory=list)   # files not in time order, sorted whole
@@ -349,12 +351,12 @@ def read_file(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
         _skip_file(log, str(path), exc.strerror if isinstance(exc, jsonlines.NotRegular) else
                    f"unreadable ({exc.strerror})")
         return
-    lines = jsonlines.Lines(log.skipped)
+    lines = jsonlines.Lines(log.skipped, log.file_lines)
     for raw in lines.of(src.pieces()):
         ev = _event(raw, log)
         if ev is not None:
             yield ev
-    _note_file(log, path, src, lines.nul)
+    _note_file(log, path, src, lines)
 
 
 def _skip_file(log: EventLog, path: str, why: str) -> None:
@@ -384,18 +386,22 @@ def _event(raw: bytes, log: EventLog) -> dict[str, Any] | None:
     return {**ev, **fields}
 
 
-def _note_file(log: EventLog, path: Path, src: jsonlines.Source, nul: int) -> None:
-    words = jsonlines.size_words
-    if src.holes + nul:
-        log.notes.append({"path": str(path), "note": f"{words(src.holes + nul)} of NUL bytes skipped (a hole or "
-                          "a zero fill: a crash, a truncate)", "bytes": src.holes + nul})
-    if src.not_read:
+def _note_file(log: EventLog, path: Path, src: jsonlines.Source, lines: jsonlines.Lines) -> None:
+    words, nul = jsonlines.size_words, src.holes + lines.nul
+    if nul:
+        log.notes.append({"path": str(path), "note": f"{words(nul)} of NUL bytes skipped (a hole or "
+                          "a zero fill: a crash, a truncate)", "bytes": nul})
+    if lines.capped:
+        left = lines.unread + max(0, src.size - src.offset)
+        log.notes.append({"path": str(path), "note": f"read its first {log.file_lines} lines (the per-file cap, "
+                          f"NCCLPROBE_REPORT_MAX_FILE_LINES); {words(left)} after them not read", "bytes": left})
+    elif src.not_read:
         log.notes.append({"path": str(path), "note": f"read the first {words(src.cap)} of its data (the per-file "
                           f"cap, NCCLPROBE_REPORT_MAX_FILE_BYTES); {words(src.not_read)} after it not read",
                           "bytes": src.not_read})
 
 
-def _in_order(path: Path, file_cap: int) -> bool:
+def _in_order(path: Path, file_cap: int, file_lines: int) -> bool:
     """Whether a file's events are in time order (one writer appending; a foreign writer may not be).
     Only the common fields are checked here: the keys of a superset of the lines read_file keeps, so
     in order here means in order there."""
@@ -404,7 +410,7 @@ def _in_order(path: Path, file_cap: int) -> bool:
     except OSError:
         return True
     last, ignored = None, Counter()
-    for raw in jsonlines.Lines(ignored).of(src.pieces()):
+    for raw in jsonlines.Lines(ignored, file_lines).of(src.pieces()):
         obj, reason = _parse(raw)
         if reason or not isinstance(obj, dict):
             continue
@@ -420,7 +426,7 @@ def _in_order(path: Path, file_cap: int) -> bool:
 
 def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
     """One file's events in time order: streamed where the file is in order, else that file sorted."""
-    if not _in_order(path, log.file_cap):
+    if not _in_order(path, log.file_cap, log.file_lines):
         log.resorted.append(str(path))
         yield from sorted(read_file(path, log), key=_sort_key)
         return
@@ -489,7 +495,8 @@ def stream_dirs(dirs) -> EventLog:
     """Every *.jsonl file of each directory (several hosts' directories may be given), merged in time
     order as an iterator: events, skipped and dropped are complete once it has been consumed. More than
     NCCLPROBE_REPORT_MAX_FILES (FILES_MAX) files in all are not read: log.refused says so."""
-    log = EventLog(file_cap=_knob("NCCLPROBE_REPORT_MAX_FILE_BYTES", jsonlines.FILE_CAP))
+    log = EventLog(file_cap=_knob("NCCLPROBE_REPORT_MAX_FILE_BYTES", jsonlines.FILE_CAP),
+                   file_lines=_knob("NCCLPROBE_REPORT_MAX_FILE_LINES", jsonlines.FILE_LINES))
     paths: list[Path] = []
     seen: set = set()
     cap = _knob("NCCLPROBE_REPORT_MAX_FILES", FILES_MAX)

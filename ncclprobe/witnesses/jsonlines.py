@@ -5,9 +5,10 @@ A file is opened O_RDONLY|O_NONBLOCK|O_NOFOLLOW (a symlink fails, a FIFO never b
 regular file (fstat); it is re-opened for each CHUNK and checked to be the same inode, so a merge of
 thousands of files holds no descriptor between reads. Holes are stepped over with SEEK_DATA (a sparse
 20 GB file costs one lseek, not 20 GB of reads) and runs of NUL bytes inside data are skipped without
-being copied (C-speed scans); either one ends the line before it (a crash's zero fill, a truncate). At most FILE_CAP
-bytes of a file's data are read; what is left is said (Source.not_read). A line over MAX_LINE is
-counted and discarded up to its newline without being held whole.
+held (C scans of the chunk in hand); either one ends the line before it (a crash's zero fill, a
+truncate). At most FILE_CAP bytes of a file's data and FILE_LINES lines are read; what is left is said
+(Source.not_read, Lines.unread). A line over MAX_LINE is counted and discarded up to its newline without
+being held whole.
 """
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ from typing import Iterator
 MAX_LINE = 1 << 20   # a longer line is not ours (the probes cap theirs at NCCLPROBE_MAX_LINE, 64 KiB by default)
 CHUNK = 1 << 16      # bytes read at a time
 FILE_CAP = 1 << 30   # data bytes read per file: 16 x a writer's own budget (NCCLPROBE_MAX_BYTES, 64 MiB by default)
+# lines (of any kind, empty ones too) read per file: a writer's 64 MiB holds ~300,000 of its lines; at ~10 us
+# a line (less for garbage) a file costs at most ~20 s a pass, however short its lines
+FILE_LINES = 2_000_000
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 TORN, OVERSIZED, EMPTY = "torn line", "oversized line", "empty line"
 
@@ -137,18 +141,27 @@ class Lines:
     whatever pieces the file comes in; NUL bytes in the data are counted in `nul`. Every scan is a bytes
     method (C): a chunk costs a few Python steps per newline, however its NULs fall."""
 
-    def __init__(self, counts: Counter):
+    def __init__(self, counts: Counter, max_lines: int = FILE_LINES):
         self.counts, self.nul = counts, 0
         self.buf, self.discarding = b"", False  # the fragment so far; dropping an oversized one (counted)
         self.after_cut = False                  # nothing since the last NUL run or hole (a newline there: no line)
+        self.left = max_lines                   # newlines still to be read; past them the rest is left
+        self.unread = 0                         # bytes of the last piece left when the line cap was reached
+
+    @property
+    def capped(self) -> bool:
+        return self.left < 0
 
     def of(self, pieces) -> Iterator[bytes]:
-        """Every complete line (with its newline) of the pieces; a last line without one is torn."""
+        """Every complete line (with its newline) of the pieces; a last line without one is torn. Past
+        max_lines newlines it stops (capped): the line so far is not counted, the rest not read."""
         for piece in pieces:
             if piece is None:
                 self.cut()
             else:
                 yield from self._text(piece)
+            if self.capped:
+                return
         self.cut()
 
     def cut(self) -> None:
@@ -177,6 +190,10 @@ class Lines:
     def _text(self, chunk: bytes) -> Iterator[bytes]:
         start, nuls = 0, b"\0" in chunk
         while (nl := chunk.find(b"\n", start)) >= 0:
+            self.left -= 1
+            if self.left < 0:
+                self.unread = len(chunk) - start
+                return
             if nuls and (last := chunk.rfind(b"\0", start, nl)) >= 0:
                 start = self._past_nuls(chunk, start, last)
             if self.discarding:

@@ -41,6 +41,7 @@ PROTO_IDS = tuning.PROTOS
 MAX_LINE = 1 << 16
 MAX_HOST = 255            # HOST_NAME_MAX; NCCL prints the name cut at its first '.'
 MAX_RECORDS = 20_000
+MAX_FILE_LINES = 8_000_000  # lines read per file (a few us each): a long job at NCCL_DEBUG_SUBSYS=COLL writes millions
 CHUNK = 1 << 16
 _I32 = 1 << 31
 _I64 = 1 << 63
@@ -567,6 +568,22 @@ def read_lines(pieces: Iterable[bytes | None], cap: int = MAX_LINE) -> Iterator[
         yield buf
 
 
+def _capped(pieces, left: list) -> Iterator[bytes | None]:
+    """pieces up to left[0] lines; then left[0] is -1 and the rest is not read."""
+    for piece in pieces:
+        n = piece.count(b"\n") if piece is not None else 0
+        if n > left[0]:
+            end = -1
+            for _ in range(left[0]):  # once per file, at most a chunk's newlines
+                end = piece.find(b"\n", end + 1)
+            if end >= 0:
+                yield piece[:end + 1]
+            left[0] = -1
+            return
+        left[0] -= n
+        yield piece
+
+
 def parse_files(paths: Iterable[str | os.PathLike], sink: Sink | None = None) -> NcclLog:
     """Parses every file (NCCL_DEBUG_FILE outputs, captured stdout/stderr); unreadable ones (missing,
     symlinks, FIFOs and other non-regular files: never opened so that they block) are counted. Holes are
@@ -582,8 +599,12 @@ def parse_files(paths: Iterable[str | os.PathLike], sink: Sink | None = None) ->
             log.unreadable[path] = exc.strerror or type(exc).__name__
             continue
         log.files.append(path)
-        lines = (b if b is None else b.decode("utf-8", "replace") for b in read_lines(src.pieces()))
+        left = [MAX_FILE_LINES]
+        lines = (b if b is None else b.decode("utf-8", "replace") for b in read_lines(_capped(src.pieces(), left)))
         parse_lines(lines, path, log, sink)
+        if left[0] < 0:
+            log.notes.append({"path": path, "note": f"read its first {MAX_FILE_LINES} lines (the per-file cap); "
+                              "the rest not read", "bytes": None})
         if src.holes:
             log.notes.append({"path": path, "note": f"{jsonlines.size_words(src.holes)} of NUL bytes skipped (a "
                               "hole: a crash, a truncate)", "bytes": src.holes})
