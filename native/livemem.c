@@ -30,10 +30,11 @@
 #define LM_MAX_STRING (1 << 20)
 #define LM_GAP (1 << 12)
 #define LM_TAIL (1 << 9)
+#define LM_MAX_MAPS (1 << 26) /* bytes of a maps file read at most */
 
 /* returns (besides a count >= 0 and -errno) */
 enum { LM_NEED = -1000, LM_NO_MEMORY = -1001, LM_NO_LIBC = -1002, LM_NO_SLOT = -1003, LM_TORN = -1004,
-       LM_BOUNDED = -1005, LM_GONE = -1006, LM_BADMAPS = -1007 };
+       LM_BOUNDED = -1005, LM_GONE = -1006, LM_BADMAPS = -1007, LM_BIGMAPS = -1008 };
 enum { R_PREFIX = 1, R_NAME = 2, R_EXPECTED = 3 };              /* rule kinds */
 enum { OUT_VALUE = 1, OUT_EQUAL = 2, OUT_DIFFERS = 3 };         /* record kinds */
 /* info[]: why the call stopped before the last process (LM_NEED, -ENOBUFS, or 0), and for LM_NEED
@@ -79,6 +80,8 @@ static int lm_no_query; /* read maps even where PROCMAP_QUERY would do (ncclprob
 typedef struct { uint64_t addr; char* data; int64_t len; } lm_win;
 typedef struct { uint64_t addr; const char* orig; int64_t len; } lm_used;
 
+/* A whole maps file, up to LM_MAX_MAPS bytes (LM_BIGMAPS past it: a process can make its maps as large
+ * as it likes, with 65,530 mappings of files at paths of any length). */
 static int64_t read_all(int dfd, const char* name, char** buf) {
   int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return -errno;
@@ -86,6 +89,7 @@ static int64_t read_all(int dfd, const char* name, char** buf) {
   char* b = malloc(cap);
   for (;;) {
     if (!b) { close(fd); return -ENOMEM; }
+    if (len > LM_MAX_MAPS) { close(fd); free(b); return LM_BIGMAPS; }
     if (cap - len < 4096) { char* nb = realloc(b, cap *= 2); if (!nb) { free(b); b = NULL; continue; } b = nb; }
     ssize_t n = read(fd, b + len, cap - len);
     if (n < 0) { int e = errno; close(fd); free(b); return -e; }
@@ -441,7 +445,7 @@ static void describe(int64_t* info, int which, int is_static, const lm_row* r, c
   info[I_INODE] = (int64_t)r->inode;
   int64_t n = (int64_t)r->path_len < need_len ? (int64_t)r->path_len : need_len;
   memcpy(need_path, r->path, (size_t)n);
-  info[I_PATH_LEN] = n;
+  info[I_PATH_LEN] = (int64_t)r->path_len; /* the whole length: over need_len, only a part was copied */
 }
 
 /* The environ slot of pid: LM_NEED (an object Python has not resolved, in info), LM_NO_SLOT (neither
@@ -464,6 +468,9 @@ static int64_t locate(const lm_row* exe, const lm_row* libc, const lm_obj* objs,
     }
     if (!hit) {
       describe(info, w, is_static, r, need_path, need_len);
+      /* a path the caller's buffer cannot hold whole: ask for a larger one (a cut path would never
+       * match this row again, and the caller would resolve it again, for ever) */
+      if ((int64_t)r->path_len > need_len) return -ENAMETOOLONG;
       return LM_NEED;
     }
     if (hit->delta == INT64_MIN) {
@@ -589,8 +596,9 @@ static int64_t read_process(const char* base, const char* exe, const lm_obj* obj
  * status[ST_COUNT * i]; its records ({u8 kind, u32 name length, u32 value length, name, value}...)
  * at ST_OFF in out. Returns how many processes were read; it stops before the last one where
  * info[I_STOP] says why: LM_NEED (an object to resolve, in info and need_path: then call again from
- * that process, the object added to objs) or -ENOBUFS (out is full: call again from there with a
- * larger one). */
+ * that process, the object added to objs), -ENOBUFS (out is full: call again from there with a
+ * larger one) or -ENAMETOOLONG (the object's path, info[I_PATH_LEN] bytes, is longer than
+ * need_path: call again with one that holds it). */
 EXPORT int64_t ncclprobe_live_read_tree(const char* proc_root, const int32_t* pids, const char* const* exes,
                                         int32_t npids, const lm_obj* objs, int32_t nobjs, const char* obj_paths,
                                         const char* rules, int64_t rules_len, int32_t retries, char* out,
@@ -607,7 +615,7 @@ EXPORT int64_t ncclprobe_live_read_tree(const char* proc_root, const int32_t* pi
     int64_t mark = sink.used_out;
     int64_t rc = read_process(base, exes ? exes[i] : NULL, objs, nobjs, obj_paths, retries, &sink, st, info,
                               need_path, need_len);
-    if (rc == LM_NEED || rc == -ENOBUFS) {
+    if (rc == LM_NEED || rc == -ENOBUFS || rc == -ENAMETOOLONG) {
       sink.used_out = mark;
       info[I_STOP] = rc;
       return i;

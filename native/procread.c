@@ -48,6 +48,14 @@ enum { M_NONE, M_QUERY, M_READ }; /* O_MAPS_HOW: how its maps rows were read */
 enum { R_TREE, R_EXCLUDED, R_ANCESTOR, R_KNOWN };
 enum { MODE_READ_MAPS = 1, MODE_WATCH = 2 }; /* tree_walk: read maps files always; the watch's walk */
 #define PR_OUT (O_KINDS + 4 * K_COUNT)
+/* What one file may hold before it is refused with EFBIG (procs.Reader keeps the same caps): stat is
+ * one short record; cmdline and environ are at most ARG_MAX at exec (6 MiB since Linux 4.13) unless
+ * rewritten through prctl(PR_SET_MM); maps rows are bounded by vm.max_map_count (65530 by default).
+ * A hostile or fake /proc file can claim any size (a sparse file): the cap bounds time and memory. */
+#define PR_MAX_RECORD (1 << 20)
+#define PR_MAX_FILE (32 << 20)
+#define PR_MAX_ROWS 65536 /* maps rows kept (executable or shared file mappings), segments merged */
+#define PR_MAX_INODE_DIGITS 20 /* 2^64 - 1 */
 
 typedef struct {
   uint64_t hash;
@@ -133,15 +141,18 @@ static int intern(pr_reader* r, int kind, const char* p, int64_t n, int32_t* num
 
 /* Appends the file to out. `whole`: the kernel fills these in one call (stat: one-record seq_file;
  * cmdline, environ: fs/proc/base.c loops until done), so a short read is the end; maps and children
- * are multi-record seq_files that stop at a page, read to 0. ENOBUFS: out is too small. */
-static int append_file(int dfd, const char* name, pr_out* out, int whole) {
+ * are multi-record seq_files that stop at a page, read to 0. ENOBUFS: out is too small; EFBIG: the
+ * file holds more than `limit` bytes (nothing of it is kept: the caller resets out->used). */
+static int append_file(int dfd, const char* name, pr_out* out, int whole, int64_t limit) {
   int fd = openat(dfd, name, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
   if (fd < 0) return errno;
   int err = 0;
+  int64_t got = 0;
   for (;;) {
     int64_t room = out->cap - out->used;
+    if (room > limit + 1 - got) room = limit + 1 - got; /* one byte past the cap tells it is exceeded */
     if (room <= 0) {
-      err = ENOBUFS;
+      err = got > limit ? EFBIG : ENOBUFS;
       break;
     }
     ssize_t n = read(fd, out->buf + out->used, (size_t)room);
@@ -152,6 +163,11 @@ static int append_file(int dfd, const char* name, pr_out* out, int whole) {
     }
     if (n == 0) break;
     out->used += n;
+    got += n;
+    if (got > limit) {
+      err = EFBIG;
+      break;
+    }
     if (whole && n < room) break;
   }
   close(fd);
@@ -174,7 +190,7 @@ static int append_children(int dfd, int64_t pid, int64_t threads, pr_out* out) {
   char name[64];
   if (threads <= 1) {
     snprintf(name, sizeof name, "task/%lld/children", (long long)pid);
-    return append_file(dfd, name, out, 0);
+    return append_file(dfd, name, out, 0, PR_MAX_FILE);
   }
   int tfd = openat(dfd, "task", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (tfd < 0) return errno;
@@ -190,7 +206,7 @@ static int append_children(int dfd, int64_t pid, int64_t threads, pr_out* out) {
     if (de->d_name[0] < '0' || de->d_name[0] > '9') continue;
     snprintf(name, sizeof name, "%.32s/children", de->d_name);
     int64_t before = out->used;
-    err = append_file(dirfd(dir), name, out, 0);
+    err = append_file(dirfd(dir), name, out, 0, PR_MAX_FILE);
     if (err == ENOENT || err == ESRCH) { /* the thread exited since the listing: no children */
       out->used = before;
       err = 0;
@@ -222,11 +238,11 @@ static int line_cmp(const void* a, const void* b) { /* as Python compares bytes 
  * differ between processes that map the same files (ASLR), so does the order of the libraries, and
  * the column padding follows the address width; what is left is the same for them. In place: the
  * output never runs ahead of the input. procs.normalise_maps does the same in Python (without
- * merging segments) and procs.parse_rows reads both. ENOMEM: -1. */
+ * merging segments) and procs.parse_rows reads both. -ENOMEM, or -EFBIG: more than PR_MAX_ROWS rows. */
 static int64_t normalise_maps(char* s, int64_t n) { return sort_rows(s, filter_maps(s, n)); }
 
 /* The rows in s (len bytes, each ending in a newline) in byte order, each once; the new length.
- * ENOMEM: -1. */
+ * -ENOMEM, or -EFBIG: more than PR_MAX_ROWS rows (no process maps that many files). */
 static int64_t sort_rows(char* s, int64_t len) {
   size_t lines = 0;
   for (int64_t i = 0; i < len; i++) lines += s[i] == '\n';
@@ -236,7 +252,7 @@ static int64_t sort_rows(char* s, int64_t len) {
   if (!v || !copy) {
     free(v);
     free(copy);
-    return -1;
+    return -ENOMEM;
   }
   memcpy(copy, s, (size_t)len);
   size_t k = 0;
@@ -247,14 +263,16 @@ static int64_t sort_rows(char* s, int64_t len) {
   }
   qsort(v, lines, sizeof *v, line_cmp);
   char* w = s;
+  size_t kept = 0;
   for (k = 0; k < lines; k++) {
     if (k && !line_cmp(&v[k], &v[k - 1])) continue; /* the same row again (another segment) */
     memcpy(w, v[k].p, v[k].n);
     w += v[k].n;
+    kept++;
   }
   free(v);
   free(copy);
-  return w - s;
+  return kept > PR_MAX_ROWS ? -EFBIG : w - s;
 }
 
 /* The executable or shared file-backed rows, as normalise_maps wants them, in their order;
@@ -281,9 +299,11 @@ static int64_t filter_maps(char* s, int64_t n) {
     char* ie = ino;
     while (ie < eol && *ie >= '0' && *ie <= '9') ie++;
     if (ie == ino || (ie - ino == 1 && *ino == '0')) goto skip; /* no inode: anonymous */
+    if (ie - ino > PR_MAX_INODE_DIGITS) goto skip; /* not an inode number (procs.parse_rows agrees) */
     char* path = ie;
     while (path < eol && *path == ' ') path++;
     if (path == ie || path >= eol || *path != '/') goto skip;
+    if (memchr(path, '\0', (size_t)(eol - path))) goto skip; /* a kernel path never holds a NUL */
     size_t dev_len = (size_t)(r - dev), ino_len = (size_t)(ie - ino), path_len = (size_t)(eol - path);
     size_t len = dev_len + 1 + ino_len + 1 + path_len;
     if (last && len == last_len && !memcmp(last, dev, dev_len) && !memcmp(last + dev_len + 1, ino, ino_len) &&
@@ -355,6 +375,10 @@ static int append_maps_query(int dfd, pr_out* o) {
       int n = snprintf(row, sizeof row, "%c%c%c%c %02x:%02x %llu ", q.vma_flags & Q_READABLE ? 'r' : '-',
                        q.vma_flags & Q_WRITABLE ? 'w' : '-', q.vma_flags & Q_EXECUTABLE ? 'x' : '-',
                        q.vma_flags & Q_SHARED ? 's' : 'p', q.dev_major, q.dev_minor, (unsigned long long)q.inode);
+      if (o->used - start > PR_MAX_FILE) {
+        err = EFBIG;
+        break;
+      }
       if (!(err = append_row(o, row, (size_t)n))) {
         size_t bound = q.vma_name_size ? q.vma_name_size - 1 : 0; /* the name and its NUL */
         for (size_t c = 0; c < bound && name[c] && !err; c++) /* maps escapes a newline (seq_path) */
@@ -367,7 +391,7 @@ static int append_maps_query(int dfd, pr_out* o) {
   close(fd);
   if (!err) {
     int64_t len = sort_rows(o->buf + start, o->used - start);
-    if (len < 0) err = ENOMEM;
+    if (len < 0) err = (int)-len;
     else o->used = start + len;
   }
   return err;
@@ -425,7 +449,7 @@ static int read_one(pr_reader* r, int pid, int role, int watch, pr_out* o, int64
   }
   int64_t mark = o->used;
   int64_t at[K_COUNT], len[K_COUNT]; /* where each kind's bytes are in buf, before numbering */
-  int err = append_file(dfd, "stat", o, 1);
+  int err = append_file(dfd, "stat", o, 1, PR_MAX_RECORD);
   if (!err) err = parse_stat(o->buf + mark, o->used - mark, out, &at[K_COMM], &len[K_COMM]);
   if (err) {
     close(dfd);
@@ -465,8 +489,8 @@ static int read_one(pr_reader* r, int pid, int role, int watch, pr_out* o, int64
       case K_EXE: e = append_link(dfd, "exe", o); break;
       case K_ROOT: e = append_link(dfd, "root", o); break;
       case K_MNT: e = append_link(dfd, "ns/mnt", o); break;
-      case K_CMDLINE: e = append_file(dfd, "cmdline", o, 1); break;
-      case K_ENVIRON: e = no_mm ? ENOENT : above ? 0 : append_file(dfd, "environ", o, 1); break;
+      case K_CMDLINE: e = append_file(dfd, "cmdline", o, 1, PR_MAX_FILE); break;
+      case K_ENVIRON: e = no_mm ? ENOENT : above ? 0 : append_file(dfd, "environ", o, 1, PR_MAX_FILE); break;
       case K_MAPS:
         if (no_mm || above) {
           e = no_mm ? ENOENT : 0;
@@ -480,14 +504,15 @@ static int read_one(pr_reader* r, int pid, int role, int watch, pr_out* o, int64
           r->no_query |= e != ENAMETOOLONG;
           out[O_MAPS_HOW] = M_READ;
           o->used = start;
-          e = append_file(dfd, "maps", o, 0);
+          e = append_file(dfd, "maps", o, 0, PR_MAX_FILE);
           int64_t kept = e ? 0 : normalise_maps(o->buf + start, o->used - start);
-          if (kept < 0) {
+          if (kept == -ENOMEM) {
             close(dfd);
             o->used = mark;
             return ENOMEM;
           }
-          if (!e) o->used = start + kept;
+          if (kept < 0) e = (int)-kept; /* EFBIG: more rows than a process maps */
+          else if (!e) o->used = start + kept;
         }
         break;
       default: e = above ? 0 : append_children(dfd, out[O_PID], out[O_THREADS], o); break;

@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ncclprobe import toplevel
+from ncclprobe import about
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -18,12 +18,19 @@ def _version() -> str:
 
 
 def _emit(result, as_json: bool, strict: bool = False, code: int | None = None):
+    _print(result, as_json)
+    sys.exit(result.exit_code(strict) if code is None else code)
+
+
+def _print(result, as_json: bool) -> None:
+    """The result on stdout; a reader that went away (`| head`) is stdstreams' to absorb, so the exit
+    code that follows is the command's own."""
     from ncclprobe import render
     if as_json:
         render.render_json(result)
     else:
         render.render_text(result)
-    sys.exit(result.exit_code(strict) if code is None else code)
+    sys.stdout.flush()
 
 
 def _unexaminable(exc, command: str, as_json: bool):
@@ -61,10 +68,10 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print the re
 strict_option = click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
 
 
-@click.group(context_settings=CONTEXT, help=f"{toplevel.ABOUT}\n\n\b\n{toplevel.EXIT_CODES}\n\n{toplevel.OUTPUT}")
+@click.group(context_settings=CONTEXT, help=f"{about.ABOUT}\n\n{about.EXIT_CODES}\n\n{about.OUTPUT}")
 @click.version_option(version=None, package_name="ncclprobe", message="ncclprobe %(version)s")
 def main():
-    pass  # the group: its help is toplevel's, which answers `ncclprobe --help` without click
+    pass  # the group: its words are about.py's, which toplevel also prints for `ncclprobe --help` without click
 
 
 @main.command(context_settings=CONTEXT)
@@ -145,20 +152,17 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
         as_json, strict, cmd):
     """Run CMD with the probes wired in, then print the report.
 
-    \b
     Exit code: CMD's own when it is not 0 (128+N when killed by signal N); when CMD exits 0, 1 if
     the report has error-level findings (--strict: warnings too), else 0; 127 when CMD is not found
     and 126 when it cannot be executed, as in a shell (no log directory is left then, unless --dir).
     Options after CMD's first word are CMD's.
 
-    \b
     Signals: the first SIGINT/SIGTERM/SIGHUP/SIGQUIT goes to CMD's process group; whatever of CMD's
     tree still runs 5 s later (NCCLPROBE_RUN_GRACE_S) gets SIGTERM, then SIGKILL after 5 s more;
     each further signal takes the next step at once. The whole tree is ended, processes that left
     CMD's session included, and so is what CMD leaves behind when a signal kills it. After a normal
     exit, what CMD left running stays running and is listed in the report.
 
-    \b
     While CMD runs, its tree is watched from /proc every 0.5 s (NCCLPROBE_WATCH_S; 0: off): each
     process, Python or not, is recorded once in the log directory with its parent and the watched
     part of its exec-time environment. With --live, each process is also read from its memory when
@@ -168,7 +172,6 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
     changed, so a write is dated between two reads. --live needs ptrace access to the processes
     (same user, or root) and the watch (off with NCCLPROBE_WATCH_S=0).
 
-    \b
     The profiler plugin counts every communicator's collectives (function, algorithm, protocol,
     channels, size, and launch: eager, captured into a CUDA graph, replayed from one) and writes
     them every 5 s (NCCLPROBE_FLUSH_S), at teardown and at exit: a killed job loses at most the
@@ -177,8 +180,6 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
     \b
     Example: ncclprobe run --set NCCL_PROTO=LL -- python serve.py --tp 8
     """
-    import errno
-    import os
     from ncclprobe.commands import launch, profile as profile_mod
     from ncclprobe import render
     given = _guarded("run", as_json, profile_mod.from_cli, sets, defaults, [])
@@ -195,37 +196,30 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
             sys.exit(exc.code)
         result, quiet = exc.result(), False  # --quiet leaves out the report, never the error
     code = result.exit_code(strict)
-    if quiet or sys.stdout is None:  # None: stdout was closed when Python started (`>&-`)
-        sys.exit(code)
-    try:  # a reader that went away (`| head`) or a hung-up terminal must not change the exit code
-        if as_json:
-            render.render_json(result)
-        else:
-            render.render_text(result)
-        sys.stdout.flush()
-    except SystemExit:  # rich's Console.on_broken_pipe: stdout is /dev/null now, and exit 1 is not CMD's
-        pass
-    except OSError as exc:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's docs, "Note on SIGPIPE"
-        if exc.errno != errno.EPIPE:
-            click.echo(f"ncclprobe run: could not print the report: {exc.strerror or exc}", err=True)
+    if not quiet:
+        _print(result, as_json)  # a closed stdout (`>&-`, `| head`, a hung-up terminal) keeps CMD's code
     sys.exit(code)
 
 
 @main.command(context_settings=CONTEXT)
-@click.argument("dirs", nargs=-1)
+@click.argument("dirs", nargs=-1, metavar="[DIR|NCCL_LOG]...")
 @click.option("--nccl-log", "nccl_logs", multiple=True, help="Also read this NCCL_DEBUG=INFO log (repeatable).")
 @click.option("--expect", "expects", multiple=True, metavar="K=V", help="Expected value of a variable (repeatable).")
 @json_option
 @strict_option
 def report(dirs, nccl_logs, expects, as_json, strict):
     """Per process and per communicator: what NCCL got, read and ran, from one or more log
-    directories (several hosts' directories merge)."""
+    directories (several hosts' directories merge).
+
+    An argument that is a file, not a directory, is read as an NCCL_DEBUG=INFO log, as --nccl-log
+    reads it; one with no NCCL log line in it is an error (exit 3)."""
     if not dirs and not nccl_logs:
         raise click.UsageError("give at least one log directory, or --nccl-log FILE")
+    import os
+    files = [d for d in dirs if os.path.exists(d) and not os.path.isdir(d)]  # `report nccl.log`: as --nccl-log
     from ncclprobe.commands import report as report_mod
-    result = _guarded("report", as_json, report_mod.build_report, list(dirs), nccl_logs=list(nccl_logs),
-                      expect=_assignments(expects, "--expect"))
+    result = _guarded("report", as_json, report_mod.build_report, [d for d in dirs if d not in files],
+                      nccl_logs=[*nccl_logs, *files], expect=_assignments(expects, "--expect"))
     _emit(result, as_json, strict)
 
 
@@ -296,12 +290,12 @@ def explain(var, list_all, as_json):
     """What NCCL does with VAR: cached per process or re-read per communicator, default, values.
 
     A VAR the catalog does not know is a usage error (exit 2), with the nearest known names."""
-    from ncclprobe.model import catalog
+    from ncclprobe.commands import explain as explain_mod
     if not var and not list_all:
         raise click.UsageError("give a variable name or --list")
     if var and list_all:
         raise click.UsageError(f"give a variable name or --list, not both ({var} and --list)")
-    result = catalog.explain_list() if list_all else catalog.explain(var)
+    result = explain_mod.explain_list() if list_all else explain_mod.explain(var)
     error = result.data.get("error")
     if error and not as_json:  # an unknown name is a usage error (exit 2): on stderr, with the nearest names
         raise click.UsageError(error["message"])
@@ -363,7 +357,6 @@ def bench(as_json, **opts):
     rows go to stderr. Progress is on stderr. On --backend gloo only NCCL's defaults run (NCCL
     variables cannot change gloo) unless --proto, --algo or --config ask for more.
 
-    \b
     Exit codes: 0 measured, no error-level finding; 1 error-level findings; 2 usage error;
     3 nothing could be measured (no torch, no GPU, every configuration failed); 130 Ctrl-C (what was
     measured is printed, and with --json written with "incomplete": true).
@@ -403,6 +396,8 @@ def run_cli(argv: list[str] | None = None) -> None:
     """The console entry point past --help: usage errors exit 2, as JSON under --json (error.reason
     "usage_error"), as click's message otherwise."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    from ncclprobe import stdstreams
+    stdstreams.guard()  # toplevel did it already; `python -m ncclprobe.cli` comes here first
     try:
         code = main.main(args=argv, prog_name="ncclprobe", standalone_mode=False)
     except click.UsageError as exc:

@@ -1,7 +1,9 @@
 """What commands return: a Result with JSON data and a small document that render.py draws.
 
 The core never formats for a terminal; it describes what to show (titles, tables, trees, notes) and
-render.py, the only rich importer, turns that into a terminal view or plain text.
+render.py, the only rich importer, turns that into a terminal view or plain text. A Result holds
+diagnose's findings, so this module sits above diagnose/ and model/: they return data and never import
+it; the commands (and bench, demo, topo) build the document (tests/test_imports.py keeps it so).
 """
 from __future__ import annotations
 

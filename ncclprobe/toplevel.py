@@ -1,7 +1,7 @@
 """The console entry point. `ncclprobe -h` / `--help` is answered here, without click: importing
 click alone costs three to four interpreter starts (it imports `inspect`, `typing`, `enum`, ...), and
 the top-level help should cost about one. Everything else goes to cli.py, the click command line.
-cli.py takes the description and each command's summary from here (tests/test_cli_toplevel.py checks
+Both take the description and each command's summary from about.py (tests/test_cli_toplevel.py checks
 that every command is listed, with the first sentence of its own help).
 """
 from __future__ import annotations
@@ -9,26 +9,9 @@ from __future__ import annotations
 import os
 import sys
 
-ABOUT = ("Which NCCL tuning each communicator of a running multi-process GPU server actually got, where each "
-         "value came from, what NCCL then ran, and which setting is worth having here.")
-EXIT_CODES = ("Exit codes: 0 nothing at error level; 1 error-level findings (--strict: warnings too);\n"
-              "2 usage error; 3 the target could not be examined.")
-OUTPUT = ("Output: the verdict first, then one finding per cause, then the details; as wide as the "
-          "terminal, or COLUMNS (else 100) when piped; --json on every command (schema ncclprobe/1).")
-# command -> the first sentence of its help
-COMMANDS = {
-    "bench": "All-reduce latency per NCCL configuration on this machine, with nccl-tests semantics; each "
-             "configuration in a fresh set of worker processes.",
-    "demo": "Replay the 'did my workers get NCCL_PROTO=LL?' story on a miniature server and diagnose it.",
-    "explain": "What NCCL does with VAR: cached per process or re-read per communicator, default, values.",
-    "inject": "Install a persistent boot probe into a Python interpreter's site-packages.",
-    "inspect": "The exec-time view of the process tree under each PID: environment, NCCL libraries, GPUs, "
-               "nccl.conf files, and where that view cannot be trusted.",
-    "report": "Per process and per communicator: what NCCL got, read and ran, from one or more log directories "
-              "(several hosts' directories merge).",
-    "run": "Run CMD with the probes wired in, then print the report.",
-    "topo": "The GPU interconnect as NCCL will see it (NVML): links, P2P status, PCIe, NUMA.",
-}
+from ncclprobe import stdstreams
+from ncclprobe.about import ABOUT, COMMANDS, EXIT_CODES, OUTPUT
+
 OPTIONS = (("--version", "Show the version and exit."), ("-h, --help", "Show this message and exit."))
 
 
@@ -53,7 +36,7 @@ def help_text(columns: int | None = None) -> str:
     w = width(columns)
     out = ["Usage: ncclprobe [OPTIONS] COMMAND [ARGS]...", ""]
     out += [f"  {line}" for line in _wrap(ABOUT, w - 2)]
-    out += ["", *(f"  {line}" for line in EXIT_CODES.splitlines()), ""]
+    out += ["", *(f"  {line}" for line in _wrap(EXIT_CODES, w - 2)), ""]
     out += [f"  {line}" for line in _wrap(OUTPUT, w - 2)]
     out += ["", "Options:"]
     out += _table(OPTIONS, w)
@@ -88,6 +71,7 @@ def _wrap(text: str, w: int) -> list[str]:
 
 
 def main() -> None:
+    stdstreams.guard()  # a reader that goes away never changes the exit code (stdstreams.py)
     if sys.argv[1:] in (["-h"], ["--help"]):
         sys.stdout.write(help_text())
         sys.stdout.flush()

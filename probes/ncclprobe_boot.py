@@ -39,13 +39,24 @@ import time
 import _weakref
 
 # Same set as ncclprobe/model/watched.py (tests/test_boot_profile.py checks they agree); nothing else is
-# ever logged. SECRET_MARKERS too (tests/test_secrets.py): names holding one look like secrets.
+# ever logged. SECRET_MARKERS and SECRET_ENDINGS too (tests/test_secrets.py): what makes a name look secret.
 WATCHED_PREFIXES = ("NCCL_", "TORCH_NCCL_", "NCCLPROBE_")
 WATCHED_NAMES = frozenset(("TORCH_DISTRIBUTED_DEBUG", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PYTHONPATH",
                            "SGLANG_NCCL_SO_PATH", "VLLM_NCCL_SO_PATH"))
-SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH", "PRIVATE")
-# What makes start() load redact_argv: a secret-looking name, or the "@" of credentials in a URL.
-_ARGV_HINTS = SECRET_MARKERS + ("@",)
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", "CREDENTIAL", "AUTH", "PRIVATE",
+                  "COOKIE")
+# Endings that make a name secret-looking only at its end (DB_PASS, SSHPASS, GITHUB_PAT, MYSQL_PWD, --db-pass):
+# PASS_THROUGH, PATH and PWD (the working directory) are no secrets.
+SECRET_ENDINGS = ("PASS", "_PAT", "-PAT", "_PWD", "-PWD")
+# What makes start() load redact_argv (in "\0".join(argv).upper()): any place a rule of redact_argv starts
+# from (a secret-looking name, the "@" of a URL's credentials, a known token's prefix, a program with password
+# options; a name ending with PASS and a short program's name followed by what ends a word: `python -c pass`
+# loads nothing).
+_ARGV_HINTS = ("@", "TOKEN", "SECRET", "PASSW", "PASSP", "PASS=", "PASS:", "PASS'", 'PASS"', "PASS ", "PASS\0",
+               "PASS\t", "PASS\n", "KEY", "CREDENTIAL", "AUTH", "PRIVATE", "COOKIE", "_PAT", "-PAT", "_PWD", "-PWD",
+               "-USER", "EYJ", "GHP_", "GHO_", "GHU_", "GHS_", "GHR_", "GLPAT", "HF_", "SK-", "XOX", "NPM_", "PYPI-",
+               "LOGIN", "MYSQL", "MARIADB", "MONGO", "REDIS", "SQLCMD", "LDAP", "TWINE", "OPENSSL", "CURL",
+               "PUT-PARAMETER", "BCP", "7Z", "ZIP\0", "ZIP ", "RAR\0", "RAR ")
 # Watched entries of an environment block (NUL first, "NAME=VALUE" entries NUL-separated, NUL last) are
 # found with bytes.find: a prefix matches at the start of an entry only, a name is followed by '='.
 # Every prefix contains "NCCL": one test rules them all out, usually. (The two lists above, as bytes.)
@@ -992,9 +1003,16 @@ def _getenv(name):
 
 
 def _secretish(name):
+    """Whether a name (a variable, an option, a key of code or JSON, a header) looks like it holds a secret."""
     upper = name.upper()
+    if upper.endswith(SECRET_ENDINGS):
+        return True
     if "AUTHOR" in upper:  # GIT_AUTHOR_NAME and --author hold no secret; AUTHORIZATION does
         upper = upper.replace("AUTHORIZ", "AUTHIZ").replace("AUTHORIS", "AUTHIS").replace("AUTHOR", "/")
+    if "TOKEN" in upper:  # a tokenizer (a model's name) and a count of tokens (--max-num-batched-tokens) neither
+        upper = upper.replace("TOKENIZ", "/")
+        if upper.endswith("TOKENS") and _COUNT_WORDS.intersection(upper.replace("-", "_").split("_")):
+            upper = upper[:-6]
     for marker in SECRET_MARKERS:
         if marker in upper:
             return True
@@ -1002,76 +1020,588 @@ def _secretish(name):
 
 
 REDACTED = "<redacted>"
-# A word as a shell splits it (quotes kept); a NAME=VALUE assignment anywhere in a word (`env X=1`,
-# `--env=X=1`, `a;X=1`); the password of a URL's user:password@ (up to the authority's last '@').
-_WORD = r"""(?:[^\s"']+|"[^"]*"|'[^']*')+"""
-_ASSIGN = r"""(?<![\w-])([A-Za-z_][A-Za-z0-9_]*)=((?:[^\s"']+|"[^"]*"|'[^']*')*)"""
-_URL_PASSWORD = r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)[^\s/]*@"
-# a quoted secret-looking key and its quoted value, as code writes them (`os.environ['HF_TOKEN'] = 'x'`,
-# `setenv("API_KEY", "x")`, `{"password": "x"}`), in a `python -c` script or a shell command
-_QUOTED = r"""(['"])([A-Za-z_][A-Za-z0-9_-]*)\1(\s*(?:\]\s*=|:|,)\s*)(['"])((?:(?!\4)[^\\]|\\.)*)\4"""
+# What a redaction budget did not afford is never shown, and says so: "<not scanned: N chars>".
+UNSCANNED = "<not scanned: %d chars>"
+# The probe's redaction reads at most ARGV_SCAN characters of a command line and starts at most
+# ARGV_SCAN // _PLACE rules (at places where a name, a URL, a token or a program's word begins): about
+# a millisecond on any argv (an ordinary command line has a handful of places, and is read whole).
+ARGV_SCAN = 16384
+_PLACE = 128
+_COUNT_WORDS = frozenset(("MAX", "MIN", "NUM"))
+_NO_DIGITS = dict.fromkeys(range(48, 58))
+_NAME = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
+_KEY = _NAME + "-."   # a name as options, code, JSON and headers spell it: --api-key, db.password, X-Api-Key
+_TOKEN = _NAME + "-"  # base64url
+_SCHEME = _NAME + "+.-"
+_BLANK = (" ", "\t", "\n")  # what separates the words of a shell command
+_QUOTES = ("'", '"')
+# Where a place of each kind starts (in the upper-cased text): a name that may be secret-looking, an
+# option with a user:password or proxy value, and a program that has password options.
+_NAME_HINTS = ("TOKEN", "SECRET", "PASS", "KEY", "CREDENTIAL", "AUTH", "PRIVATE", "COOKIE", "PAT", "PWD", "-USER",
+               "PROXY")
+_TOOL_HINTS = ("LOGIN", "MYSQL", "MARIADB", "MONGO", "SSHPASS", "REDIS", "VALKEY", "KEYDB", "SQLCMD", "LDAP", "TWINE",
+               "OPENSSL", "CURL", "SECRET", "PUT-PARAMETER", "AUTHTOKEN", "BCP", "7Z", "ZIP ", "RAR ")
+# Well-known token shapes, whatever holds them (20+ characters with a digit): GitHub, GitLab, Hugging Face,
+# OpenAI-style, Slack, npm and PyPI tokens, and JSON Web Tokens (three base64url parts).
+_TOKEN_PREFIXES = ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_", "glpat-", "hf_", "sk-", "xoxb-", "xoxp-",
+                   "xoxa-", "xoxe-", "npm_", "pypi-", "eyJ")
+_TOKEN_FAMILIES = ("gh", "glpat-", "hf_", "sk-", "xox", "npm_", "pypi-", "eyJ")  # their starts, one search each
+# A header or `key: value` starts after one of these (not inside a URL: "https://key:pw@host")
+_BEFORE_KEY = ("", " ", "\t", "\n", "'", '"', "=", ",", ";", "{", "(", "[")
+# `aws configure set NAME VALUE`, `npm config set NAME VALUE`, `git config --global NAME VALUE`
+_SETTERS = ("set", "config", "--global", "--local", "--system")
+_SEPARATORS = (";", "&&", "||", "|", "&")  # what follows is another program
+# Programs with password options their names do not give away: program -> (the subcommand they need,
+# () for none; the options whose value is a password, () for the first argument after the subcommand).
+# mysql's -p takes an attached password only (-pPW): after a separate -p it prompts, the next word is a database
+# (7z and rar: a separate -p prompts too).
+_TOOLS = {}
+for _names, _entry in (
+        ("mysql mysqldump mysqladmin mysqlimport mysqlshow mysqlcheck mysqlpump mariadb mariadb-dump mariadb-admin",
+         ((), ("-p",))),
+        ("docker podman nerdctl buildah skopeo helm oras crane az", (("login",), ("-p",))),
+        ("mongo mongosh mongodump mongorestore mongoexport mongoimport mongostat mongotop mongofiles twine sshpass",
+         ((), ("-p",))),
+        ("redis-cli valkey-cli keydb-cli", ((), ("-a",))),
+        ("sqlcmd bcp", ((), ("-P",))),
+        ("ldapsearch ldapadd ldapmodify ldapdelete ldapwhoami ldappasswd ldapcompare ldapmodrdn", ((), ("-w",))),
+        ("openssl", (("enc",), ("-k",))),
+        ("curl", ((), ("-b",))),
+        ("zip unzip", ((), ("-P",))),
+        ("7z 7za 7zr rar unrar", ((), ("-p",))),
+        ("gh", (("secret",), ("-b", "--body"))),
+        ("aws", (("put-parameter",), ("--value",))),
+        ("wandb vault", (("login",), ())),
+        ("ngrok", (("authtoken", "add-authtoken"), ()))):
+    _TOOLS.update(dict.fromkeys(_names.split(), _entry))
+del _names, _entry
+_ATTACHED_ONLY = frozenset(n for n in _TOOLS if n.startswith(("mysql", "mariadb", "7z")) or n.endswith("rar"))
+_CURL_USERPASS = ("-u", "-U", "-E", "--cert")  # user:password, and a certificate's file:password
 
 
-def redact_argv(argv):
-    """argv with its secrets replaced by <redacted>, the one rule of this probe and of ncclprobe's
-    inspect, run and report: the value of a secret-looking option (`--hf-token=X`, `--api-key X`)
-    or assignment (`HF_TOKEN=X`; watched variables are no secrets), also as words of a shell
-    command (`sh -c '... --api-key X'`), and the password of a URL (`postgres://user:PW@host`)."""
-    argv = list(argv)
-    joined = "\0".join(argv)
-    if "@" not in joined and not _secretish(joined):  # nothing that looks like a secret anywhere
-        return argv
-    import re  # here only: an interpreter's start never needs it
-    out, hide = [], False
-    for a in argv:
-        if hide and not _long_option(a):  # the value of `--api-key X`, whatever it holds
-            out.append(REDACTED)
-            hide = False
-        elif a.split(None, 1) == [a]:  # one word
-            a, hide = _redact_word(a, False)
-            out.append(a)
-        else:  # a shell command (or a value with spaces): its words, redacted alike
-            parts, last, hide_word = [], 0, False
-            for m in re.finditer(_WORD, a):
-                word, hide_word = _redact_word(m.group(0), hide_word)
-                parts += (a[last:m.start()], word)
-                last = m.end()
-            out.append("".join(parts) + a[last:])
-            hide = False
-    return [re.sub(_QUOTED, _redact_quoted, a) if "'" in a or '"' in a else a for a in out]
+def redact_argv(argv, limit=ARGV_SCAN):
+    """argv with its secrets replaced by <redacted>: the one rule of this probe and of ncclprobe's inspect,
+    run and report, for command lines and environment values alike:
+      - the value of a secret-looking option (`--hf-token=X`, `--api-key X`, `--db-pass X`), assignment
+        (`HF_TOKEN=X`, `password=X` of a connection string, `api_key = 'X'`), `key: X` line or header
+        (`-H "Authorization: Bearer X"`), and quoted key in code or JSON (`os.environ['HF_TOKEN'] = 'X'`,
+        `{"password": "X"}`), also inside a shell command (`sh -c '... --api-key X'`); watched
+        variables are no secrets;
+      - a URL's password (`postgres://user:PW@host`; PW may hold '/', ':' and '@'), a token used as its
+        user name (`https://ghp_...@github.com`), the password of `--user u:X`, `--proxy u:X@host`;
+      - the password options of known programs (`mysql -pX`, `docker login -p X`, `curl -u u:X`,
+        `redis-cli -a X`, ...), PEM private keys, and well-known token shapes (ghp_..., hf_..., JWTs).
+    Linear in what it reads. With a `limit` (the probe's: ARGV_SCAN), it reads at most `limit` characters
+    and starts at most limit // _PLACE rules; what it did not read is shown as UNSCANNED."""
+    scan = _Scan(limit)
+    return [scan.element(a) for a in argv]
 
 
-def _redact_word(w, hide):
-    """(w redacted, whether the next word is the value of a secret-looking option)."""
-    import re
-    if hide and not _long_option(w):
-        return REDACTED, False
-    if w.startswith("-"):
+class _Scan:
+    """One command line's redaction: the budget left, the option waiting for its value in the next
+    argument, the program whose options are being read; and the argument being read (s)."""
+
+    def __init__(self, limit):
+        self.chars = limit
+        self.places = None if limit is None else limit // _PLACE
+        self.pending = None       # what the next argument is: "hide", "userpass", "proxy" (an option before it)
+        self.tool_pending = None  # the same, for the option of a program (or its "arg": first argument)
+        self.tool = None          # a program of _TOOLS, while its options are read
+        self.sub = False          # its subcommand was seen
+        self.last = ""            # the last word of the argument before
+        self.s = self.upper = ""
+        self.next = None          # _finder of the pass running over s (each pass reads from the start)
+
+    def element(self, a):
+        a, left_out = self._within_chars(a)
+        if a is None:
+            return UNSCANNED % left_out
+        pending = self.pending or self.tool_pending
+        self.pending = None
+        spans = []
+        if pending is not None and not (pending in ("hide", "arg") and _long_option(a)):
+            self.tool_pending = None
+            _value_spans(pending, a, 0, len(a), spans)  # the value of the option before it, whole
+        else:
+            upper = a.upper()
+            words = _any_in(a, _BLANK) and (self.tool is not None or _any_in(upper, _TOOL_HINTS))
+            places = _places(a, upper, words)
+            if self.places is not None and places[-1] > self.places:
+                a, more = self._within_places(a, words, places[-1])
+                if a is None:
+                    return UNSCANNED % (left_out + more)
+                left_out += more
+                upper = a.upper()
+                places = _places(a, upper, words)
+            if self.places is not None:
+                self.places -= places[-1]
+            self._rules(a, upper, places, spans)
+            if words or self.tool is not None or a.rsplit("/", 1)[-1] in _TOOLS:
+                self._tool_words(a, spans)
+        self.last = (a.rsplit(None, 1) or [""])[-1]
+        out = _apply(a, spans)
+        return out + UNSCANNED % left_out if left_out else out
+
+    def _within_chars(self, a):
+        """(a, 0), or a cut to the characters left (_cut)."""
+        if self.chars is None or len(a) <= self.chars:
+            self.chars = None if self.chars is None else self.chars - len(a)
+            return a, 0
+        return self._cut(a, self.chars)
+
+    def _within_places(self, a, words, places):
+        """a cut to the places left (_cut), places being how many a holds."""
+        n = len(a) * self.places // places
+        while n > 0 and _places(a[:n], a[:n].upper(), words)[-1] > self.places:
+            n //= 2
+        return self._cut(a, n)
+
+    def _cut(self, a, n):
+        """(a cut at its last blank before a[n], or None if it has none there; how many characters are
+        left out). A cut word may hold the start of a secret: it is left out whole. The budget is spent."""
+        n = max(a.rfind(" ", 0, n), a.rfind("\t", 0, n), a.rfind("\n", 0, n))
+        self.chars = self.places = 0
+        return (a[:n], len(a) - n) if n > 0 else (None, len(a))
+
+    def _rules(self, s, upper, places, spans):
+        """The rules that start at a place of s: names, URLs, token shapes, PEM keys."""
+        names, tokens, urls, pem, _ = places
+        self.s, self.upper = s, upper
+        if names:
+            self.next = _finder(s)
+            self._names(names, spans)
+        if urls:
+            self.next = _finder(s)
+            self._urls(spans)
+        if tokens:
+            _token_shapes(s, tokens, spans)
+        if pem:
+            _pem_keys(s, spans)
+
+    # ------------------------------------------------------------------ programs and their options
+
+    def _tool_words(self, a, spans):
+        """The options of programs in _TOOLS (mysql -pX, docker login -p X, curl -u u:X, wandb login X)."""
+        words = _words(a) if _any_in(a, _BLANK) else [(0, len(a))]
+        for i, j in words:
+            w = a[i:j]
+            pending, self.tool_pending = self.tool_pending, None
+            if pending == "arg" and w[:1] == "-":
+                self.tool_pending = pending  # `wandb login --relogin KEY`: the key is the first argument
+            elif pending is not None and not (pending == "hide" and _long_option(w)):
+                _value_spans(pending, a, i, j, spans)
+            elif w[:1] == "-" and len(w) > 1:
+                self._tool_option(a, i, j, w, spans)
+            else:
+                self._argument(w)
+        if len(words) > 1 and self.tool_pending != "arg":
+            self.tool_pending = None  # a shell command's last option takes no value from the next argument
+
+    def _tool_option(self, s, i, j, w, spans):
         name, eq, _ = w.partition("=")
+        short = name if name[:2] == "--" else name[:2]
+        tool = _TOOLS.get(self.tool)
+        if self.tool == "curl" and short in _CURL_USERPASS:
+            kind = "userpass"
+        elif tool is not None and self.sub and short in tool[1]:
+            kind = "hide"
+        else:
+            return
+        if len(name) > len(short):  # `-pPASSWORD`, `-p=PASSWORD`, `-uuser:PASSWORD`
+            _value_spans(kind, s, i + 2 + (s[i + 2:i + 3] == "="), j, spans)
+        elif eq:
+            _value_spans(kind, s, i + len(name) + 1, j, spans)
+        elif kind == "userpass" or self.tool not in _ATTACHED_ONLY:
+            self.tool_pending = kind
+
+    def _argument(self, w):
+        if w in _SEPARATORS or w[-1:] == ";":
+            self.tool = None
+            return
+        base = w.rsplit("/", 1)[-1]
+        if base in _TOOLS:
+            self.tool, self.sub = base, not _TOOLS[base][0]
+        elif self.tool is not None and w in _TOOLS[self.tool][0]:
+            self.sub = True
+            if not _TOOLS[self.tool][1]:
+                self.tool_pending = "arg"
+
+    # ------------------------------------------------------------------ names: options, assignments, keys
+
+    def _names(self, hints, spans):
+        """Each name holding a hint, in order, once: its value if the name looks secret."""
+        places = []
+        for hint in hints:
+            k = self.upper.find(hint)
+            while k >= 0:
+                places.append(k)
+                k = self.upper.find(hint, k + 1)
+        done = 0
+        for k in sorted(places):
+            if k >= done:
+                done = self._name(*_name_around(self.s, k), spans)
+
+    def _name(self, n0, n1, spans):
+        """Hide the value of the name s[n0:n1] if it is secret; returns where the next name may start."""
+        s = self.s
+        name, before, after = s[n0:n1], s[n0 - 1:n0] if n0 else "", s[n1:n1 + 1]
+        if name[:1] == "-" and before in _BEFORE_KEY:
+            return self._option(n1, name, after, spans)
+        if is_watched(name) or not _secretish(name):
+            return n1
+        eq = n1 + _run(s, n1, " \t", n1 + 64)
+        if s[eq:eq + 1] == "=" and s[eq + 1:eq + 2] != "=":
+            return self._assignment(n0, n1, eq, before, spans)
+        if after == ":" and s[n1 + 1:n1 + 2] not in ("/", ":") and before in _BEFORE_KEY:
+            return self._key_value(n1, before, spans)
+        if before in _QUOTES and after == before:
+            return self._quoted(n1 + 1, spans)
+        if after in _BLANK + ("",) and self._setter(n0):
+            return self._next_word(n1, "hide", spans)
+        return n1
+
+    def _option(self, n1, name, after, spans):
+        """--api-key X, --token=X, --user u:X, --proxy u:X@host (a word of its own)."""
         if _secretish(name):
-            return (name + "=" + REDACTED if eq else w), not eq
-    if "=" in w:
-        w = re.sub(_ASSIGN, _redact_assignment, w)
-    if "@" in w:
-        w = re.sub(_URL_PASSWORD, "\\1" + REDACTED + "@", w)
-    return w, False
+            kind = None if name.upper().endswith("STDIN") else "hide"  # --password-stdin takes no value
+        elif name in ("--user", "--proxy-user"):
+            kind = "userpass"
+        elif "PROXY" in name.upper() and name[:2] == "--":
+            kind = "proxy"
+        else:
+            kind = None
+        if kind is None or after not in ("=", "", " ", "\t", "\n"):
+            return n1
+        if after == "=":
+            e = self._value_end(n1 + 1)
+            _value_spans(kind, self.s, n1 + 1, e, spans)
+            return e
+        return self._next_word(n1, kind, spans)
+
+    def _next_word(self, k, kind, spans):
+        """The word after s[k] is the value (of this kind); at the end of the argument, the next argument is."""
+        s = self.s
+        i = k + _run(s, k, " \t\n")
+        if i >= len(s):
+            if i == k:  # the argument is the option alone (in a shell command, the next argument is no value)
+                self.pending = kind
+            return i
+        e = self._value_end(i)
+        if not (kind == "hide" and _long_option(s[i:e])):
+            _value_spans(kind, s, i, e, spans)
+        return e
+
+    def _assignment(self, n0, n1, eq, before, spans):
+        """NAME=VALUE anywhere in a word (`env X=1`, `--env=X=1`, `a;X=1`, `?u=a&password=X`, `api_key = 'X'`)."""
+        s = self.s
+        if before in ("_", "-") or before.isalnum() or s[n0].isdigit() or s[n0] in "-.":
+            return n1
+        v = eq + 1
+        if eq > n1:  # code: `api_key = 'X'`
+            v += _run(s, v, " \t", v + 64)
+        e = self._value_end(v, True)
+        if v < e:
+            spans.append((v, e))
+        return max(e, n1)
+
+    def _value_end(self, v, parts=False):
+        """Where a value starting at s[v] ends: after its closing quote, or at the next blank; with
+        `parts`, also at a '&' ';' ',' before the next NAME= (a query, connection string or option list)."""
+        s = self.s
+        if v >= len(s):
+            return v
+        if s.startswith(REDACTED, v):  # redacted already (an old log read again): the same text again
+            return v + len(REDACTED)
+        if s[v] in _QUOTES:
+            close = _closing(s, v + 1, s[v])
+            return len(s) if close < 0 else close + 1
+        end = self.next(_BLANK, v, len(s))
+        for sep in "&;," if parts else ():
+            k = self.next(sep, v, end)
+            n = _run(s, k + 1, _NAME, end) if k < end else 0
+            if n and s[k + 1 + n:k + 2 + n] == "=":
+                end = k
+        return end
+
+    def _key_value(self, colon, before, spans):
+        """`Name: value` (a header, a YAML line, openssl's pass:X): the value, to its closing quote when
+        the name opened one, else to the end of the line (after ": ") or of the word (after ":")."""
+        s = self.s
+        v = colon + 1 + _run(s, colon + 1, " \t")
+        if before in _QUOTES:
+            e = s.find(before, v)
+        elif v > colon + 1:
+            e = s.find("\n", v)
+        else:
+            e = self.next(_BLANK, v, len(s))
+        e = len(s) if e < 0 else e
+        if v < e:
+            spans.append((v, e))
+        return max(e, colon + 1)
+
+    def _quoted(self, t, spans):
+        """A quoted key's value, as code writes them: `os.environ['HF_TOKEN'] = 'x'`, `setenv("API_KEY",
+        "x")`, `{"password": "x"}`, `{"pin": 1234}`; an unclosed value runs to the end."""
+        s = self.s
+        v, sep = _after_separator(s, t)
+        if v is None:
+            return t
+        if s[v:v + 1] in _QUOTES:
+            close = _closing(s, v + 1, s[v])
+            e = len(s) if close < 0 else close
+            if sep == "," and s[e + 1 + _run(s, e + 1, " \t\n", e + 65):][:1] == ":":
+                return t  # `{"grant_type": "refresh_token", "refresh_token": "X"}`: a key follows, not a value
+            if v + 1 < e:
+                spans.append((v + 1, e))
+            return e + 1
+        if sep == ":":  # a number or a name in JSON or code (after a ',' it is the next argument of a call)
+            n = _run(s, v, _TOKEN + ".+")
+            if n:
+                spans.append((v, v + n))
+            return v + n
+        return v
+
+    def _setter(self, n0):
+        """Whether the word before the one holding s[n0] is `set`, `config`, --global... (`aws configure set
+        NAME VALUE`, `npm config set //host/:_authToken VALUE`); words longer than 256 are no names."""
+        s = self.s
+        start = max(s.rfind(b, max(0, n0 - 256), n0) for b in _BLANK) + 1
+        if start == 0:
+            return n0 <= 256 and self.last in _SETTERS
+        w = s[max(0, start - 24):start].rstrip(" \t")
+        return w[max(w.rfind(" "), w.rfind("\t"), w.rfind("\n")) + 1:] in _SETTERS
+
+    # ------------------------------------------------------------------ URLs
+
+    def _urls(self, spans):
+        """scheme://user:PASSWORD@host: the password may hold '/', ':' and '@' (it ends at the last '@'
+        before the host's '/', '?' or '#'); host:port/path@x is no password. A user name alone
+        (scheme://NAME@host) is hidden when it has a token's shape. Reads at most _URL_MOST past "://"."""
+        s, nxt, k = self.s, self.next, self.s.find("://")
+        while k >= 0:
+            a = k + 3
+            e = min(nxt(_BLANK, a, len(s)), a + _URL_MOST)
+            nk = a
+            if k > 0 and s[k - 1] in _SCHEME and s[a:a + 1] not in ("[", ""):
+                u = nxt(":@/?#", a, e)
+                if u < e and s[u] == "@" and _token_like(s, a, u):
+                    spans.append((a, u))
+                elif u < e and s[u] == ":":
+                    p = u + 1
+                    at = nxt("@", p, e)
+                    port = s[p:nxt("/?#", p, e)]
+                    if at < e and port and not port.isdigit():
+                        host = nxt("/?#", at, e)
+                        spans.append((p, s.rfind("@", at, host)))
+                        nk = host
+            k = s.find("://", nk)
 
 
-def _redact_quoted(m):
-    name = m.group(2)
-    if is_watched(name) or not _secretish(name) or m.group(5) == REDACTED:
-        return m.group(0)
-    return m.group(1) + name + m.group(1) + m.group(3) + m.group(4) + REDACTED + m.group(4)
+_URL_MOST = 8192  # a URL's credentials end within this many characters of its "://"
+
+
+def _places(a, upper, words):
+    """Where rules may start in a (the budget's unit): (the name hints it holds, the token prefixes it
+    holds, its URLs, its PEM keys, how many places in all, words too when a program's options are read)."""
+    names = [h for h in _NAME_HINTS if h in upper]
+    tokens = [p for p in _TOKEN_FAMILIES if p in a]
+    urls, pem = a.count("://"), a.count("PRIVATE KEY-----")
+    n = urls + pem
+    for hint in names:
+        n += upper.count(hint)
+    for prefix in tokens:
+        n += a.count(prefix)
+    for blank in _BLANK if words else ():
+        n += a.count(blank)
+    return names, tokens, urls, pem, n
+
+
+def _any_in(text, hints):
+    for hint in hints:
+        if hint in text:
+            return True
+    return False
+
+
+def _name_around(s, k, most=256):
+    """(start, end) of the name (letters, digits, '_' '-' '.') holding s[k], at most `most` either side."""
+    w = s[max(0, k - most):k]
+    return k - len(w) + len(w.rstrip(_KEY)), k + _run(s, k, _KEY, k + most)
+
+
+def _run(s, i, chars, end=None):
+    """How many characters of `chars` follow s[i] (up to end), reading those and one window past them."""
+    end = len(s) if end is None else min(end, len(s))
+    size = 64
+    while True:
+        w = s[i:min(i + size, end)]
+        n = len(w) - len(w.lstrip(chars))
+        if n < len(w) or i + size >= end:
+            return n
+        size *= 4
+
+
+def _finder(s):
+    """find(chars, i, end): the first of `chars` at or after s[i], or end if none is before it; for
+    increasing i, each character of s is read once per character of chars."""
+    at = {}
+
+    def find(chars, i, end):
+        best = end
+        for ch in chars:
+            k = at.get(ch, -2)
+            if k == -2 or -1 < k < i:
+                k = at[ch] = s.find(ch, i)
+            if 0 <= k < best:
+                best = k
+        return best
+    return find
+
+
+def _words(s):
+    """(start, end) of each word of s as a shell splits it: at spaces, tabs and newlines outside quotes
+    (a backslash escapes a quote, except inside single quotes)."""
+    words, pos, start, quote = [], 0, None, None
+    for piece in s.replace("\t", " ").replace("\n", " ").split(" "):
+        if start is None:
+            start = pos
+        if quote is not None or "'" in piece or '"' in piece:
+            quote = _quote_after(piece, quote)
+        pos += len(piece) + 1
+        if quote is None:
+            if pos - 1 > start:
+                words.append((start, pos - 1))
+            start = None
+    if start is not None and start < len(s):
+        words.append((start, len(s)))  # an unclosed quote: the rest is one word
+    return words
+
+
+def _quote_after(piece, quote):
+    """The quote still open at the end of piece, given the one open at its start (None: none)."""
+    i = 0
+    while True:
+        if quote is None:
+            a, b = piece.find("'", i), piece.find('"', i)
+            k = a if b < 0 or 0 <= a < b else b
+            if k < 0:
+                return None
+            if not _escaped(piece, i, k):
+                quote = piece[k]
+            i = k + 1
+        else:
+            k = piece.find(quote, i)
+            while k >= 0 and quote == '"' and _escaped(piece, i, k):
+                k = piece.find(quote, k + 1)
+            if k < 0:
+                return quote
+            quote, i = None, k + 1
+
+
+def _escaped(s, start, k):
+    """Whether s[k] follows an odd run of backslashes (none of them before s[start])."""
+    run = s[start:k]
+    return (len(run) - len(run.rstrip("\\"))) % 2 == 1
+
+
+def _closing(s, i, quote):
+    """Where the quote opened before s[i] closes (a backslash escapes it), -1 if it does not."""
+    start, k = i, s.find(quote, i)
+    while k >= 0 and _escaped(s, start, k):
+        start, k = k + 1, s.find(quote, k + 1)
+    return k
+
+
+def _value_spans(kind, s, i, j, spans):
+    """What to hide of s[i:j], the value of an option of this kind."""
+    if i >= j:
+        return
+    if kind in ("hide", "arg"):
+        spans.append((i, j))
+        return
+    if j - i >= 2 and s[i] in _QUOTES and s[j - 1] == s[i]:
+        i, j = i + 1, j - 1
+    if kind == "userpass":  # user:password (a uid:gid is no secret)
+        colon = s.find(":", i, j)
+        if colon >= 0 and colon + 1 < j and not (s[i:colon].isdigit() and s[colon + 1:j].isdigit()):
+            spans.append((colon + 1, j))
+    elif kind == "proxy":  # [scheme://]user:password@host:port
+        at = s.rfind("@", i, j)
+        scheme = s.find("://", i, max(at, i))
+        colon = s.find(":", i if scheme < 0 else scheme + 3, max(at, i))
+        if colon >= 0:
+            spans.append((colon + 1, at))
+
+
+def _after_separator(s, t):
+    """(where the value starts after a quoted key ending before s[t], past `] =`, `:` or `,` and blanks;
+    that separator), or (None, None)."""
+    t += _run(s, t, " \t", t + 64)
+    sep = s[t:t + 1]
+    if sep == "]":
+        t += 1 + _run(s, t + 1, " \t", t + 65)
+        if s[t:t + 1] != "=":
+            return None, None
+    elif sep not in (":", ","):
+        return None, None
+    return t + 1 + _run(s, t + 1, " \t\n", t + 129), sep
+
+
+def _token_like(s, i, j):
+    """A URL's user name that is a token (GitHub's https://TOKEN@github.com, a Sentry DSN's key)."""
+    return j - i >= 20 and _run(s, i, _TOKEN, j) == j - i and _has_digit(s[i:j])
+
+
+def _has_digit(t):  # a random token of 20+ characters has one; words joined by '-' or '_' usually not
+    return len(t.translate(_NO_DIGITS)) < len(t)
+
+
+def _token_shapes(s, families, spans):
+    """Tokens of a well-known shape (_TOKEN_PREFIXES), found by the start their prefixes share."""
+    for family in families:
+        chars = _TOKEN + "." if family == "eyJ" else _TOKEN
+        k = s.find(family)
+        while k >= 0:
+            n = _run(s, k, chars)
+            if (n >= 20 and (k == 0 or s[k - 1] not in chars) and s.startswith(_TOKEN_PREFIXES, k)
+                    and _has_digit(s[k:k + n]) and (family != "eyJ" or s.count(".", k, k + n) >= 2)):
+                spans.append((k, k + n))
+            k = s.find(family, k + max(n, 1))
+
+
+def _pem_keys(s, spans):
+    """The body of a PEM private key (-----BEGIN ... PRIVATE KEY----- ... -----END ... PRIVATE KEY-----)."""
+    k = s.find("PRIVATE KEY-----")
+    while k >= 0:
+        v = k + len("PRIVATE KEY-----")
+        e = s.find("-----END", v)
+        if e < 0:
+            spans.append((v, len(s)))
+            return
+        if v < e:
+            spans.append((v, e))
+        k = s.find("PRIVATE KEY-----", e)
+        if k >= 0 and s.find("\n", e, k) < 0:  # the END line's own
+            k = s.find("PRIVATE KEY-----", k + 1)
+
+
+def _apply(s, spans):
+    """s with each span replaced by REDACTED (spans that overlap or touch, by one)."""
+    if not spans:
+        return s
+    spans.sort()
+    out, last = [], 0
+    for i, j in spans:
+        if i > last or not out:
+            out += (s[last:i], REDACTED)
+        last = max(last, j)
+    out.append(s[last:])
+    return "".join(out)
 
 
 def _long_option(w):
     # `--no-auth --port 80`: a flag, not a value (a PEM key's "-----BEGIN" is a value)
     return w[:2] == "--" and w[2:3].isalpha()
-
-
-def _redact_assignment(m):
-    name = m.group(1)
-    return m.group(0) if is_watched(name) or not _secretish(name) else name + "=" + REDACTED
 
 
 def _process_start(extra, env, exec_env, live):

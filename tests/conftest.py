@@ -27,6 +27,15 @@ def _installed_package_in_subprocesses(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _no_colour_settings_from_the_caller():
+    """NO_COLOR / FORCE_COLOR of the caller (CI runners often set FORCE_COLOR) would colour the plain text
+    that tests read from subprocesses: tests that need them set them."""
+    saved = {k: os.environ.pop(k) for k in ("NO_COLOR", "FORCE_COLOR") if k in os.environ}
+    yield
+    os.environ.update(saved)
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _sigint_as_a_terminal_gives_it():
     """Tests Ctrl-C their children (run, bench). A pytest started as a background job (`&` without job
     control, nohup) inherits SIGINT ignored, and exec keeps an ignored signal ignored, so every child

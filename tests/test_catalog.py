@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from ncclprobe.commands.explain import explain
 from ncclprobe.model import catalog
 from ncclprobe.model.catalog import COMM, MODES, PROCESS_APPLIED
 
@@ -93,17 +94,17 @@ def test_version_code_parsing():
 
 
 def test_explain_known_and_overrides_in_data():
-    res = catalog.explain("NCCL_CUMEM_ENABLE")
+    res = explain("NCCL_CUMEM_ENABLE")
     assert res.exit_code() == 0
     var = res.to_json()["variable"]
     assert var["name"] == "NCCL_CUMEM_ENABLE" and var["process_cached"] is True
     assert {o["framework"] for o in var["overrides"]} >= {"SGLang", "vLLM", "verl"}
-    ray = catalog.explain("NCCL_SOCKET_IFNAME").to_json()["variable"]["overrides"]
+    ray = explain("NCCL_SOCKET_IFNAME").to_json()["variable"]["overrides"]
     assert ray[0]["framework"] == "Ray Train" and "^lo,docker,veth" in ray[0]["action"]
 
 
 def test_explain_unknown_returns_usage_code_and_suggestions():
-    res = catalog.explain("NCCL_PROTOCOL")
+    res = explain("NCCL_PROTOCOL")
     assert res.exit_code() == 2
     data = res.to_json()
     assert data["variable"] is None and data["suggestions"][0] == "NCCL_PROTO"

@@ -34,13 +34,19 @@ def test_help_is_answered_without_click():
     assert all(f"  {name} " in res.stdout for name in cli.commands)
 
 
+def test_help_says_how_output_is_sized_and_coloured():
+    """The words README's "Output" repeats: the width rule and the colour variables, with their precedence."""
+    text = " ".join(toplevel.help_text(200).split())
+    assert "COLUMNS wide, else the terminal's width, else 80" in text
+    assert "also piped with FORCE_COLOR, never with NO_COLOR" in text and "else 100" not in text
+
+
 def test_console_script_help_version_and_no_command():
     env = {**os.environ, "COLUMNS": "60"}
     for flag in ("--help", "-h"):
         res = subprocess.run(["ncclprobe", flag], capture_output=True, text=True, env=env)
         assert res.returncode == 0 and res.stdout == toplevel.help_text(60)
-        exit_block = toplevel.EXIT_CODES.splitlines()
-        assert all(len(line) <= 58 for line in res.stdout.splitlines() if line.strip() not in exit_block)
+        assert all(len(line) <= 58 and line == line.rstrip() for line in res.stdout.splitlines())
     res = subprocess.run(["ncclprobe", "--version"], capture_output=True, text=True)
     assert res.returncode == 0 and res.stdout.startswith("ncclprobe ")
     res = subprocess.run(["ncclprobe"], capture_output=True, text=True)  # click: help, and a usage error

@@ -87,7 +87,11 @@ def test_inspect_resolves_conf_inside_the_container_root(tmp_path):
     assert {e["var"]: e["effect"] for e in confs["/etc/nccl.conf"]["entries"]} == \
         {"NCCL_ALGO": "applies", "NCCL_PROTO": "env wins"}
     conf_findings = {(f.var, f.evidence["file"]) for f in res.findings if f.code == "CONF_FILE_VALUE"}
-    assert conf_findings == {("NCCL_ALGO", "/etc/nccl.conf"), ("NCCL_MAX_NCHANNELS", "/home/srv/.nccl.conf")}
+    # the environment's NCCL_PROTO=LL shadowing the file's Simple is named too, with the value NCCL uses
+    assert conf_findings == {("NCCL_ALGO", "/etc/nccl.conf"), ("NCCL_MAX_NCHANNELS", "/home/srv/.nccl.conf"),
+                             ("NCCL_PROTO", "/etc/nccl.conf")}
+    (shadow,) = [f for f in res.findings if f.code == "CONF_FILE_VALUE" and f.var == "NCCL_PROTO"]
+    assert shadow.evidence["environment"] == "LL" and shadow.evidence["value"] == "Simple" and "shadows" in shadow.message
     assert all(f.severity == "info" for f in res.findings if f.code == "CONF_FILE_VALUE")
 
 

@@ -1,5 +1,6 @@
 """ELF reading on the real libnccl wheel and on a fake NCCL linked dynamically and statically."""
 import ctypes
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -81,9 +82,12 @@ def test_real_wheel_version_constant_decoding():
     lib = real_libnccl()
     if lib is None:
         pytest.skip("nvidia-nccl-cu12 not installed")
-    from elftools.elf.elffile import ELFFile
-    with open(lib, "rb") as fh:
-        code = elf._get_version_constant(ELFFile(fh))
+    from ncclprobe.witnesses import elfread
+    fd, st = elfread.open_regular(lib)
+    try:
+        code = elf._get_version_constant(elfread.Elf(fd, st.st_size))
+    finally:
+        os.close(fd)
     assert elf.version_from_code(code) == elf.scan(lib).version
 
 

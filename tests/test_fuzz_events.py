@@ -11,6 +11,7 @@ import math
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -250,7 +251,7 @@ def test_a_huge_line_is_skipped_and_the_next_line_kept(tmp_path):
     (tmp_path / "h-5.jsonl").write_bytes(big + b'"}\n' + line(base_events(5)[0]) + b"z" * (2 << 20))
     log = events.read_dirs([tmp_path])
     assert [e["ev"] for e in log.events] == ["process_start"]
-    assert log.skipped == {"torn or oversized line": 2}
+    assert log.skipped == {"oversized line": 2}  # the unterminated tail is over MAX_LINE too: counted once
 
 
 RUN_VARIANTS = {
@@ -347,3 +348,171 @@ def test_the_cli_never_tracebacks_on_hostile_logs(tmp_path):
         doc = json.loads(r.stdout)
         schemas.validate(doc)
         assert sum(doc["skipped"].values()) >= 1
+
+
+# ---- adversarial lines, each case bounded in time (issue 21) ----------------------------------------
+
+CASE_CPU_S = 5.0  # CPU seconds per case (process_time: the suite shares its cores); each takes well under 1
+
+
+def _big_json_number(digits: int) -> bytes:
+    return b'{"ev": "process_start", "t": 1080.0, "host": "h", "pid": ' + b"7" * digits + b', "src": "boot"}'
+
+
+def adversarial_lines(rng: random.Random) -> dict[str, bytes]:
+    """name -> the bytes of one file: a valid first line, then the adversarial content, then a valid last
+    line (each case says whether the last must survive: cases whose content ends a line do)."""
+    ok = line(base_events(70)[0])
+    mx = events.MAX_LINE
+    head = b'{"ev": "probe_error", "t": 1080.0, "host": "h", "pid": 70, "src": "boot", "message": "'
+    return {
+        "just_under_max_line": head + b"m" * (mx - len(head) - 4) + b'"}\n',
+        "just_over_max_line": head + b"m" * (mx - len(head) + 4) + b'"}\n',
+        "nesting_list_500k": b"[" * 500_000 + b"\n",
+        "nesting_object_100k": b'{"a": ' * 100_000 + b"1" + b"}" * 100_000 + b"\n",
+        "nesting_in_config": b'{"ev": "comm_init", "t": 1080.0, "host": "h", "pid": 70, "src": "preload", "config": '
+                             + b'{"x": ' * 3000 + b"1" + b"}" * 3000 + b"}\n",
+        "digits_4300": _big_json_number(4300) + b"\n",   # under int's digit limit: parsed, refused as a pid
+        "digits_4301": _big_json_number(4301) + b"\n",   # over it (ValueError, 3.11+ and 3.10.7+)
+        "digits_900k": _big_json_number(900_000) + b"\n",
+        "float_exponents": b'{"ev": "process_start", "t": 1e999999999, "host": "h", "pid": 70, "src": "boot"}\n'
+                           b'{"ev": "process_start", "t": -0.0, "host": "h", "pid": 70, "src": "boot"}\n'
+                           b'{"ev": "process_start", "t": 1e-400, "host": "h", "pid": 70, "src": "boot"}\n'
+                           b'{"ev": "process_start", "t": 0.' + b"1" * 500_000 + b', "host": "h", "pid": 70, "src": "boot"}\n',
+        "nan_infinity": b'{"ev": "process_start", "t": Infinity, "host": "h", "pid": 70, "src": "boot", "ppid": NaN}\n',
+        "invalid_utf8": b'{"ev": "proc\xff\xfe", "t": 1080.0, "host": "h\xc0\xaf", "pid": 70, "src": "boot"}\n'
+                        b'{"ev": "env_write", "t": 1080.0, "host": "h", "pid": 70, "src": "boot", "var": "NCCL_\xf4\x90\x80\x80",'
+                        b' "new": "\xed\xa0\x80"}\n',
+        "escaped_surrogates_and_nul": b'{"ev": "env_write", "t": 1080.0, "host": "h", "pid": 70, "src": "boot", '
+                                      b'"var": "NCCL_PROTO", "new": "\\ud800\\u0000LL", "where": "\\udfff"}\n',
+        "raw_nul_inside_a_line": b'{"ev": "env_write", "t": 1080.0, "host": "h", "pid": 70, "src": "boot", "var": "NC'
+                                 + b"\0" * 7 + b'CL_PROTO"}\n',
+        "nul_megabytes": b"\0" * (3 << 20) + b"\n",
+        "nul_alternating": b"a\0" * (1 << 20) + b"\n",
+        "newline_alternating": b"{\n" * (1 << 16),
+        "cr_only": (line(base_events(70)[1]).rstrip(b"\n") + b"\r") * 5000 + b"\n",
+        "bom": b"\xef\xbb\xbf" + line(base_events(70)[1]),
+        "many_keys": b"{" + b", ".join(b'"k%d": %d' % (i, i) for i in range(60_000)) + b', "ev": "probe_error", '
+                     b'"t": 1080.0, "host": "h", "pid": 70, "src": "boot"}\n',
+        "duplicate_keys": b'{"ev": "probe_error", "ev": "comm_init", "pid": 1, "pid": 70, "t": 1080.0, "t": 1080.5, '
+                          b'"host": "h", "src": "boot", "src": "preload"}\n',
+        "huge_argv": line({**base_events(70)[0], "argv": ["a"] * 100_000}),
+        "huge_ev_name": line({**base_events(70)[1], "ev": "e" * 500_000}),
+        "budget_variants": b"".join(line({"ev": "log_budget", "t": 1080.0, "host": "h", "pid": 70, "src": "boot", **v})
+                                    for v in ({"reached": "bytes", "limit": 1 << 70}, {"reached": ["bytes"]},
+                                              {"reached": "files", "limit": -1}, {"reached": None},
+                                              {"reached": "bytes", "dropped": 1e300}, {"dropped": "3"})),
+        "dropped_everywhere": b"".join(line({**e, "dropped": rng.choice([0, 1, 10 ** 20, -1, 2.5, True, None, "x"])})
+                                       for e in base_events(70)),
+        "random_json": b"".join(line(_random_json(rng, 6)) for _ in range(300)),
+        "random_bytes": bytes(rng.randrange(256) for _ in range(200_000)) + b"\n",
+        "zero_fill_then_line": b'{"ev": "process_start", "t": 1080' + b"\0" * (1 << 20),  # the last line follows
+        "hole_8g": [b'{"ev": "process_start", "t": 1080', 8 << 30],   # a torn line, then a sparse 8 GiB
+    }
+
+
+def write_parts(path: Path, parts) -> None:
+    """bytes, and an int for a hole of that many bytes (a sparse file: seek past the end, then write)."""
+    with open(path, "wb") as fh:
+        for part in parts:
+            if isinstance(part, int):
+                fh.seek(part, 1)
+            else:
+                fh.write(part)
+
+
+def _random_json(rng: random.Random, depth: int):
+    """A random JSON value, objects often shaped like events."""
+    kind = rng.randrange(8 if depth > 0 else 5)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.choice([0, -1, 1 << 31, 1 << 64, 10 ** 30, rng.randrange(-1000, 1000)])
+    if kind == 2:
+        return rng.choice([0.5, -1e308, 1e-300, 1.7e9])
+    if kind in (3, 4):
+        return rng.choice(["", "x" * rng.randrange(70_000), "NCCL_PROTO", "0x" + "f" * 16, "\udc80", "\0"])
+    if kind == 5:
+        return [_random_json(rng, depth - 1) for _ in range(rng.randrange(5))]
+    base = rng.choice(base_events(71))
+    obj = {k: (v if rng.random() < 0.7 else _random_json(rng, depth - 1)) for k, v in base.items()}
+    obj.update({f"extra{i}": _random_json(rng, depth - 1) for i in range(rng.randrange(3))})
+    return obj
+
+
+def _bounded(failures: list, name: str, fn) -> None:
+    t0 = time.process_time()
+    check(failures, name, fn)
+    spent = time.process_time() - t0
+    if spent > CASE_CPU_S:
+        failures.append(f"{name}: {spent:.1f} CPU s (bound {CASE_CPU_S})")
+
+
+@pytest.mark.timeout(300)
+def test_adversarial_jsonl_lines_never_traceback_and_each_case_is_bounded(tmp_path):
+    failures: list[str] = []
+    cases = adversarial_lines(random.Random(21))
+    first, last = line(base_events(70)[0]), line({**base_events(70)[2], "t": 3000.0})
+    for name, body in cases.items():
+        d = tmp_path / name
+        d.mkdir()
+        write_parts(d / "h-70.jsonl", [first, *(body if isinstance(body, list) else [body]), last])
+
+        def case(d=d, name=name):
+            log = events.read_dirs([d])
+            seen = {(e["ev"], e["t"], e["pid"]) for e in log.events}
+            assert {("process_start", 1070.0, 70), ("probe_error", 3000.0, 70)} <= seen, (len(seen), log.skipped)
+            m = model.build(events.stream_dirs([d]))
+            assert (("h", 70)) in m.processes
+            code, doc = report_json([d])
+            assert code in (0, 1)
+        _bounded(failures, name, case)
+    finish(failures, len(cases))
+
+
+def _nccl_adversarial(rng: random.Random) -> dict[str, bytes]:
+    init = b"h:5:5 [0] NCCL INFO ncclCommInitRank comm 0x1000 rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 1000 " \
+           b"commId 0xa - Init COMPLETE"
+    return {
+        "long_message": b"h:5:5 [0] NCCL INFO " + b"x" * 60_000,
+        "over_max_line": b"h:5:5 [0] NCCL INFO " + b"x" * (70_000),
+        "anchors": b":1:1 " * 12_000,
+        "anchors_with_tails": b"a:1:1 [0] NCCL INFO " * 3_000,
+        "host_300": b"h" * 300 + b":5:5 [0] NCCL INFO NCCL_PROTO set by environment to LL",
+        "huge_ranks": init.replace(b"rank 0 nranks 2", b"rank 99999999999 nranks -99999999999"),
+        "huge_commid": init.replace(b"0xa", b"0x" + b"f" * 40),
+        "huge_tuning": b"h:5:5 [0] NCCL INFO AllReduce: " + b"9" * 30 + b" Bytes -> Algo RING proto LL channel{Lo..Hi}={0..1}",
+        "tuning_ids": b"h:5:5 [0] NCCL INFO AllReduce: 8 Bytes -> Algo 999999 proto -7 time 1e999",
+        "nul_and_utf8": b"h:5:5 [0] NCCL INFO NCCL_PROTO set by environment to \0\xff\xfe\xed\xa0\x80",
+        "escapes": b"h:5:5 [0] NCCL INFO NCCL_ALGO set by environment to \x1b[31mRing\x1b]0;title\x07",
+        "levels": b"h:5:5 [0] NCCL INFO " * 4_000,
+        "glued_inits": init * 500,
+        "cr_only": (init + b"\r") * 2_000,
+        "many_pids": b"\n".join(b"h:%d:%d [0] NCCL INFO NCCL_PROTO set by environment to LL" % (i, i) for i in range(1_000)),
+        "many_comms": b"\n".join(init.replace(b"0x1000", b"0x%x" % (0x1000 + i)).replace(b"0xa", b"0x%x" % i)
+                                 for i in range(1_000)),
+        "random_bytes": bytes(rng.randrange(256) for _ in range(300_000)),
+        "hole_8g": [init + b"\nh:5:5 [0] NCCL INFO NCCL_PR", 8 << 30, b"OTO set by environment to LL"],
+    }
+
+
+@pytest.mark.timeout(300)
+def test_adversarial_nccl_log_lines_never_traceback_and_each_case_is_bounded(tmp_path):
+    from ncclprobe.witnesses import nccllog, nccllog_model
+    failures: list[str] = []
+    cases = _nccl_adversarial(random.Random(22))
+    for name, body in cases.items():
+        p = tmp_path / f"{name}.log"
+        write_parts(p, [*(body if isinstance(body, list) else [body]), b"\n"])
+
+        def case(p=p):
+            log = nccllog.parse_files([p])
+            assert log.files == [str(p)] and log.counts["lines"] >= 1
+            m = nccllog_model.merge(model.Model(), [p])
+            json.dumps(m.skipped)
+            r = RUNNER.invoke(main, ["report", "--nccl-log", str(p), "--json"], catch_exceptions=True)
+            if r.exception is not None and not isinstance(r.exception, SystemExit):
+                raise AssertionError(f"traceback: {type(r.exception).__name__}: {str(r.exception)[:200]}")
+            schemas.validate(json.loads(r.stdout))
+        _bounded(failures, name, case)
+    finish(failures, len(cases))

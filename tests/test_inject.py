@@ -162,7 +162,8 @@ def test_a_second_install_with_another_profile_is_refused_unless_replace(venv, t
     again = inject.install(str(py), profile=first, log_dir=tmp_path / "log")
     assert again.data["replaced"] is None
     res = run([*cli, "--set", "NCCL_ALGO=Ring", "--dir", str(tmp_path / "log"), "--replace"], clean_env())
-    assert res.returncode == 0 and "Replaced what was installed: set NCCL_PROTO, HF_TOKEN; pin NCCL_PROTO" in res.stdout
+    assert res.returncode == 0 and "Replaced what was installed: set NCCL_PROTO, HF_TOKEN; pin NCCL_PROTO" in \
+        " ".join(res.stdout.split())  # wrapped at 80 columns
     assert "hf_sekrit" not in res.stdout
     status = inject.status(str(py)).data
     assert status["profile"] == {"set": {"NCCL_ALGO": "Ring"}, "default": {}, "pin": []}

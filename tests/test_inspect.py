@@ -5,13 +5,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
+from pathlib import Path
 
 import pytest
 
 from ncclprobe.doc import Unexaminable
 from ncclprobe.commands.inspection import inspect_processes
 from fakeproc import FailingReader, FakeProc
+from test_run_watch import wait_until
 
 NO_NVML = lambda: ({}, "no NVML in this test")  # noqa: E731
 LIB = "/opt/nccl/lib/libnccl.so.2"
@@ -206,7 +207,8 @@ def live(tmp_path_factory):
     env.pop("SPT_NOENV", None)
     proc = subprocess.Popen([sys.executable, str(d / "tree.py")], stdout=subprocess.PIPE, text=True, env=env)
     kids = eval(proc.stdout.readline())  # noqa: S307 - our own child's repr of a dict of ints
-    time.sleep(1.0)  # let the titled worker rename itself
+    titled = Path(f"/proc/{kids['titled']}/cmdline")
+    wait_until(lambda: titled.read_bytes().startswith(b"worker::titled"), "the titled worker never renamed itself")
     yield proc.pid, kids
     import psutil
     for child in psutil.Process(proc.pid).children(recursive=True):

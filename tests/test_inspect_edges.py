@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from io import StringIO
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from ncclprobe import render
 from ncclprobe.doc import Unexaminable
 from ncclprobe.commands.inspection import UsageError, inspect_processes
 from fakeproc import FakeProc
+from test_run_watch import wait_until
 
 NO_NVML = lambda: ({}, "no NVML in this test")  # noqa: E731
 NCCLPROBE = [sys.executable, "-m", "ncclprobe"]
@@ -34,10 +34,31 @@ def text_of(res) -> str:
     return out.getvalue()
 
 
+def argv(pid: int) -> list[str]:
+    """pid's command line as /proc shows it ([] once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        return []
+
+
+def state(pid: int) -> str:
+    """pid's state letter (proc(5): the field after the parenthesised comm)."""
+    return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+
+
+def children(pid: int) -> list[int]:
+    import psutil
+    try:
+        return [c.pid for c in psutil.Process(pid).children()]
+    except psutil.NoSuchProcess:
+        return []
+
+
 def started(cmd, **kw):
-    """A live process, given a moment to exec."""
+    """A live process, once /proc shows it running cmd (its exec done)."""
     p = subprocess.Popen(cmd, **kw)
-    time.sleep(0.3)
+    wait_until(lambda: argv(p.pid) == cmd, f"{cmd} never showed in /proc/{p.pid}/cmdline")
     return p
 
 
@@ -68,7 +89,7 @@ def test_live_empty_environment_is_real_and_checked():
                               env={**os.environ, "NCCL_PROTO": "LL"})
     try:
         child = int(parent.stdout.readline())
-        time.sleep(0.2)
+        wait_until(lambda: argv(child) == [SLEEP, "30"], f"{child} never ran {SLEEP}")
         res = inspect_processes([parent.pid], expect={"NCCL_PROTO": "LL"}, scope="all", gpu_lookup=NO_NVML)
         row = next(p for p in res.data["processes"] if p["pid"] == child)
         assert (row["env_source"], row["env_reason"], row["env"], row["stale"]) == ("exec", "empty at exec", {}, None)
@@ -141,7 +162,7 @@ def test_live_zombie_is_empty_not_unreadable():
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     try:
         zombie = int(parent.stdout.readline())
-        time.sleep(0.2)
+        wait_until(lambda: state(zombie) == "Z", f"{zombie} never exited (its parent does not reap it)")
         res = inspect_processes([parent.pid], gpu_lookup=NO_NVML)
         row = next(p for p in res.data["processes"] if p["pid"] == zombie)
         assert row["state"] == "Z" and (row["env_source"], row["env_reason"]) == ("empty", "zombie")
@@ -169,6 +190,7 @@ def test_live_shell_prefix_evidence_shows_only_watched_assignments():
     script = "HF_TOKEN=sekrit123 PLAIN_SETTING=zz9 NCCL_ALGO=Ring cd /tmp && sleep 20; echo x"
     shell = started(["bash", "-c", script], env={**os.environ, "NCCL_PROTO": "LL"})
     try:
+        wait_until(lambda: any(argv(k) == ["sleep", "20"] for k in children(shell.pid)), "bash never ran sleep 20")
         res = inspect_processes([shell.pid], gpu_lookup=NO_NVML)
         (f,) = [f for f in res.findings if f.code == "SHELL_PREFIX_SCOPE"]
         assert f.var == "NCCL_ALGO" and "NCCL_ALGO=Ring" in f.evidence["assigned_in"]
@@ -209,7 +231,7 @@ def test_one_missing_pid_among_valid_ones():
         assert doc["missing_pids"] == [999999999]
         r = cli("inspect", "999999999", str(p.pid))
         assert r.returncode == 3 and f"{p.pid} {SLEEP} 30" in r.stdout
-        assert "pid 999999999 (given) not examined: no such process (exit code 3)" in r.stdout
+        assert "pid 999999999 (given) not examined: no such process (exit code 3)" in " ".join(r.stdout.split())
         r = cli("inspect", "999999998", "999999999")
         assert r.returncode == 3 and "no such process" in r.stderr
         assert inspect_processes([p.pid], gpu_lookup=NO_NVML).data["missing_pids"] == []
@@ -242,7 +264,8 @@ def test_discovered_missing_log_dir_is_a_note(tmp_path):
     try:
         r = cli("inspect", str(p.pid), "--json")
         assert r.returncode == 0, r.stderr
-        assert "error" in json.loads(r.stdout).get("in_process", {})
+        (skipped,) = json.loads(r.stdout)["in_process"]["skipped_dirs"]  # tests/test_inspect_logdirs.py: why
+        assert skipped["dir"] == str(tmp_path / "gone") and skipped["reason"] == "no such directory"
     finally:
         stop(p)
 

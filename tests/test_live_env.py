@@ -569,7 +569,8 @@ def test_inspect_live_tree_and_secrets():
         p("set NCCL_NOW=1")
         text = subprocess.run([*NCCLPROBE, "inspect", str(p.pid), "--live", "--expect", "MY_API_KEY=wrong"],
                               capture_output=True, text=True, timeout=120)
-        assert "live (read from memory)" in text.stdout and "+ NCCL_NOW=1  (set in-process)" in text.stdout
+        shown = " ".join(text.stdout.split())  # wrapped at 80 columns
+        assert "live (read from memory)" in shown and "+ NCCL_NOW=1 (set in-process)" in shown
         everything = [text.stdout + text.stderr]
         for extra in ([], ["--all-vars"], ["--expect", "MY_API_KEY=live-secret-456"]):
             r = subprocess.run([*NCCLPROBE, "inspect", str(p.pid), "--live", "--json", *extra],

@@ -309,7 +309,7 @@ def test_2_21_coll_lines_name_the_communicator_of_each_tuning_line(tmp_path):
     assert unset.env == {"NCCL_BUFFSIZE": "16777216"}   # the ENV subsystem was on: no line is unset
     assert ran(ll) == {("?", "Ring", "LL", 0, 8192, 16384, 2)}
     assert ran(unset) == {("?", "Ring", "LL", 0, 8192, 8192, 1), ("?", "Ring", "Simple", 0, 1048576, 1048576, 1)}
-    assert not any(k.startswith("NCCL log TUNING") for k in m.skipped)
+    assert not any(k.startswith("NCCL log TUNING") for k in [*m.skipped, *m.reading.unattributed])
     assert not [f for f in findings(m) if f.code == "ALGO_PROTO_MISMATCH"]
     # without the COLL lines, what only one communicator's NCCL_PROTO allows is still its; the rest is not guessed
     lines = [ln for ln in (DATA / "nccl-2.21-coll.log").read_text().splitlines() if "opCount" not in ln]
@@ -317,7 +317,7 @@ def test_2_21_coll_lines_name_the_communicator_of_each_tuning_line(tmp_path):
     c = comms(m)
     assert ran(c[(3001, "0x5581a0001000")]) == set()
     assert ran(c[(3001, "0x5581a0002000")]) == {("?", "Ring", "Simple", 0, 1048576, 1048576, 1)}
-    assert m.skipped[nm.SEVERAL] == 3
+    assert m.reading.unattributed[nm.SEVERAL] == 3 and nm.SEVERAL not in m.skipped  # read, kept on the process
     assert {(s.algo, s.proto, s.count) for s in m.processes[("gpu-c", 3001)].tuning} == {("Ring", "LL", 3)}
 
 
@@ -385,7 +385,7 @@ def test_tuning_lines_of_several_equal_communicators_are_not_guessed(tmp_path):
     m = load(lines=lines, tmp_path=tmp_path)
     a, b = m.comms
     assert ran(a) == {("AllReduce", "Ring", "LL", 2, 4096, 4096, 1)} and ran(b) == set()
-    assert m.skipped[nm.SEVERAL] == 1
+    assert m.reading.unattributed[nm.SEVERAL] == 1 and nm.SEVERAL not in m.skipped
 
 
 def test_a_profilers_collectives_are_never_counted_twice_with_the_log(tmp_path):
@@ -516,11 +516,8 @@ def test_read_lines_splits_at_every_chunk_boundary(tmp_path):
     p = tmp_path / "edges.log"
     lines = [b"a" * n for n in (0, 1, nl.CHUNK - 1, nl.CHUNK, nl.CHUNK + 1, nl.MAX_LINE, nl.MAX_LINE + 1, 3)]
     p.write_bytes(b"\n".join(lines))
-    fd = os.open(p, os.O_RDONLY)
-    try:
-        got = list(nl.read_lines(fd))
-    finally:
-        os.close(fd)
+    from ncclprobe.witnesses import jsonlines
+    got = list(nl.read_lines(jsonlines.Source(p).pieces()))
     assert got == [ln if len(ln) <= nl.MAX_LINE else None for ln in lines]
 
 
@@ -528,7 +525,7 @@ def test_fifos_and_other_non_regular_files_are_refused_without_blocking(tmp_path
     fifo = tmp_path / "nccl-debug.h.1"
     os.mkfifo(fifo)
     log = nl.parse_files([fifo, tmp_path])
-    assert log.unreadable == {str(fifo): "not a regular file", str(tmp_path): "not a regular file"}
+    assert log.unreadable == {str(fifo): "not a regular file (FIFO)", str(tmp_path): "not a regular file (directory)"}
     assert log.files == [] and log.counts["unreadable"] == 2
 
 

@@ -145,11 +145,15 @@ def test_log_file_is_private_regular_and_named_by_host_and_pid(built, tmp_path):
     log = tmp_path / "log"
     r = ps.run([built["app"], "basic"], ps.probe_env(log, built["lib"]))
     assert r.returncode == 0
-    files = list(log.iterdir())
+    files = list(log.glob("*.jsonl"))
     assert len(files) == 1
-    mode = files[0].lstat().st_mode
-    assert stat.S_ISREG(mode) and stat.S_IMODE(mode) == 0o600
     host, pid = files[0].name[:-len(".jsonl")].rsplit("-", 1)
+    # beside it only the file budget's counter, <host>.files: one byte per log file created
+    assert sorted(p.name for p in log.iterdir()) == sorted([files[0].name, f"{host}.files"])
+    assert (log / f"{host}.files").read_bytes() == b"\n"
+    for path in log.iterdir():
+        mode = path.lstat().st_mode
+        assert stat.S_ISREG(mode) and stat.S_IMODE(mode) == 0o600
     events = ps.read(log).events
     assert {e["pid"] for e in events} == {int(pid)}
     assert {e["host"] for e in events} == {host}

@@ -181,7 +181,7 @@ def test_fork_child_writes_its_own_file(built, tmp_path):
     log = tmp_path / "log"
     r, _ = run_app(built, log, "fork")
     child_pid = int(next(line for line in r.stdout.splitlines() if line.startswith("child pid=")).split()[1][4:])
-    files = sorted(p.name for p in log.iterdir())
+    files = sorted(p.name for p in log.glob("*.jsonl"))
     assert len(files) == 2 and any(f.endswith(f"-{child_pid}.jsonl") for f in files)
     result = ps.read(log)
     child = [e for e in result.events if e["pid"] == child_pid]

@@ -46,7 +46,8 @@ def shape(tree: procs.ProcTree) -> list[tuple]:
 
 
 # A parent with a thread that starts a child and stays alive (that child is listed in the thread's
-# children file, not the main thread's), a forked child with a grandchild, and exec'ed children.
+# children file, not the main thread's), a forked child with a grandchild, and exec'ed children. It says
+# "ready" once every one of them has exec'd (each Popen returns after its child's exec), never on a clock.
 TREE = r"""
 import os, subprocess, sys, threading, time
 ready = threading.Event()
@@ -56,13 +57,16 @@ def spawner():
     time.sleep(60)
 threading.Thread(target=spawner, daemon=True).start()
 ready.wait()
+started, done = os.pipe()
 if os.fork() == 0:
     subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
+    os.write(done, b"x")  # Popen returns once its child has exec'd: the fork child's subtree is complete
     time.sleep(60)
     os._exit(0)
+os.close(done)
 for _ in range(3):
     subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(60)"])
-time.sleep(1.0)
+assert os.read(started, 1) == b"x"  # EOF instead: the fork child died before its child ran
 print("ready", flush=True)
 time.sleep(60)
 """

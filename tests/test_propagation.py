@@ -165,7 +165,7 @@ def test_a_child_started_surely_before_its_parents_interpreter_belongs_to_the_pr
 def test_a_process_a_probe_saw_use_nccl_is_checked_whatever_an_earlier_proc_snapshot_scoped():
     # the demo on a GPU: inspect ran before torch loaded libnccl, so its records put the worker out of scope
     m = build([start(1, 0, LL), start(10, 1, {}, t=1.0), comm(10, 2.0, {})],
-              records=[{**rec(1, 0, LL), "in_scope": True, "nccl_libs": ["/x/libnccl.so.2"]},
+              records=[{**rec(1, 0, LL), "in_scope": True, "nccl_libs": [{"path": "/x/libnccl.so.2", "version": None}]},
                        {**rec(10, 1, {}, start=1.0), "in_scope": False}])
     [f] = errors(diagnose.rules(m, EXPECT))
     assert f.pids == (10,) and f.edge["kind"] == "curated_env"

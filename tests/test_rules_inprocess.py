@@ -5,7 +5,7 @@ import pytest
 
 from ncclprobe import model
 from ncclprobe import diagnose
-from ncclprobe.diagnose import inprocess
+from ncclprobe.diagnose import copies, inprocess
 from ncclprobe.witnesses.events import EventLog
 
 H = "node1"
@@ -108,10 +108,10 @@ def test_profiler_init_joins_preload_comm_by_call_and_colls_by_hash():
 
 def test_unhookable_only_when_preload_was_active():
     evs = [comm(10, 1.0, LL, call=1), pinit(10, 1.1, "0x1", LL, call=1), pinit(10, 2.0, "0x2", SIMPLE, call=None)]
-    fs = inprocess.unhookable(build(evs))
+    fs = copies.unhookable(build(evs))
     assert codes(fs) == ["NCCL_UNHOOKABLE"] and fs[0].evidence["comm_hash"] == "0x0000000000000002"
     no_preload = [pinit(10, 1.1, "0x1", LL), pinit(10, 2.0, "0x2", SIMPLE)]
-    assert inprocess.unhookable(build(no_preload)) == []
+    assert copies.unhookable(build(no_preload)) == []
 
 
 def test_env_overridden_and_blocked_write():
@@ -171,5 +171,5 @@ def test_an_unset_and_restore_within_a_moment_nets_out():
 def test_multiple_libs_in_one_process():
     m = build([comm(10, 1.0, LL, call=1), ev("nccl_getenv", 10, 1.0, "envplugin", var="NCCL_PROTO", value="LL",
                                              lib="/other/libnccl.so.2")])
-    assert codes(inprocess.multiple_libs(m)) == ["NCCL_MULTIPLE_LIBS"]
-    assert inprocess.multiple_libs(build([comm(10, 1.0, LL)])) == []
+    assert codes(copies.multiple_libs(m)) == ["NCCL_MULTIPLE_LIBS"]
+    assert copies.multiple_libs(build([comm(10, 1.0, LL)])) == []

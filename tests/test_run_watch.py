@@ -47,13 +47,14 @@ def summary(d: Path) -> dict | None:
     return next((e for e in records(d) if e["ev"] == "watch_summary"), None)
 
 
-def wait_until(what, why: str):
+def wait_until(what, why):
+    """what()'s first true value, polled until WAIT_S; why: the failure's message, or a function giving it."""
     deadline = time.monotonic() + WAIT_S
     while True:
         got = what()
         if got:
             return got
-        assert time.monotonic() < deadline, why
+        assert time.monotonic() < deadline, why() if callable(why) else why
         time.sleep(0.02)  # polling a condition, not waiting for something to happen
 
 

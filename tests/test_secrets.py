@@ -59,14 +59,21 @@ class Ready:
 
 def test_secret_markers_are_one_list_in_the_tool_and_the_boot_probe():
     assert watched.SECRET_MARKERS == boot.SECRET_MARKERS
-    for marker in ("PASSWD", "AUTH", "PRIVATE"):
+    assert watched.SECRET_ENDINGS == boot.SECRET_ENDINGS
+    for marker in ("PASSWD", "AUTH", "PRIVATE", "PASSPHRASE", "COOKIE"):
         assert marker in watched.SECRET_MARKERS
 
 
 NAMES = {"DB_PASSWD": True, "GH_AUTH": True, "AUTH_HEADER": True, "HTTP_AUTHORIZATION": True,
          "--authorization": True, "SSH_PRIVATE": True, "PRIVATE_KEY_PEM": True, "HF_TOKEN": True,
          "GIT_AUTHOR_NAME": False, "--author": False, "AUTHORS": False, "AUTHOR_AUTH_TOKEN": True,
-         "DATABASE_URL": False, "HOME": False, "NCCL_PROTO": False}
+         "DATABASE_URL": False, "HOME": False, "NCCL_PROTO": False,
+         # issue 21: names ending with PASS, _PAT, _PWD; PATH, PWD (the working directory) and counts of tokens are not
+         "DB_PASS": True, "SSHPASS": True, "--db-pass": True, "--pass": True, "GITHUB_PAT": True, "--github-pat": True,
+         "MYSQL_PWD": True, "--db-pwd": True, "GPG_PASSPHRASE": True, "SESSION_COOKIE": True,
+         "PWD": False, "OLDPWD": False, "PATH": False, "LD_LIBRARY_PATH": False, "--pass-through": False,
+         "DB_PASS_FILE": False, "--tokenizer": False, "--max-num-batched-tokens": False, "MAX_TOKENS": False,
+         "ADMIN_TOKENS": True, "HF_TOKENS": True}
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -155,7 +162,7 @@ def test_run_header_run_json_and_report_json_redact_the_command(tmp_path):
     d = tmp_path / "log"
     r = cli("run", "--dir", str(d), "--", PYTHON, "-c", "pass", *ARGS)
     assert r.returncode == 0, r.stderr
-    assert "--api-key <redacted>" in r.stdout  # the header
+    assert "--api-key <redacted>" in " ".join(r.stdout.split())  # the header (wrapped at 80 columns)
     meta = json.loads((d / "run.json").read_text())
     assert meta["command"][3:5] == ["--api-key", "<redacted>"]
     rep = cli("report", str(d), "--json")

@@ -3,7 +3,6 @@
 measured so far, `incomplete` set, exit code 128+signal."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import signal
@@ -14,6 +13,7 @@ from typing import Any
 from ncclprobe.bench import driver as drv, live, matrix, plot as plot_mod, report, summary
 from ncclprobe.bench.report import Context, Speculation, projection_options
 from ncclprobe.bench.summary import BENCH_EXTRA_HINT, NOTHING_MEASURED
+from ncclprobe.bench.torchnccl import torch_installed
 from ncclprobe.doc import Result, Text, Title, Unexaminable
 from ncclprobe.commands.envfile import AssignmentError, parse_assignments
 from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE
@@ -38,11 +38,7 @@ def _torch_missing() -> Unexaminable:
 def _require_torch() -> None:
     """Up front, without importing torch here: the workers import it, and without it every
     configuration would only end in ModuleNotFoundError."""
-    try:
-        found = importlib.util.find_spec("torch") is not None
-    except (ImportError, ValueError):  # a broken parent package or a torch without __spec__
-        found = False
-    if not found:
+    if not torch_installed():
         raise _torch_missing()
 
 

@@ -4,9 +4,18 @@ on the libnccl.so.2 torch already loaded (a bare soname returns torch's copy).""
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 from pathlib import Path
 
 from ncclprobe.ncclapi import NCCL_BFLOAT16, NCCL_SUM, UniqueId, declare, init_rank_ctypes, unique_id
+
+
+def torch_installed() -> bool:
+    """torch is there, found without importing it (that takes seconds; the workers do it)."""
+    try:
+        return importlib.util.find_spec("torch") is not None
+    except (ImportError, ValueError):  # a broken parent package or a torch without __spec__
+        return False
 
 
 def gpu_count() -> int:

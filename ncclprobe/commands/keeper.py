@@ -1,23 +1,28 @@
 """When `ncclprobe run` itself is killed (SIGKILL, the OOM killer), nothing in it can end CMD's tree any
 more: a keeper does. The keeper is a small interpreter in a session of its own that reads, from a pipe,
-the members of the tree as the supervisor last scanned them (pid and start time). When the pipe ends
-without the supervisor's "done" — its write end closed because the supervisor died — it ends them:
-SIGTERM, then SIGKILL after the grace. A member is signalled only while its start time still matches,
-so a reused pid is never hit. On a normal end the supervisor says "done" and the keeper exits."""
+the members of the tree as the supervisor last scanned them (pid and start time), and the tree's mark
+(supervise.Mark). When the pipe ends without the supervisor's "done" — its write end closed because the
+supervisor died — it runs the supervisor's own stop path (supervise.Group.ending) on them: SIGTERM, then
+SIGKILL after the grace, the tree re-scanned until it is empty, so what a member starts meanwhile (a
+SIGTERM handler that forks a child into a session of its own) is ended too. The keeper is no subreaper
+ancestor of the tree, so a child whose parent exits at once is found by the mark, not by its ppid. A
+member is signalled only while its start time still matches, so a reused pid is never hit. On a normal
+end the supervisor says "done" and the keeper exits."""
 from __future__ import annotations
 
 import os
 import select
 import subprocess
 import sys
+from pathlib import Path
 
-# stdlib only, no site (-I -S): it starts in milliseconds and needs nothing installed
+# stdlib only, no site (-I -S): it starts in milliseconds and needs nothing installed until it has to act
 _KEEPER = r"""
-import os, signal, sys, time
+import os, signal, sys
 for s in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTERM):
     signal.signal(s, signal.SIG_IGN)  # the terminal's Ctrl-C is the supervisor's to handle
-grace, label = float(sys.argv[1]), sys.argv[2]
-members, scan, done, buf = {}, None, False, b""
+grace, label, where = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+members, scan, mark, done, buf = {}, None, None, False, b""
 while True:
     try:
         chunk = os.read(0, 65536)
@@ -30,75 +35,48 @@ while True:
     buf += chunk
     *lines, buf = buf.split(b"\n")
     for line in lines:
+        words = line.split()
         if line == b"begin":
             scan = {}
         elif line == b"end" and scan is not None:
             members, scan = scan, None
         elif line == b"done":
             done = True
-        elif scan is not None:
-            words = line.split()
-            if len(words) == 2 and words[0].isdigit() and words[1].isdigit():
-                scan[int(words[0])] = int(words[1])
+        elif len(words) == 4 and words[0] == b"mark" and words[2].isdigit() and words[3].isdigit():
+            try:
+                mark = (bytes.fromhex(words[1].decode()), int(words[2]), int(words[3]))
+            except ValueError:
+                pass
+        elif scan is not None and len(words) == 2 and words[0].isdigit() and words[1].isdigit():
+            scan[int(words[0])] = int(words[1])
 if done:
     sys.exit(0)
-def stat(pid):
+sys.path.append(where)  # the installed ncclprobe: run's own stop path, now that it is needed
+try:
+    from ncclprobe.commands.supervise import take_over
+    take_over(members, mark, grace, label)
+except Exception as exc:  # one line, never a traceback on the user's terminal
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            rest = f.read().rsplit(b")", 1)[1].split()
-        return int(rest[1]), int(rest[19])  # ppid, start time
-    except (OSError, ValueError, IndexError):
-        return None, None
-def start(pid):
-    return stat(pid)[1]
-# what a member started after the supervisor's last scan is the member's descendant: add it now
-kids = {}
-for name in os.listdir("/proc"):
-    if name.isdigit():
-        ppid, began = stat(int(name))
-        if ppid is not None:
-            kids.setdefault(ppid, []).append((int(name), began))
-todo = [p for p, s in members.items() if start(p) == s]
-while todo:
-    for pid, began in kids.get(todo.pop(), ()):
-        if pid not in members:
-            members[pid] = began
-            todo.append(pid)
-def alive():
-    return [p for p, s in members.items() if start(p) == s]
-def send(sig):
-    for p in alive():
-        try:
-            os.kill(p, sig)
-        except OSError:
-            pass
-left = alive()
-if left:
-    try:
-        os.write(2, f"{label}: the supervisor is gone; ending the {len(left)} process(es) it ran: SIGTERM now, SIGKILL in {grace:g} s\n".encode())
+        os.write(2, f"{label}: the supervisor is gone and its tree could not be ended: {exc!r}\n".encode())
     except OSError:
         pass
-    send(signal.SIGTERM)
-    send(signal.SIGCONT)
-    deadline = time.monotonic() + grace
-    while alive() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    send(signal.SIGKILL)
 """
-
-
 class Keeper:
     """The keeper of one supervised tree: update() after each scan, close() when the tree is settled."""
 
-    def __init__(self, grace: float, label: str):
+    def __init__(self, grace: float, label: str, mark=None):
+        """mark: the tree's supervise.Mark, or None (then only the scanned members and their descendants)."""
         r, w = os.pipe2(os.O_CLOEXEC)
+        where = str(Path(__file__).resolve().parents[2])  # the directory that holds the ncclprobe package
         try:
-            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _KEEPER, f"{grace:g}", label],
+            self.proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", _KEEPER, f"{grace:g}", label, where],
                                          stdin=r, stdout=subprocess.DEVNULL, start_new_session=True)
         finally:
             os.close(r)
         os.set_blocking(w, False)  # the supervisor never waits for its keeper
         self.fd: int | None = w
+        if mark is not None:  # through the pipe, not argv: argv is anyone's to read in /proc
+            self._write(b"mark %s %d %d\n" % (mark.entry.hex().encode(), mark.since, mark.uid))
 
     @property
     def pid(self) -> int:

@@ -259,30 +259,6 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
     return _result(shown, d, notes + ([removal] if removal else []), expect, rc, words, code, group.outcome, meta)
 
 
-def injected(meta: dict[str, Any]) -> dict[str, Any]:
-    """Every value ncclprobe put into CMD's tree, and how (run.json's record of it)."""
-    pins = list((meta.get("profile") or {}).get("pin") or [])
-    wiring_names = [n for n, on in (("LD_PRELOAD", meta.get("preload")), ("NCCL_PROFILER_PLUGIN", "profiler" in
-                    (meta.get("plugins") or [])), ("NCCL_ENV_PLUGIN", "env" in (meta.get("plugins") or [])),
-                    ("PYTHONPATH", meta.get("boot")), ("NCCLPROBE_DIR", True)) if on]
-    return {"set": dict(meta.get("set") or {}), "enforced": dict(meta.get("enforced") or {}), "pinned": pins,
-            "wiring": wiring_names}
-
-
-def injected_lines(meta: dict[str, Any]) -> list[str]:
-    inj = injected(meta)
-    lines = []
-    if inj["set"]:
-        lines.append("ncclprobe put into CMD's environment (--set, as `env K=V CMD`): "
-                     + " ".join(f"{k}={v}" for k, v in inj["set"].items()))
-    if inj["enforced"]:
-        lines.append("ncclprobe re-applies in every Python interpreter it reaches (--enforce), even one started "
-                     "without it: " + " ".join(f"{k}={v}" for k, v in inj["enforced"].items()))
-    if inj["pinned"]:
-        lines.append("ncclprobe refuses in-process writes to (--pin): " + " ".join(inj["pinned"]))
-    return lines
-
-
 def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: supervise.Outcome,
             meta: dict[str, Any] | None = None) -> Result:
     from ncclprobe.commands import report
@@ -297,15 +273,16 @@ def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: sup
     except KeyboardInterrupt:  # CMD has ended and its status is in run.json: print what is known
         result = Result("run", doc=[Text("Report not built: interrupted", "warn")])
     result.command = "run"
-    if expect and not any(c.get("env") is not None for c in result.data.get("communicators", [])):
+    if expect and not any(c.get("env") is not None for c in result.data.get("communicators", [])) and \
+            not (result.data.get("verdict") or {}).get("unchecked"):
         given = " ".join(f"{k}={v}" for k, v in shown_values(expect).items())
         header.append(Text(f"No communicator was seen: --expect {given} was checked on each process's own "
                            "environment (the boot probe's and /proc's witnesses), not at communicator creation",
                            "warn"))
     result.doc[:0] = header
-    result.data.update(log_dir=str(d), returncode=rc, exit_status=words, injected=injected(meta or {}),
+    result.data.update(log_dir=str(d), returncode=rc, exit_status=words, injected=report.injected(meta or {}),
                        **outcome.to_json())
-    result.code = code or None
+    result.code = code or result.code  # CMD's own failure first; else the report's (3: checked nowhere)
     return result
 
 

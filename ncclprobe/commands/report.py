@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclprobe import diagnose, model as model_mod
+from ncclprobe.commands import verdictview
 from ncclprobe.diagnose import inprocess, verdict
 from ncclprobe.witnesses import events
 from ncclprobe.doc import FindingsHere, Records, Result, Table, Text, Title, Unexaminable
@@ -29,6 +30,11 @@ def load(dirs, nccl_logs=()) -> Model:
         raise Unexaminable("give a log directory or --nccl-log FILE", "nothing to read")
     events.check_sources(dirs, nccl_logs)
     log = events.stream_dirs(dirs)  # may be empty: NCCL logs alone still tell what NCCL read and ran
+    if log.refused:
+        raise Unexaminable(log.refused, "bad log directory",
+                           {"hint": "the probes write at most NCCLPROBE_MAX_FILES files per host: report the "
+                                    "directories of fewer hosts at once, or raise NCCLPROBE_REPORT_MAX_FILES "
+                                    "where the memory is there"})
     m = model_mod.build(log)
     if nccl_logs:
         from ncclprobe.witnesses import nccllog_model
@@ -41,15 +47,16 @@ def load(dirs, nccl_logs=()) -> Model:
     from ncclprobe.witnesses import shells
     m.shell_pitfalls = shells.model_pitfalls(m)  # the scripts the command lines name, read now
     if not m.processes and not m.comms:
-        unreadable_files = sum(v for k, v in log.skipped.items() if k.startswith("unreadable file"))
-        reason = (f"{unreadable_files} event file(s) unreadable" if unreadable_files else
+        unreadable_files = sum(log.skipped_files.values())
+        reason = (f"{unreadable_files} event file(s) skipped" if unreadable_files else
                   f"{len(log.files)} event file(s), nothing usable" if log.files else "no event files")
         if nccl_logs:
             reason += f"; no NCCL log lines recognised in {', '.join(map(str, nccl_logs))}"
         raise Unexaminable(f"nothing to report in {', '.join(map(str, [*dirs, *nccl_logs]))}: {reason}",
                            "empty log directory",
-                           {"skipped": dict(log.skipped), "hint": "was the job started under `ncclprobe run` "
-                            "(or with NCCLPROBE_DIR set and the probes wired in)?"})
+                           {"skipped": {**log.skipped, **log.skipped_files},
+                            "hint": "was the job started under `ncclprobe run` "
+                                    "(or with NCCLPROBE_DIR set and the probes wired in)?"})
     return m
 
 
@@ -62,8 +69,8 @@ def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_
     findings = diagnose.rules(m, expect or {})
     v = verdict.for_model(m, findings, expect or {})
     data = {**model_json(m), "verdict": v.to_json()}
-    doc = [*header_doc(m, [*dirs, *nccl_logs]), *verdict.doc(v), FindingsHere(), *model_doc(m)]
-    return Result("report", findings=findings, data=data, doc=doc)
+    doc = [*header_doc(m, [*dirs, *nccl_logs]), *verdictview.doc(v), FindingsHere(), *model_doc(m)]
+    return Result("report", findings=findings, data=data, doc=doc, code=v.code)
 
 
 def augment_inspection(result, m: Model, log_dirs, error: Unexaminable | None = None):
@@ -72,14 +79,16 @@ def augment_inspection(result, m: Model, log_dirs, error: Unexaminable | None = 
     if error is not None:
         result.tail.append(Text(f"In-process view: {error}", "warn"))
         result.data["in_process"] = {"error": str(error)}
-        v = verdict.for_processes(result.data.get("processes"), result.findings, result.expect)
+        v = verdict.for_model(m, result.findings, result.expect)
         result.data["verdict"] = v.to_json()
-        result.head = verdict.doc(v)
+        result.head = verdictview.doc(v)
+        result.code = result.code or v.code
         return result
     expect = result.expect
-    v = verdict.for_model(m, result.findings, expect, processes=result.data.get("processes"))
+    v = verdict.for_model(m, result.findings, expect)
     result.data["verdict"] = v.to_json()
-    result.head = verdict.doc(v)
+    result.head = verdictview.doc(v)
+    result.code = result.code or v.code
     result.data["communicators"] = model_json(m)["communicators"]
     result.data["in_process"] = {"dirs": [str(d) for d in log_dirs],
                                  "processes": sum(1 for p in m.processes.values() if p.sources - {"proc", "live"})}
@@ -216,9 +225,33 @@ def _api(c: CommView, m: Model) -> str:
     if c.api is None:
         return "unseen by preload"
     if c.parent:
-        parent = next((p for p in m.comms if p.pid == c.pid and p.comm == c.parent), None)
+        parent = next((p for p in m.comms_of(c.host, c.pid) if p.comm == c.parent), None)
         return f"{c.api} of {parent.ident if parent else c.parent} color {c.color}"
     return c.api
+
+
+def injected(meta: dict[str, Any]) -> dict[str, Any]:
+    """Every value ncclprobe put into CMD's tree, and how (run.json's record of it)."""
+    pins = list((meta.get("profile") or {}).get("pin") or [])
+    wiring_names = [n for n, on in (("LD_PRELOAD", meta.get("preload")), ("NCCL_PROFILER_PLUGIN", "profiler" in
+                    (meta.get("plugins") or [])), ("NCCL_ENV_PLUGIN", "env" in (meta.get("plugins") or [])),
+                    ("PYTHONPATH", meta.get("boot")), ("NCCLPROBE_DIR", True)) if on]
+    return {"set": dict(meta.get("set") or {}), "enforced": dict(meta.get("enforced") or {}), "pinned": pins,
+            "wiring": wiring_names}
+
+
+def injected_lines(meta: dict[str, Any]) -> list[str]:
+    inj = injected(meta)
+    lines = []
+    if inj["set"]:
+        lines.append("ncclprobe put into CMD's environment (--set, as `env K=V CMD`): "
+                     + " ".join(f"{k}={v}" for k, v in inj["set"].items()))
+    if inj["enforced"]:
+        lines.append("ncclprobe re-applies in every Python interpreter it reaches (--enforce), even one started "
+                     "without it: " + " ".join(f"{k}={v}" for k, v in inj["enforced"].items()))
+    if inj["pinned"]:
+        lines.append("ncclprobe refuses in-process writes to (--pin): " + " ".join(inj["pinned"]))
+    return lines
 
 
 def header_doc(m: Model, dirs, title: bool = True) -> list:
@@ -233,7 +266,6 @@ def header_doc(m: Model, dirs, title: bool = True) -> list:
     if m.simulated:
         doc.append(Text("SIMULATED NCCL: these communicators ran on ncclprobe's simulated NCCL (no GPU); "
                         "algorithms and protocols are the simulator's choices, not a real machine's.", "warn"))
-    from ncclprobe.commands.launch import injected_lines
     for run in m.runs:
         for note in run.get("notes", []):
             doc.append(Text(f"run: {note}", "note"))
@@ -242,7 +274,42 @@ def header_doc(m: Model, dirs, title: bool = True) -> list:
         doc.append(Text(watch_line(w, host if len(m.watch) > 1 else None), "dim"))
     for p in unseen_execs(m):
         doc.append(Text(unseen_exec_line(p), "warn"))
+    doc += [Text(line, "warn") for line in writer_lines(m)]
     return doc
+
+
+WRITER_LINES_MAX = 8  # per kind; the JSON lists every process
+
+
+def writer_lines(m: Model) -> list[str]:
+    """What the writers said they did not record: a spent log budget, lines dropped (the shared log-bounding
+    policy), grouped where many processes say the same."""
+    hosts = {h for h, _ in [*m.reading.budget, *m.reading.dropped]}
+    on = (lambda h: f" on {h}") if len(hosts) > 1 else (lambda h: "")
+    budgets: dict[tuple, list[int]] = {}
+    for (host, pid), (reached, limit) in sorted(m.reading.budget.items()):
+        budgets.setdefault((host, reached, limit), []).append(pid)
+    out = []
+    for (host, reached, limit), pids in budgets.items():
+        what = _budget_size(limit) if reached == "bytes" else str(limit) if limit is not None else "?"
+        if reached == "bytes":
+            out.append(f"log budget reached (bytes, {what}){on(host)}: later lines of pid {_pids(pids)} not recorded")
+        else:
+            out.append(f"log budget reached (files, {what}){on(host)}: pid {_pids(pids)} and the processes started "
+                       "after it have no log file")
+    dropped = sorted(m.reading.dropped.items())
+    for (host, pid), n in dropped[:WRITER_LINES_MAX]:
+        out.append(f"{n} line(s) dropped by pid {pid}'s writer{on(host)} (stalled or full filesystem)")
+    if len(dropped) > WRITER_LINES_MAX:
+        rest = dropped[WRITER_LINES_MAX:]
+        out.append(f"{sum(n for _, n in rest)} more line(s) dropped by the writers of {len(rest)} more process(es)")
+    return out
+
+
+def _budget_size(limit: int | None) -> str:
+    if limit is None:
+        return "?"
+    return f"{limit >> 20} MiB" if limit >= 1 << 20 and limit % (1 << 20) == 0 else f"{limit} bytes"
 
 
 def unseen_execs(m: Model) -> list:
@@ -337,11 +404,28 @@ def model_doc(m: Model) -> list:
         doc.append(Records(items, title="Communicators"))
     else:
         doc.append(Text("No communicator was created, or none was seen by a probe.", "warn"))
-    skipped = sum(m.skipped.values())
-    if skipped:
-        doc.append(Text(f"Skipped {skipped} unreadable line(s)/file(s): "
-                        + ", ".join(f"{k}: {v}" for k, v in m.skipped.items()), "dim"))
+    doc.extend(Text(line, "dim") for line in reading_lines(m))
     return doc
+
+
+NOTES_SHOWN = 16  # file notes in the text; the JSON has every one
+
+
+def reading_lines(m: Model) -> list[str]:
+    """What was not read: lines and files skipped (each counted once, by reason), files not read whole,
+    NCCL log lines read but given to no communicator."""
+    files = m.reading.skipped_files
+    lines = {k: v for k, v in m.skipped.items() if k not in files}
+    out = []
+    for what, counts in (("line(s)", lines), ("file(s)", files)):
+        if counts:
+            out.append(f"Skipped {sum(counts.values())} {what}: " + ", ".join(f"{k}: {v}" for k, v in counts.items()))
+    notes = m.reading.notes
+    out += [f"{n['path']}: {n['note']}" for n in notes[:NOTES_SHOWN]]
+    if len(notes) > NOTES_SHOWN:
+        out.append(f"… and {len(notes) - NOTES_SHOWN} more file note(s) (--json lists them)")
+    out += [f"{k}: {v}" for k, v in m.reading.unattributed.items()]
+    return out
 
 
 def _copies_doc(m: Model, procs) -> list:
@@ -446,7 +530,8 @@ def model_json(m: Model) -> dict[str, Any]:
     versions = lib_versions(m)
     procs = [{"host": p.host, "pid": p.pid, "ppid": p.ppid, "argv": p.argv, "exe": p.exe,
               "witnesses": sorted(p.sources), "env": p.start_env, "exec_env_differs": p.exec_env_differs,
-              "forked_from": p.forked_from, "nccl_libs": sorted(p.libs), "nccl_lib_versions": _libs_json(p, versions),
+              "forked_from": p.forked_from, "adopted_by": p.adopted_by, "exec_after_boot": p.exec_after_boot,
+              "nccl_libs": sorted(p.libs), "nccl_lib_versions": _libs_json(p, versions),
               "env_writes": [w.__dict__ for w in p.writes],
               "nccl_reads": [{**r.__dict__, "t": _finite(r.t)} for r in sorted(p.reads.values(), key=lambda r: r.t)],
               "probe_errors": p.errors, "start": _finite(p.proc_start) if p.proc_start is not None else None,
@@ -464,7 +549,19 @@ def model_json(m: Model) -> dict[str, Any]:
               "collectives": [_coll_json(s) for s in c.colls.values()],
               "activity": c.activity.__dict__ if c.activity is not None else None} for c in m.comms]
     return {"processes": procs, "communicators": comms, "simulated": m.simulated,
-            "skipped": m.skipped, "runs": [_run_json(r) for r in m.runs], "watch": _watch_json(m)}
+            "skipped": m.skipped, "reading": _reading_json(m), "runs": [_run_json(r) for r in m.runs],
+            "watch": _watch_json(m)}
+
+
+def _reading_json(m: Model) -> dict[str, Any]:
+    files = m.reading.skipped_files
+    keys = sorted({*m.reading.budget, *m.reading.dropped})
+    return {"files": m.files, "lines_skipped": sum(v for k, v in m.skipped.items() if k not in files),
+            "files_skipped": sum(files.values()), "file_notes": m.reading.notes,
+            "writers": [{"host": h, "pid": p, "budget_reached": m.reading.budget.get((h, p), (None, None))[0],
+                         "budget_limit": m.reading.budget.get((h, p), (None, None))[1],
+                         "lines_dropped": m.reading.dropped.get((h, p), 0)} for h, p in keys],
+            "unattributed": m.reading.unattributed}
 
 
 def _coll_json(s) -> dict[str, Any]:

@@ -10,7 +10,8 @@ Signals: the first INT/TERM/HUP/QUIT goes to CMD's process group, as a terminal 
 still runs after the grace gets SIGTERM, then SIGKILL after the grace again; each further signal takes
 the next step at once. USR1/USR2 are passed on. After a normal exit of CMD the rest of its tree is left
 running and listed; after a stop request, or when CMD was killed by a signal, all of it is ended.
-Should this process be killed outright, its keeper (keeper.py) ends the tree instead.
+Should this process be killed outright, its keeper (keeper.py) ends the tree instead, by the same
+stop path (Group.ending), finding the tree's orphans by its Mark where no ppid link is left.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ KILL_WAIT_MIN_S = 2.0  # after SIGKILL: a process releasing GPU memory can take 
 POLL_S = 0.1
 RECORD_S = 2.0  # how often a running tree is scanned; the subreaper, not this, keeps orphans found
 NAMES_SHOWN = 6
+MARK_VAR = "NCCLPROBE_DIR"  # run gives CMD its own log directory: the keeper's Mark of the tree
 RUNNING, FORWARDED, TERMINATING, KILLING, GIVEN_UP = range(5)
 
 
@@ -89,6 +91,27 @@ class Member:
         return f"pid {self.pid} ({self.name})"
 
 
+@dataclass(frozen=True)
+class Mark:
+    """How the keeper knows the tree without ppid links (it is no subreaper ancestor of the tree: when
+    run dies, an orphan goes to init, prctl(2) PR_SET_CHILD_SUBREAPER): a process started since `since`
+    (run's start, in clock ticks), of euid `uid`, whose exec-time environment holds `entry`
+    (NAME=value): a fork child's environ is its parent's (a copy of its memory), and an exec passes it
+    on unless the caller clears it. Used only where that entry is the tree's alone (run's own
+    environment does not hold it): NCCLPROBE_DIR naming run's log directory."""
+    entry: bytes
+    since: int
+    uid: int
+
+    def holds(self, fs: ProcFS, pid: int) -> bool:
+        try:
+            if fs.uid(pid) != self.uid:
+                return False
+            return (b"\0" + self.entry + b"\0") in b"\0" + fs.reader.read_bytes(fs.path(pid, "environ")) + b"\0"
+        except OSError:  # gone, a kernel thread (empty), or not ours to read
+            return False
+
+
 def labels(members, limit: int = NAMES_SHOWN) -> str:
     members = sorted(members, key=lambda m: m.pid)
     shown = ", ".join(m.label() for m in members[:limit])
@@ -99,7 +122,7 @@ class Tree:
     """Every process started under this one since the Tree was made (children it already had are
     another caller's, left out with all under them)."""
 
-    def __init__(self, fs: ProcFS | None = None):
+    def __init__(self, fs: ProcFS | None = None, mark: Mark | None = None):
         self.fs = fs or ProcFS()
         self.me = os.getpid()
         self.popen_pid: int | None = None  # Popen reaps CMD itself; reaping it here would lose its code
@@ -107,6 +130,8 @@ class Tree:
         self.foreign = {(st.pid, st.start_ticks) for st in self._stats() if st.ppid == self.me}
         self.on_scan = None  # called with each scan's members (the keeper)
         self.reaped: list[tuple[int, int]] = []  # (pid, start) of the orphans reaped here (the watch counts those it missed)
+        self.mark = mark
+        self._unmarked: set[tuple[int, int]] = set()  # (pid, start) read once and not marked
 
     def _stats(self) -> list[Stat]:
         out = []
@@ -130,18 +155,10 @@ class Tree:
             kids.setdefault(st.ppid, []).append(st)
         found: dict[int, Stat] = {}
         # a process recorded earlier that is no longer linked to us (no subreaper) is still ours
-        roots = [self.me] + [m.pid for m in self.seen.values()
-                             if m.pid in by_pid and by_pid[m.pid].start_ticks == m.start]
-        for root in roots:
-            if root != self.me:
-                found.setdefault(root, by_pid[root])
-            stack = [root]
-            while stack:
-                for st in kids.get(stack.pop(), ()):
-                    if (st.pid, st.start_ticks) in self.foreign or st.pid in found:
-                        continue
-                    found[st.pid] = st
-                    stack.append(st.pid)
+        self._walk([self.me] + [m.pid for m in self.seen.values()
+                                if m.pid in by_pid and by_pid[m.pid].start_ticks == m.start], by_pid, kids, found)
+        if self.mark is not None:  # and, with no ppid link at all, one that carries the tree's mark
+            self._walk([st.pid for st in stats if st.pid not in found and self._marked(st)], by_pid, kids, found)
         out = []
         for st in found.values():
             if st.state in ("Z", "X", "x"):
@@ -154,6 +171,30 @@ class Tree:
         if self.on_scan is not None:
             self.on_scan(out)
         return out
+
+    def _walk(self, roots: list[int], by_pid: dict[int, Stat], kids: dict[int, list[Stat]],
+              found: dict[int, Stat]) -> None:
+        """Into found: the roots (but this process) and everything under them, less the foreign."""
+        for root in roots:
+            if root != self.me:
+                found.setdefault(root, by_pid[root])
+            stack = [root]
+            while stack:
+                for st in kids.get(stack.pop(), ()):
+                    if (st.pid, st.start_ticks) in self.foreign or st.pid in found:
+                        continue
+                    found[st.pid] = st
+                    stack.append(st.pid)
+
+    def _marked(self, st: Stat) -> bool:
+        """Whether a process this walk did not reach is the tree's by its mark (each read once)."""
+        key = (st.pid, st.start_ticks)
+        if st.pid == self.me or st.start_ticks < self.mark.since or key in self._unmarked or key in self.foreign:
+            return False
+        if self.mark.holds(self.fs, st.pid):
+            return True
+        self._unmarked.add(key)
+        return False
 
     def adopt_foreign(self, pid: int) -> None:
         """A child of ours that is not part of the tree (the keeper)."""
@@ -220,15 +261,7 @@ class Group:
 
     def __init__(self, cmd: list[str], env: dict[str, str], stdout=None, cwd=None, grace: float = GRACE_S,
                  label: str = "ncclprobe"):
-        self.grace, self.label = grace, label
-        self.requests: list[int] = []  # stop signals received; the handler only records them
-        self.handled = 0
-        self.stage, self.deadline = RUNNING, math.inf
-        self.signalled: dict[int, tuple[Member, str]] = {}
-        self.outcome = Outcome()
-        self.pgid: int | None = None
-        self._old: dict[int, object] = {}
-        self.tree = Tree()
+        self._stop_state(Tree(), grace, label)
         self._was_subreaper = get_subreaper()
         self.outcome.subreaper = set_subreaper(1)
         for sig in STOP_SIGNALS + PASSED_SIGNALS:
@@ -244,12 +277,33 @@ class Group:
             self._restore()
             raise
         self.tree.popen_pid = self.pgid = self.proc.pid
-        self.keeper = _keeper(grace, label)
+        self.keeper = _keeper(grace, label, env.get(MARK_VAR))
         if self.keeper is not None:
             self.tree.adopt_foreign(self.keeper.pid)
             self.tree.on_scan = self.keeper.update
         if self.requests:  # a signal came while CMD was being started
             self._killpg(self.requests[0])
+
+    def _stop_state(self, tree: Tree, grace: float, label: str) -> None:
+        self.grace, self.label = grace, label
+        self.requests: list[int] = []  # stop signals received; the handler only records them
+        self.handled = 0
+        self.stage, self.deadline = RUNNING, math.inf
+        self.signalled: dict[int, tuple[Member, str]] = {}
+        self.outcome = Outcome()
+        self.pgid: int | None = None
+        self._old: dict[int, object] = {}
+        self.tree = tree
+
+    @classmethod
+    def ending(cls, tree: Tree, grace: float, label: str, cause: str) -> Outcome:
+        """The stop path alone, on a tree whose supervisor is gone (the keeper): no command started, no
+        signal handled; every process of the tree, and each found at a later scan, ended as _end_all does."""
+        group = cls.__new__(cls)
+        group._stop_state(tree, grace, label)
+        group.outcome.cause = cause
+        group._end_all()
+        return group.outcome
 
     def say(self, text: str) -> None:
         _stderr(f"{self.label}: {text}")
@@ -381,11 +435,29 @@ class Group:
             self.keeper = None
 
 
-def _keeper(grace: float, label: str):
-    """The keeper that ends the tree should this process be killed (keeper.py); None where none can start."""
+KEEPER_CAUSE = "the supervisor is gone; ending the tree it ran"
+
+
+def take_over(members: dict[int, int], mark: tuple[bytes, int, int] | None, grace: float, label: str) -> None:
+    """In the keeper, once the supervisor is gone: its stop path on the tree it last scanned (pid ->
+    start time), re-scanned from those members and by the mark until it is empty or the steps run out."""
+    tree = Tree(mark=Mark(*mark) if mark is not None else None)
+    tree.seen = {pid: Member(pid, start, "") for pid, start in members.items()}
+    Group.ending(tree, grace, label, KEEPER_CAUSE)
+
+
+def _keeper(grace: float, label: str, mark_value: str | None):
+    """The keeper that ends the tree should this process be killed (keeper.py); None where none can start.
+    mark_value: CMD's MARK_VAR, the tree's mark (Mark) unless this process's environment holds it too."""
     from ncclprobe.commands.keeper import Keeper
+    mark = None
+    if mark_value and os.environ.get(MARK_VAR) != mark_value:
+        try:
+            mark = Mark(os.fsencode(f"{MARK_VAR}={mark_value}"), ProcFS().stat(os.getpid()).start_ticks, os.geteuid())
+        except (OSError, UnicodeError):
+            mark = None
     try:
-        return Keeper(grace, label)
+        return Keeper(grace, label, mark)
     except OSError:
         return None
 

@@ -48,11 +48,10 @@ def _backend(real: bool) -> tuple[str, int]:
                 raise Unexaminable(f"the simulated NCCL is not built ({lib_path(name)} is missing)", "not built",
                                    {"hint": "reinstall ncclprobe: pip install ."})
         return "sim", 2
-    import importlib.util
-    if importlib.util.find_spec("torch") is None:
+    from ncclprobe.bench.torchnccl import gpu_count, torch_installed  # bench/ is the only torch importer
+    if not torch_installed():
         raise Unexaminable("--real needs torch with CUDA", "no torch",
                            {"hint": "pip install 'ncclprobe[bench]' on a machine with an NVIDIA GPU"})
-    from ncclprobe.bench.torchnccl import gpu_count
     gpus = gpu_count()
     if gpus < 1:
         raise Unexaminable("--real needs at least one NVIDIA GPU", "no GPU")

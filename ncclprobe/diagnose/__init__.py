@@ -1,25 +1,23 @@
-"""The one rule set over the model of a job: propagation (diagnose/propagation), communicators and
-NCCL's reads (diagnose/inprocess), and what /proc alone shows of libraries and conf files
-(diagnose/exectime); every command runs it (`rules`), whichever witnesses fed the model."""
+"""The one rule set over the model of a job: propagation along the tree (diagnose/propagation), the
+communicators and NCCL's reads (diagnose/inprocess), library copies (diagnose/copies), nccl.conf values
+(diagnose/conf), what no witness could read (diagnose/visibility) and time in NCCL (diagnose/nccltime).
+Every command runs it (`rules`) on the model alone, whichever witnesses fed it."""
 from __future__ import annotations
 
 from ncclprobe.diagnose.findings import Finding, aggregate
 
 
-def rules(m, expect: dict[str, str] | None = None, recs=None, host: str | None = None) -> list[Finding]:
-    """Every finding on model m, one per cause. recs: inspect's /proc records of the same processes
-    (their libraries, conf files and unreadable environments are read from them)."""
-    from ncclprobe.diagnose import exectime, inprocess, nccltime, propagation
-    from ncclprobe.diagnose.findings import with_host
+def rules(m, expect: dict[str, str] | None = None) -> list[Finding]:
+    """Every finding on model m, one per cause."""
+    from ncclprobe.diagnose import conf, copies, inprocess, nccltime, propagation, visibility
     expect = dict(expect or {})
     found = propagation.rules(m, expect)
     # a write a propagation finding already names as the cause of a changed value is that cause
     named = {(f.edge["var"], f.edge["where"]) for f in found if f.edge and f.edge["kind"] == "overwritten_in_child"}
     found += [f for f in inprocess.all_rules(m)
               if not (f.code == "ENV_OVERRIDDEN" and (f.var, f.evidence.get("where")) in named)]
-    found += nccltime.rules(m, expect)
-    if recs is not None:
-        found += with_host(exectime.observations(recs), host) if host else exectime.observations(recs)
+    found += [*copies.multiple_libs(m), *copies.unhookable(m), *conf.conf_file_values(m),
+              *visibility.env_unreadable(m), *nccltime.rules(m, expect)]
     return aggregate(dedupe(found))
 
 

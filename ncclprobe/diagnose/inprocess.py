@@ -170,45 +170,6 @@ def algo_proto_mismatch(m: Model) -> list[Finding]:
     return out
 
 
-def multiple_libs(m: Model) -> list[Finding]:
-    out = []
-    for p in m.processes.values():
-        if len(p.libs) > 1:
-            libs = sorted(p.libs)
-            out.append(Finding(
-                "NCCL_MULTIPLE_LIBS", "warning",
-                f"{len(libs)} copies of NCCL run in one process: {', '.join(libs)}",
-                pids=(p.pid,), evidence={"libs": libs}, instances=(at(p.host, p.pid),), cause=tuple(libs),
-                hint="each copy has its own parameter cache and its own log; point SGLANG_NCCL_SO_PATH / "
-                     "VLLM_NCCL_SO_PATH at the library torch loads"))
-    versions = {c.version for c in m.comms if c.version}
-    if len(versions) > 1:
-        comms = [c for c in m.comms if c.version]
-        out.append(Finding("NCCL_MULTIPLE_LIBS", "warning",
-                           f"communicators run different NCCL versions: {', '.join(str(v) for v in sorted(versions))}",
-                           pids=tuple(sorted({c.pid for c in comms})), instances=tuple(_at(c) for c in comms),
-                           evidence={"versions": sorted(versions)},
-                           hint="install one NCCL version across the job"))
-    return out
-
-
-def unhookable(m: Model) -> list[Finding]:
-    """Communicators the profiler saw but no preload hook did, in a process that had the preload."""
-    if not m.preload_active:
-        return []
-    out = []
-    for c in m.comms:
-        if "profiler" in c.seen_by and "preload" not in c.seen_by and c.comm_hash:
-            out.append(Finding(
-                "NCCL_UNHOOKABLE", "warning",
-                "a communicator was created through a path the preload hook cannot see (a ctypes-loaded "
-                "NCCL, as SGLang/vLLM PyNccl do); only NCCL's profiler plugin saw it",
-                pids=(c.pid,), evidence={"comm_hash": c.comm_hash, "lib": c.lib, "env_source": c.env_source},
-                instances=(_at(c),), culprit="ctypes-loaded NCCL", cause=c.lib,
-                hint="its creation API and arguments are unknown; its environment comes from the profiler init"))
-    return out
-
-
 def env_overridden(m: Model) -> list[Finding]:
     out = []
     for p in m.processes.values():
@@ -262,30 +223,8 @@ def env_late(m: Model) -> list[Finding]:
     return out
 
 
-def conf_file_values(m: Model) -> list[Finding]:
-    """NCCL read a value the process never had in its environment nor wrote: it came from nccl.conf."""
-    out = []
-    for p in m.processes.values():
-        if p.start_env is None:
-            continue
-        for r in p.reads.values():
-            var, lib = r.var, r.lib
-            if r.value is None or p.start_env.get(var) == r.value:
-                continue
-            if any(w.var == var and w.new == r.value for w in p.writes):
-                continue
-            out.append(Finding(
-                "CONF_FILE_VALUE", "info",
-                f"NCCL read {var}={r.value!r}, which the process environment did not have: "
-                f"it came from an nccl.conf file (NCCL_CONF_FILE, ~/.nccl.conf or /etc/nccl.conf)",
-                pids=(p.pid,), var=var, evidence={"value": r.value, "lib": lib, "at_start": p.start_env.get(var)},
-                instances=(at(p.host, p.pid),), culprit="nccl.conf", cause=(var, r.value),
-                hint="a real environment variable overrides the conf file; set it there if this value is unwanted"))
-    return out
-
-
 def all_rules(m: Model) -> list[Finding]:
     """The rules on communicators and on NCCL's reads; where values went along the process tree is
     propagation's."""
-    return [*comm_tuning_divergent(m), *comm_ranks_divergent(m), *algo_proto_mismatch(m),
-            *multiple_libs(m), *unhookable(m), *env_overridden(m), *env_late(m), *conf_file_values(m)]
+    return [*comm_tuning_divergent(m), *comm_ranks_divergent(m), *algo_proto_mismatch(m), *env_overridden(m),
+            *env_late(m)]

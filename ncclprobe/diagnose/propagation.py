@@ -11,27 +11,32 @@ the same rules (the boot probe's start environment and writes, /proc's exec-time
 tell about is a stated blind spot, never a guess.
 
 The affected processes are the job's endpoints: the processes that use NCCL (a communicator, libnccl
-mapped, a GPU) or, where none does, the ones that start no other process. Intermediates (launchers,
-daemons, shells, servers) are named in the edge, not counted as affected.
+mapped, a GPU) or, where none does, the ones that start no other process and did not retire before
+the others (a recycled pool worker no scan of run's watch saw, gone before the job's workers came).
+Intermediates (launchers, daemons, shells, servers) are named in the edge, not counted as affected;
+so is the launcher around the edge, with its own remedy (model/launchers.py).
 """
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclprobe.diagnose.exectime import LIVE_VIEW, NOT_SHOWN, runs_forkserver
+from ncclprobe.diagnose.visibility import LIVE_VIEW, NOT_SHOWN
+from ncclprobe.model.images import runs_forkserver
 from ncclprobe.diagnose.findings import Finding, at
-from ncclprobe.model import LIVE_WHERE, LiveReading, LiveWrite, Model, ProcessView
-from ncclprobe.model import wiring
+from ncclprobe.model import LIVE_NATIVE, LIVE_WHERE, LIVE_WHERES, LiveReading, LiveWrite, Model, ProcessView
+from ncclprobe.model import launchers, wiring
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
 from ncclprobe.model.watched import is_watched, one_line, redact_assignments
 
 TICK_S = 0.011  # /proc start times are floored to the clock tick (1/100 s)
 RESTORE_WINDOW_S = 1.0   # an unset-and-restore (accelerate's clear_environment) nets out within this
-# launcher helpers that run no user code: never endpoints of the job
-HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker")
+# a process no scan of run's watch saw lived less than its interval plus one scan's time (bounded by this)
+RETIRE_SLACK_S = 1.0
+# launcher helpers that run no user code: never endpoints of the job (joblib's loky has its own tracker)
+HELPER_MARKS = ("multiprocessing.resource_tracker", "multiprocessing.semaphore_tracker",
+                "loky.backend.resource_tracker")
 SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ash", "busybox")
 
 
@@ -69,26 +74,38 @@ def with_live(p: ProcessView, tl: Timeline | None) -> Timeline:
     """The live witness over what the others show: the environment p started with (as they tell it,
     else /proc's block, else the first live reading itself), then, for each reading in turn (run
     --live records each change; inspect --live reads once), a write of each value that differs from
-    the reading before, dated by the reading's bracket: made after its `since` (None: at any time
-    before) and at or before its `t` (a LiveWrite at t). Its final values are the last reading's; its
-    past is complete only where the others' was and the live reads found nothing they missed (a fork
-    child copies the past: the environment at the fork)."""
+    what the timeline says p held at that reading, dated by the reading's bracket: made after its
+    `since` (None: at any time before) and at or before its `t` (a LiveWrite at t). A later reading
+    outranks an earlier record: where the boot probe recorded every os.environ write, a difference is
+    native code's (a C setenv), and the writes stay in time order around it. Its past is complete only
+    where the others' was and the live reads found nothing they missed (a fork child copies the past:
+    the environment at the fork)."""
     readings = p.live_readings or [LiveReading(p.live_env, p.live_t if p.live_t is not None else 0.0, p.live_since)]
     start = tl.start if tl is not None else (
         p.proc_exec_env if p.proc_exec_env is not None and p.proc_stale != "clobbered" else readings[0].env)
-    before = tl.final if tl is not None else start
-    writes = list(tl.writes) if tl is not None else []
-    for r in readings:
-        for var in sorted(set(before) | set(r.env)):
-            if before.get(var) != r.env.get(var):
+    where = LIVE_NATIVE if tl is not None and "boot" in tl.witnesses else LIVE_WHERE
+    merged = Timeline(start, sorted(tl.writes, key=lambda w: w.t) if tl is not None else [], "", (), True)
+    found = 0
+    for r in sorted(readings, key=lambda r: r.t):
+        held = merged.at(r.t)
+        for var in sorted(set(held) | set(r.env)):
+            if held.get(var) != r.env.get(var):
                 new = r.env.get(var)
-                writes.append(LiveWrite(var, before.get(var), new, LIVE_WHERE, "unset" if new is None else "set",
-                                        False, r.t, r.since))
-        before = r.env
+                _insert(merged.writes, LiveWrite(var, held.get(var), new, where, "unset" if new is None else "set",
+                                                 False, r.t, r.since))
+                found += 1
     basis = (tl.basis if tl is not None else "/proc") + (" and its memory (run --live)" if p.live_readings
                                                          else " and its memory now (inspect --live)")
-    complete = tl is not None and tl.complete and len(writes) == len(tl.writes)
-    return Timeline(start, writes, basis, (tl.witnesses if tl is not None else ()) + ("live",), complete)
+    complete = tl is not None and tl.complete and not found
+    return Timeline(start, merged.writes, basis, (tl.witnesses if tl is not None else ()) + ("live",), complete)
+
+
+def _insert(writes: list, w) -> None:
+    """w into writes, kept in time order (after every write of the same time)."""
+    i = len(writes)
+    while i and writes[i - 1].t > w.t:
+        i -= 1
+    writes.insert(i, w)
 
 
 def net_writes(p: ProcessView) -> list:
@@ -117,7 +134,7 @@ _PYTHON_NAMES: dict[tuple[str, str], bool] = {}
 
 
 def is_python(p: ProcessView) -> bool:
-    if "boot" in p.sources:
+    if "boot" in p.sources and not p.exec_after_boot:
         return True
     key = (p.exe or "", (p.argv or [""])[0])
     hit = _PYTHON_NAMES.get(key)
@@ -162,7 +179,8 @@ class Knowledge:
 
     def via(self, p: ProcessView) -> str:
         parent = self.m.parent(p)
-        forked = bool(p.forked_from) or p.proc_stale in ("fork", "forkserver")
+        # a fork child that exec'd since runs with the environment it exec'd with, as any exec'd program
+        forked = (bool(p.forked_from) and not p.exec_after_boot) or p.proc_stale in ("fork", "forkserver")
         if forked and (p.proc_stale == "forkserver" or is_forkserver(parent)):
             return "forkserver"
         if forked:
@@ -184,7 +202,7 @@ class Knowledge:
 
     def _timeline(self, p: ProcessView) -> Timeline | None:
         tl = self._witnessed(p)
-        return with_live(p, tl) if p.live_env is not None and p.start_env is None else tl
+        return with_live(p, tl) if p.live_env is not None else tl
 
     def _witnessed(self, p: ProcessView) -> Timeline | None:
         writes = [w for w in net_writes(p) if not w.blocked]
@@ -204,21 +222,40 @@ class Knowledge:
                             ("proc",), not is_python(p))
         return None
 
+    def value_env(self, p: ProcessView) -> dict[str, str] | None:
+        """p's watched environment now, as far as the witnesses tell (None: they cannot)."""
+        tl = self.timeline(p)
+        return tl.final if tl is not None else None
+
     def value(self, p: ProcessView, var: str, t: float | None = None) -> tuple[bool, str | None]:
-        """(known, value) of var in p at time t (None: now)."""
+        """(known, value) of var in p at time t (None: now), as NCCL would read it (effective)."""
+        return self.effective(p, var, t)[:2]
+
+    def effective(self, p: ProcessView, var: str, t: float | None = None) -> tuple[bool, str | None, str | None]:
+        """(known, value, conf "file:line") of var in p at time t (None: now): its environment (the boot
+        probe's record, the live read, the exec-time block); where that has none and NCCL runs in p, what
+        an nccl.conf file gives NCCL, which applies each line with setenv(..., 0) (src/misc/param.cc)."""
         tl = self.timeline(p)
         if tl is None:
-            return False, None
+            return False, None, None
         if not is_watched(var):  # the model keeps only watched names; /proc (or memory) read the expected ones
             seen = p.live_expected if p.live_expected is not None and p.start_env is None else p.proc_expected
-            return seen is not None, (seen or {}).get(var)
-        return True, tl.at(t).get(var)
+            if seen is None:
+                return False, None, None
+            value = seen.get(var)
+        else:
+            value = tl.at(t).get(var)
+        if value is None and p.loads_nccl:
+            hit = p.conf_value(var)
+            if hit is not None:
+                return True, hit[0], hit[1]
+        return True, value, None
 
     def endpoints(self) -> list[ProcessView]:
         """The processes the job's values matter in (see the module's docstring); with inspect's
         `--scope all`, also every process that starts no other. Where no process uses NCCL, the leaves
         that run an interpreter (the workers) if there are any: a shell's `dirname`, `sleep` or subshell
-        is no worker."""
+        is no worker; nor is one that retired while others stayed (see retired)."""
         with_comms = {(c.host, c.pid) for c in self.m.comms}
         # NCCL use any witness saw counts, whatever a /proc snapshot's --scope said before NCCL was loaded
         scoped = [p for p in self.m.processes.values() if not self.helper(p) and (
@@ -228,7 +265,28 @@ class Knowledge:
                   and not [c for c in self.children[p.key] if not self.helper(c)]]
         if not users and any(is_python(p) for p in leaves):
             leaves = [p for p in leaves if is_python(p)]
+        if not users:  # the workers are the ones that stayed, not those that retired before them
+            stayed = [q for q in leaves if "proc" in q.sources]
+            leaves = [p for p in leaves if not self.retired(p, stayed)]
         return [p for p in scoped if p.key in users] + leaves
+
+    def retired(self, p: ProcessView, stayed: list[ProcessView]) -> bool:
+        """p ended before a worker that stayed was started: no scan of run's /proc watch saw it, so it
+        lived less than a scan interval (plus a scan's time, RETIRE_SLACK_S), and a process a scan did
+        see started later than that (a pool worker recycled by maxtasksperchild before the job's workers
+        came; a quick helper)."""
+        w = self.m.watch.get(p.host)
+        s = start_of(p)
+        if w is None or s is None or not self._boot_only(p, w):
+            return False
+        gone_by = s + float(w.get("interval_s") or 0) + RETIRE_SLACK_S
+        return any(q.host == p.host and (t := start_of(q)) is not None and t > gone_by for q in stayed)
+
+    def _boot_only(self, p: ProcessView, watch: dict) -> bool:
+        """Only p's boot probe saw it, though the watch scanned throughout, and nothing saw it use NCCL."""
+        sound = (watch.get("scans") or 0) >= 2 and not watch.get("stuck") and not watch.get("error")
+        return (sound and p.t_start is not None and "proc" not in p.sources and not p.libs and not p.nccl_user
+                and not self.m.comms_of(p.host, p.pid))
 
     def helper(self, p: ProcessView) -> bool:
         """_helper, once per command line and parent (processes started alike share theirs)."""
@@ -284,15 +342,16 @@ class Edge:
                 "children": sorted({c.pid for c in self.children}), "where": self.where,
                 "written_at": self.written_at, "started_at": min(starts) if starts else None,
                 "via": self.via, "launcher": self.launcher, "witnesses": sorted(set(self.witnesses)),
-                **({"written_after": self.written_after} if self.where == LIVE_WHERE else {})}
+                **({"written_after": self.written_after} if self.where in LIVE_WHERES else {})}
 
 
 def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float | None) -> Edge:
     """The edge on e's ancestry where var stopped being target (e checked at time t, None: now)."""
     m = k.m
-    x, below, seen = e, None, set()
+    x, below, seen, path = e, None, set(), []
     while x.key not in seen:
         seen.add(x.key)
+        path.append(x)
         tl = k.timeline(x)
         if tl is None and below is None:  # only its communicators are known (an NCCL log, the preload hook)
             return Edge("unseen", var, None, [x], parent_label="no witness of the process's own environment")
@@ -315,10 +374,11 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
         if parent is None:
             given = m.given
             if given is not None and x.ppid == given.get("pid") and _get(given["env"], var) == target:
-                return Edge("curated_env", var, None, [x], via="exec", launcher=_launcher(m, x, None, given),
+                return Edge("curated_env", var, None, [x], via="exec", launcher=_launcher(k, "curated_env", [x], given),
                             witnesses=tl.witnesses + ("run",),
                             parent_label="ncclprobe run (the environment it gave CMD)")
-            return Edge("not_in_root", var, x, [x], via=k.via(x), launcher=_launcher(m, x, None, given),
+            # every process on the way lacked it: the launcher nearest the worker says where to give it
+            return Edge("not_in_root", var, x, [x], via=k.via(x), launcher=_launcher(k, "not_in_root", path, given),
                         witnesses=tl.witnesses + (("run",) if given is not None else ()))
         ptl = k.timeline(parent)
         if ptl is None:
@@ -332,12 +392,12 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
         late = [w for w in ptl.writes if w.var == var and w.new == target and early is not None and w.t > early]
         if _get(ptl.at(early), var) == target:  # the parent had it when x started
             kind = "curated_env" if is_python(parent) or is_shell(parent) else "dropped_by_intermediate"
-            return Edge(kind, var, parent, [x], via=k.via(x), launcher=_launcher(m, x, parent),
+            return Edge(kind, var, parent, [x], via=k.via(x), launcher=_launcher(k, kind, [x]),
                         witnesses=ptl.witnesses + tl.witnesses)
         if late:  # ... and got it only after x had started
             w = late[0]
             return Edge("set_after_start", var, parent, [x], w.where, w.t, w.old, w.new, k.via(x),
-                        launcher=_launcher(m, x, parent), witnesses=ptl.witnesses + tl.witnesses,
+                        launcher=_launcher(k, "set_after_start", [x]), witnesses=ptl.witnesses + tl.witnesses,
                         written_after=getattr(w, "after", None))
         x, below = parent, x
     return Edge("unseen", var, x, [below or x])
@@ -361,101 +421,84 @@ def _pitfall(m: Model, x: ProcessView, e: ProcessView, var: str) -> dict[str, An
 
 
 # ------------------------------------------------------------------------------ launchers, hints
-def _texts(p: ProcessView | None) -> str:
-    return " ".join(p.argv or ([p.exe] if p and p.exe else [])) if p is not None else ""
+def _launcher(k: Knowledge, kind: str, path: list[ProcessView], given: dict | None = None) -> str | None:
+    """The launcher around an edge (model/launchers.py's table): from the images of path (the edge's
+    child, or for the root's edge every process from the worker up) and their ancestors, nearest
+    first, then the command `run` was given (the root's first image); the shell, where the parent is
+    one and nothing else is recognised."""
+    chain = _ancestry(k.m, path)
+    levels, fixed = _levels(k, chain, given)
+    if kind == "not_in_root":  # above the root: only a launcher that says where to give it is named
+        chosen, _ = launchers.nearest(levels, kind, fixed, anywhere=True)
+        return chosen.name if chosen else None
+    chosen, seen = launchers.nearest(levels, kind, fixed)
+    if chosen or seen:
+        return (chosen or seen).name
+    return "shell" if len(chain) > 1 and is_shell(chain[1]) else None
 
 
-_WORD_SPLIT = re.compile(r"[\s/=;&|()'\"]+")
-MPI_WORDS = {"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted", "hydra_pmi_proxy"}
+def _levels(k: Knowledge, chain: list[ProcessView], given: dict | None) -> tuple[list, dict]:
+    """Each process's images, nearest first, and the launcher a fork child that never exec'd stands
+    for: it runs its parent's command line, so it is multiprocessing's child, or the worker of a
+    launcher that forks its workers (celery's pool, gunicorn's)."""
+    levels, fixed = [], {}
+    for d, q in enumerate(chain):
+        up = chain[d + 1] if d + 1 < len(chain) else k.m.parent(q)
+        forked = k.via(q) in ("fork", "forkserver") and up is not None
+        levels.append(_images(q, up.argv if forked else None))
+        if forked and (not q.argv or q.argv == up.argv) and is_python(up):
+            outer = launchers.identify(up.argv, up.exe)
+            fixed[d] = outer if outer is not None and outer.forks else launchers.BY_VIA[k.via(q)]
+    if given is not None and k.m.parent(chain[-1]) is None:
+        levels[-1].append((given.get("command"), None))
+    return levels, fixed
 
 
-def _words(text: str) -> list[str]:
-    return [w for w in _WORD_SPLIT.split(text) if w]
-
-
-def _launcher(m: Model, x: ProcessView, parent: ProcessView | None, given: dict | None = None) -> str | None:
-    """The launcher around an edge, from whole words of the command lines of the child, its parent and
-    their ancestors (and, above the root, the command `run` was given)."""
-    chain, p = [x], parent
-    while p is not None and len(chain) < 16:
+def _ancestry(m: Model, path: list[ProcessView]) -> list[ProcessView]:
+    chain, seen = list(path), {id(q) for q in path}
+    p = m.parent(chain[-1])
+    while p is not None and len(chain) < 16 and id(p) not in seen:
         chain.append(p)
+        seen.add(id(p))
         p = m.parent(p)
-    texts = [_texts(q) for q in chain]
-    if given is not None and parent is None:
-        texts.append(" ".join(given.get("command") or ()))
-    near_texts = texts[:2] + ([" ".join(given.get("command") or ())] if given and parent is None else [])
-    words = {w for text in texts for w in _words(text)}
-    near = [w for text in near_texts for w in _words(text)]
-    if "raylet" in words or "default_worker.py" in words or any(w.startswith("ray::") for w in words):
-        return "ray"
-    if words & MPI_WORDS:
-        return "mpirun"
-    if any(w == "env" and near[i + 1:i + 2] and near[i + 1] in ("-i", "-", "--ignore-environment")
-           for i, w in enumerate(near)):
-        return "env -i"
-    if "multiprocessing.forkserver" in words:
-        return "multiprocessing forkserver"
-    if "multiprocessing.spawn" in near or "spawn_main" in " ".join(near_texts):
-        return "multiprocessing spawn"
-    if words & {"torchrun", "torch.distributed.run", "torch.distributed.launch"}:
-        return "torchrun"
-    if parent is not None and is_shell(parent):
-        return "shell"
-    return None
+    return chain
+
+
+def _images(p: ProcessView, fork_argv: list[str] | None) -> list[launchers.Image]:
+    """p's programs, newest first; a fork child's copy of its parent's command line is not its own."""
+    argvs = [p.argv, *reversed(p.images)]
+    out = [(a, p.exe if i == 0 else None) for i, a in enumerate(argvs) if a and a != fork_argv]
+    return out or ([(None, p.exe)] if p.exe and not fork_argv else [])
 
 
 def _hint(edge: Edge, items: dict[str, tuple]) -> str:
-    """What to change, for this edge and the launcher around it. items: {var: (target, have)}."""
+    """What to change, for this edge and the launcher around it (its own remedy where the table has
+    one; else the generic one). items: {var: (target, have)}."""
     names = list(items)
     var = ", ".join(names)
     value = " ".join(f"{v}={tg}" if is_watched(v) and tg is not None else v for v, (tg, _) in items.items())
-    env_vars = "{" + ", ".join(f'"{v}": "{tg if is_watched(v) else "..."}"' for v, (tg, _) in items.items()) + "}"
-    runtime_env = f'runtime_env={{"env_vars": {env_vars}}}'
-    la, kind = edge.launcher, edge.kind
+    kind = edge.kind
     child = program(edge.children[0].argv) if edge.children else "the child"
+    at_ = f" ({edge.where})" if edge.where and kind == "set_after_start" else ""
+    fields = launchers.remedy_fields(items, is_watched, at=at_, who=program(edge.parent.argv if edge.parent else None))
+    own = launchers.remedy(edge.launcher, kind, fields)
+    if own is not None:
+        return own
     if kind == "set_after_start":
-        at_ = f" ({edge.where})" if edge.where else ""
-        if la == "ray":
-            return (f"set {value} before ray.init(){at_}: the raylet and the workers it starts copy the driver's "
-                    f"environment when ray.init() starts them; or pass {runtime_env} to ray.init() or to the "
-                    "actor/task options")
-        if edge.via == "forkserver" or la == "multiprocessing forkserver":
-            return (f"set {value} before the first multiprocessing start{at_}: the forkserver is started once, on "
-                    "first use, and its children copy its environment; or set it in the worker (a Pool/Process "
-                    "target, a ProcessPoolExecutor initializer)")
-        if edge.via == "fork":
-            return (f"set {value} before the Pool/Process/ProcessPoolExecutor is created{at_}: fork children "
-                    "copy the parent's environment at the fork; or set it in the worker (a Pool initializer or a "
-                    "ProcessPoolExecutor initializer)")
-        if edge.via == "spawn":
-            return (f"set {value} before the Process/Pool/ProcessPoolExecutor starts its workers{at_}: each "
-                    "spawned worker copies the parent's environment when it starts; or set it in the worker (a "
-                    "Pool or ProcessPoolExecutor initializer)")
-        if la == "torchrun":
-            return (f"set {value} before torchrun is started{at_}: torchrun and its workers copy the "
-                    "environment at their start")
         return (f"set {value} before `{child}` is started{at_}: a process copies its parent's environment when it "
                 "starts, and later writes in the parent never reach it")
     if kind == "curated_env":
-        if la == "env -i":
-            return f"`env -i` starts the command with an empty environment: name {value} after `env -i`"
         if edge.parent is None:
             return f"something in CMD's command line starts `{child}` without {var}: forward {value} there"
-        if la == "mpirun":
-            return (f"mpirun forwards only what it is told to: add `{' '.join(f'-x {v}' for v in names)}` (or set "
-                    "it in the rank's wrapper)")
-        if la == "ray":
-            return f"pass {runtime_env} where the actors are created"
         return (f"the code in `{_cmd(edge.parent)}` that starts `{child}` passes its own environment "
                 f"(subprocess env=, a launcher allow-list): forward {var} (e.g. env={{**os.environ, ...}})")
     if kind == "dropped_by_intermediate":
-        who = program(edge.parent.argv if edge.parent else None)
-        if la == "mpirun":
-            return f"{who} forwards only what it is told to: add `mpirun {' '.join(f'-x {v}' for v in names)}`"
-        if la == "ray":
-            return f"{who} starts workers with its own environment: pass {runtime_env} (ray.init or the actor options)"
-        return (f"{who} (not Python) filters the environment of the processes it starts: add {var} to its "
+        return (f"{fields['who']} (not Python) filters the environment of the processes it starts: add {var} to its "
                 "allow-list or configuration, or set it in the worker itself")
+    if kind == "overwritten_in_child" and edge.where == LIVE_NATIVE:
+        return (f"a library in pid {edge.parent.pid if edge.parent else '?'} set {edge.var} from C (setenv in its "
+                "constructor or init, not os.environ, which --pin cannot block): configure that library, or set "
+                f"{value} in the process after it is loaded, before the first communicator")
     if kind == "overwritten_in_child":
         return (f"remove or guard the write at {edge.where} (os.environ.setdefault), or pin it: "
                 f"ncclprobe run --pin {edge.var}")
@@ -468,8 +511,6 @@ def _hint(edge: Edge, items: dict[str, tuple]) -> str:
     if kind == "unseen":
         return f"set {value} where the job starts and see where it goes: {LIVE_VIEW}"
     # not_in_root
-    if edge.launcher == "env -i":
-        return f"`env -i` starts the command with an empty environment: name {value} after `env -i`"
     return (f"export {value} in the environment that starts pid {edge.parent.pid if edge.parent else '?'} "
             f"({program(edge.parent.argv) if edge.parent else '?'}), or use `ncclprobe run --set {value} -- CMD`")
 
@@ -597,8 +638,9 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
         mine: dict[tuple, list] = defaultdict(list)  # this endpoint's losses, by cause
         for var in names:
             want = expect.get(var)
-            if comms and is_watched(var):  # what each communicator was created with
-                checks = [(True, c.env.get(var), c.t, c) for c in comms]
+            if comms and is_watched(var):  # what each communicator was created with (or NCCL's nccl.conf gave it)
+                conf = e.conf_value(var)
+                checks = [(True, c.env.get(var, conf[0] if conf else None), c.t, c) for c in comms]
             else:
                 known, value = k.value(e, var)
                 checks = [(known, value, None, None)]
@@ -722,7 +764,7 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         msg = (f"{edge.where or pdesc} set {var}={sv(edge.new)}{dt} after {first} had {how}: {pid_text} never "
                f"got it" + (f" ({what})" if expected and target != edge.new else ""))
         culprit = f"set after start at {_short_where(edge.where)}"
-        if edge.where == LIVE_WHERE:  # memory reads date a value by their bracket (after, t], not at its write
+        if edge.where in LIVE_WHERES:  # memory reads date a value by their bracket (after, t], not at its write
             after, s0 = edge.written_after, min(started) if started else None
             ev["written_at"], ev["written_between"] = None, [after, edge.written_at]
             who = f"pid {parent.pid}" if parent else "the parent"
@@ -747,7 +789,7 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         ev.update(where=edge.where, old=edge.old, new=edge.new, t=edge.written_at)
         msg = (f"{edge.where} changed {var} from {sv(edge.old)} to {sv(edge.new)} in {pid_text}"
                + (f" ({what})" if expected else ""))
-        culprit = _short_where(edge.where)
+        culprit = "set by native code (C setenv)" if edge.where == LIVE_NATIVE else _short_where(edge.where)
     elif kind == "curated_env":
         msg = (f"{pid_text}: {lost}; {pdesc} had {them} when it started them{via_inter}, with an environment of "
                "its own")

@@ -4,12 +4,12 @@ culprit of each deviation. Built from the model (report, run, demo) or from insp
 line says which witnesses it rests on."""
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ncclprobe.model import wiring
-from ncclprobe.doc import Grid, Text, Title
 from ncclprobe.diagnose.findings import Finding
 from ncclprobe.model import CommView, Model, NcclRead, ranges
 from ncclprobe.model.watched import is_watched
@@ -29,11 +29,13 @@ class Group:
     nranks: set[int] = field(default_factory=set)
     processes: list[tuple[str, int]] = field(default_factory=list)  # (host, pid) of holders without a communicator
     pids: set[tuple[str, int]] = field(default_factory=set)
+    conf: list[str] = field(default_factory=list)   # "file:line" of an nccl.conf file that supplies the value
 
     def to_json(self) -> dict[str, Any]:
         return {"value": self.value, "culprit": self.culprit or None, "communicators": self.comms,
                 "ranks": sorted(self.ranks), "processes": [{"host": h, "pid": p} for h, p in self.processes],
-                "pids": sorted(p for _, p in self.pids), "hosts": sorted({h for h, _ in self.pids})}
+                "pids": sorted(p for _, p in self.pids), "hosts": sorted({h for h, _ in self.pids}),
+                "conf_files": self.conf}
 
 
 @dataclass
@@ -56,11 +58,19 @@ class Verdict:
     more_vars: int = 0
     note: str = ""
     time: list = field(default_factory=list)  # (line, model.timing.CommTime) per communicator the profiler counted
+    unchecked: Any = None  # diagnose.coverage.Unchecked: the expectation was checked on no process (exit 3)
 
     def to_json(self) -> dict[str, Any]:
         return {"holders": self.holders, "witnesses": self.witnesses, "variables": [r.to_json() for r in self.rows],
                 "more_variables": self.more_vars, "note": self.note or None,
-                "time": [{"line": line, **t.to_json()} for line, t in self.time]}
+                "time": [{"line": line, **t.to_json()} for line, t in self.time],
+                "unchecked": self.unchecked.to_json() if self.unchecked is not None else None}
+
+    @property
+    def code(self) -> int | None:
+        """The exit code the verdict itself calls for: 3 when the expectation was checked nowhere."""
+        from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE
+        return EXIT_UNEXAMINABLE if self.unchecked is not None else None
 
 
 # ---- what NCCL used -------------------------------------------------------------------------------
@@ -77,7 +87,9 @@ def nccl_read(m: Model, c: CommView, var: str) -> NcclRead | None:
 
 
 def _next_comm(m: Model, c: CommView) -> float:
-    return min((x.t for x in m.comms_of(c.host, c.pid) if x.t > c.t), default=float("inf"))
+    ordered = m.comms_by_time(c.host, c.pid)
+    i = bisect.bisect_right(ordered, c.t, key=lambda x: x.t)  # the first created after c, in log time
+    return ordered[i].t if i < len(ordered) else float("inf")
 
 
 def _pick(reads: list[NcclRead], var: str, c: CommView, end: float) -> NcclRead | None:
@@ -154,10 +166,10 @@ def comm_reads(m: Model, c: CommView) -> CommReads:
     return CommReads(values)
 
 
-def effective(m: Model, c: CommView, var: str) -> tuple[bool, str | None]:
+def effective(m: Model, c: CommView, var: str, firsts: dict | None = None) -> tuple[bool, str | None]:
     """(known, value) of var for communicator c: what NCCL read where the env plugin or its log saw
     it, else the environment at the communicator's creation; a variable NCCL caches per process takes
-    the value at the process's first communicator."""
+    the value at the process's first communicator (firsts: those already found, by process)."""
     if c.env_source == "nccl-log" and c.env is not None:  # what the log says NCCL read for this one
         return True, c.env.get(var)
     read = nccl_read(m, c, var)
@@ -165,7 +177,10 @@ def effective(m: Model, c: CommView, var: str) -> tuple[bool, str | None]:
         return True, read.value
     from ncclprobe.diagnose.inprocess import process_cached
     if process_cached(var, c.version):
-        first = min((x for x in m.comms_of(c.host, c.pid) if x.env is not None), key=lambda x: x.t, default=None)
+        firsts = {} if firsts is None else firsts
+        if (c.host, c.pid) not in firsts:
+            firsts[(c.host, c.pid)] = next((x for x in m.comms_by_time(c.host, c.pid) if x.env is not None), None)
+        first = firsts[(c.host, c.pid)]
         if first is not None:
             return True, first.env.get(var)
     return (c.env is not None), (c.env or {}).get(var)
@@ -224,42 +239,44 @@ def _ordered(groups: dict, reference: str | None) -> list[Group]:
     return sorted(groups.values(), key=key)
 
 
-def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str], sets: Mapping[str, str] | None = None,
-              processes: list[Mapping] | None = None) -> Verdict:
+def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
+              sets: Mapping[str, str] | None = None) -> Verdict:
     """The verdict over the model's communicators (and processes without one that a finding is about);
-    with no communicator, over the processes' live environments (`processes`: inspect's records add the
-    exec-time view of processes no probe saw)."""
+    with no communicator, over the processes the rules check (for_processes). Where the expectation could
+    be checked on no process at all, it says so (coverage.unchecked)."""
+    from ncclprobe.diagnose import coverage
+    v = _for_model(m, findings, expect, sets)
+    v.unchecked = coverage.unchecked(m, dict(expect))
+    return v
+
+
+def _for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
+               sets: Mapping[str, str] | None = None) -> Verdict:
     sets = dict(sets if sets is not None else _run_sets(m))
     comms = [c for c in m.comms if c.ok]
     names = variables(expect, sets, findings, [c.env for c in comms])
     witnesses = sorted({s for p in m.processes.values() for s in p.sources} | {s for c in m.comms for s in c.seen_by})
     if not comms:
-        import socket
-        from ncclprobe.diagnose.propagation import Knowledge
-        workers = {p.key for p in Knowledge(m).endpoints()}
-        live = _live_records(m, workers)
-        here = socket.gethostname()
-        # a process the probes saw: its live env, not /proc's; only the workers the rules check
-        seen = {p.key for p in m.processes.values() if p.start_env is not None or p.live_env is not None}
-        v = for_processes(live + [r for r in processes or [] if (r.get("host") or here, r["pid"]) not in seen
-                                  and ((r.get("host") or here, r["pid"]) in workers or not workers)],
-                          findings, expect, sets, witnesses + (["proc"] if processes else []), here)
-        v.note = "no communicator was seen: the values are the processes' environments"
+        v = for_processes(m, findings, expect, sets, witnesses)
+        if set(witnesses) - {"proc", "live"}:  # probes ran and saw none (a /proc view alone never could)
+            v.note = "no communicator was seen: the values are the processes' environments"
         return v
     index = _culprits(findings)
     roots = [p for p in m.processes.values() if (p.host, p.ppid) not in m.processes and p.start_env is not None]
     root_env = min(roots, key=lambda p: p.t_start or 0).start_env if roots else {}
     shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
-    rows = []
+    rows, firsts = [], {}
     for var in shown:
         reference, basis = _reference(var, expect, sets, root_env)
         groups: dict = {}
+        listed: set[tuple[int, str]] = set()  # (group, communicator) already in g.comms: no scan of the list
         for c in sorted(comms, key=lambda c: (c.rank is None, c.rank or 0, c.host, c.pid)):
-            known, value = effective(m, c, var)
+            known, value = effective(m, c, var, firsts)
             value = value if known else "?"
             ident = c.group or c.ident  # one communicator, all its ranks
             g = _group(groups, value, _culprit_of(index, c.host, c.pid, var, ident, value != reference))
-            if ident not in g.comms:
+            if (id(g), ident) not in listed:
+                listed.add((id(g), ident))
                 g.comms.append(ident)
                 if c.comm_name:
                     g.names.append(c.comm_name)
@@ -305,13 +322,6 @@ def _live_env(p) -> dict[str, str] | None:
     return env_at(p, None)
 
 
-def _live_records(m: Model, workers: set) -> list[dict]:
-    """The processes the rules check (propagation's endpoints: the workers, not their launchers,
-    daemons or multiprocessing's helpers), with their live environments, as records."""
-    return [{"host": p.host, "pid": p.pid, "env": _live_env(p), "in_scope": True, "env_source": "exec", "stale": None}
-            for p in m.processes.values() if (p.start_env is not None or p.live_env is not None) and p.key in workers]
-
-
 def _run_sets(m: Model) -> dict[str, str]:
     """What `run` set: --set (CMD's environment) and --enforce (the boot probe's profile)."""
     out: dict[str, str] = {}
@@ -335,97 +345,50 @@ def _reference(var, expect, sets, root_env) -> tuple[str | None, str]:
     return None, ""
 
 
-def for_processes(recs: list[Mapping], findings: list[Finding], expect: Mapping[str, str],
-                  sets: Mapping[str, str] | None = None, witnesses: list[str] | None = None,
-                  local_host: str | None = None) -> Verdict:
-    """The verdict over processes (inspect without communicators): each in-scope process's environment
-    (as read from its memory where --live read it); a process whose /proc block is known not to be its
-    environment (fork child, clobbered) and whose memory was not read is unknown.
-    Records without a host (inspect's) are on local_host."""
-    if local_host is None:
-        import socket
-        local_host = socket.gethostname()
-    sets = dict(sets or {})
+def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
+                  sets: Mapping[str, str] | None = None, witnesses: list[str] | None = None) -> Verdict:
+    """The verdict over the processes the rules check (propagation's endpoints: the workers, not their
+    launchers), where no communicator was seen: what each holds as far as the witnesses tell (the boot
+    probe's record, the live read, else the exec-time block; unknown where that block is not its own), and
+    where its environment lacks a value, what an nccl.conf file gives NCCL in a process that loads it."""
+    from ncclprobe.diagnose.propagation import Knowledge
+    k = Knowledge(m)
+    sets = dict(sets if sets is not None else _run_sets(m))
+    from ncclprobe.model.clients import client_of
+    # a client (srun, ssh, docker) holds what its workers were meant to get, not what they got
+    holders = sorted((p for p in k.endpoints() if client_of(p.argv, p.exe) is None), key=lambda p: (p.host, p.pid))
     index = _culprits(findings)
-    scoped = [r for r in recs if r.get("in_scope", True)]
-    names = variables(expect, sets, findings, [wiring.job_env(r.get("env")) for r in scoped])
-    root = next((r for r in scoped if r.get("env") is not None), None)
+    names = variables(expect, sets, findings, [wiring.job_env(k.value_env(p)) for p in holders])
+    root = min((p for p in m.processes.values() if m.parent(p) is None and k.timeline(p) is not None),
+               key=lambda p: (p.t_start or p.proc_start or 0), default=None)
     shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
     rows = []
     for var in shown:
-        reference, basis = _reference(var, expect, sets, (root or {}).get("env"))
+        reference, basis = _reference(var, expect, sets, k.timeline(root).final if root is not None else None)
         groups: dict = {}
-        for r in scoped:
-            readable = r.get("env_source") == "exec" and not r.get("stale") and r.get("env") is not None
-            value = r["env"].get(var) if readable else "?"
-            if r.get("live_env") is not None and is_watched(var):  # inspect --live: what it holds now
-                value = r["live_env"].get(var)
-            host = r.get("host") or local_host
-            g = _group(groups, value, _culprit_of(index, host, r["pid"], var, None, value != reference))
-            g.processes.append((host, r["pid"]))
-            g.pids.add((host, r["pid"]))
+        for p in holders:
+            value, conf = _held(k, p, var)
+            g = _group(groups, value, _culprit_of(index, p.host, p.pid, var, None, value != reference))
+            g.processes.append((p.host, p.pid))
+            g.pids.add((p.host, p.pid))
+            if conf and conf not in g.conf:
+                g.conf.append(conf)
+        if not groups:  # never an empty line: that nobody could be read is the answer
+            _group(groups, "?", "no witness read any worker")
         rows.append(Row(var, reference, basis, _ordered(groups, reference)))
-    return Verdict(rows, "processes", witnesses or ["proc"], more)
+    seen = witnesses if witnesses is not None else sorted({s for p in m.processes.values() for s in p.sources})
+    return Verdict(rows, "processes", seen or ["proc"], more)
 
 
-# ---- presentation ----------------------------------------------------------------------------------
+def _held(k, p, var: str) -> tuple[str | None, str | None]:
+    """(value, conf file:line) of var in p now: "?" where no witness can tell; a conf file's value where
+    the environment has none and NCCL runs in p (NCCL applies the file with setenv(..., 0))."""
+    known, value, conf = k.effective(p, var)
+    return (value, conf) if known else ("?", None)
+
+
+# ---- names on screen (commands/verdictview.py draws the verdict) -------------------------------------
 
 def short_id(ident: str) -> str:
     """A communicator's id on screen: its commHash's first hex digits, or its unique id's."""
     return f"uid {ident[4:4 + SHORT_ID]}" if ident.startswith("uid:") else ident[:SHORT_ID]
-
-
-def _who(g: Group) -> str:
-    parts = []
-    if g.comms:
-        n = len(g.comms)
-        names = g.names[:2] or [short_id(c) for c in g.comms[:2]]
-        label = ", ".join(names) + ("…" if n > 2 else "")
-        if g.ranks and max(g.nranks or {1}) > 1:
-            label += f", ranks {ranges(g.ranks)}"
-        elif len(g.pids) <= 2:
-            label += ", pid " + ", ".join(str(p) for _, p in sorted(g.pids))
-        parts.append(f"{n} comm{'s' if n != 1 else ''} ({label})")
-    if g.processes:
-        n = len(g.processes)
-        pids = sorted({p for _, p in g.processes})
-        label = "pid " + ranges(pids) if len(pids) <= 8 else f"{len(pids)} pids"
-        parts.append(f"{n} process{'es' if n != 1 else ''} ({label})")
-    hosts = {h for h, _ in g.pids if h}
-    text = " + ".join(parts)
-    if len(hosts) > 1:
-        text += f" on {len(hosts)} hosts"
-    return text
-
-
-def doc(v: Verdict) -> list:
-    title = (f"Verdict: what each {'communicator' if v.holders == 'communicators' else 'process'} ended up "
-             f"with (witnesses: {', '.join(v.witnesses) or 'none'})")
-    out: list = [Title(title)]
-    if v.note:
-        out.append(Text(v.note, "note"))
-    if not v.rows:
-        out.append(Text("No NCCL variable was set, expected (--expect) or named by a finding.", "dim"))
-        return out + _time_doc(v)
-    rows = []
-    for r in v.rows:
-        parts = []
-        for g in r.groups:
-            value = "unset" if g.value is None else ("unknown" if g.value == "?" else g.value)
-            mark = " (expected)" if r.basis == "expected" and g.value == r.reference else ""
-            parts.append(f"{value}{mark}: {_who(g)}" + (f"; {g.culprit}" if g.culprit else ""))
-        rows.append([r.var, " · ".join(parts)])
-    out.append(Grid(rows))
-    if v.more_vars:
-        out.append(Text(f"+{v.more_vars} more variable(s): see --json (verdict.variables)", "dim"))
-    return out + _time_doc(v)
-
-
-def _time_doc(v: Verdict) -> list:
-    if not v.time:
-        return []
-    out: list = [Text("Time in NCCL, per rank (profiler plugin; README: Time in NCCL):", "dim")]
-    for line, t in v.time:
-        out.append(Text("  " + line))
-        out += [Text("    " + note, "dim") for note in t.notes]
-    return out

@@ -63,6 +63,8 @@ class ProcessView:
     exec_env: dict[str, str] | None = None       # /proc/self/environ as the boot probe read it
     exec_env_differs: bool | None = None
     forked_from: int | None = None
+    adopted_by: int | None = None                 # a subreaper the process was re-parented to (ppid at start was not its parent)
+    exec_after_boot: bool = False                 # the image the boot probe recorded exec'd another program since
     t_start: float | None = None
     mode: str | None = None
     sources: set[str] = field(default_factory=set)
@@ -86,6 +88,14 @@ class ProcessView:
     script: str | None = None                     # a shell's script, as its fd 255 names it (absolute)
     images: list[list[str]] = field(default_factory=list)  # earlier command lines of this pid (it exec'd since)
     in_scope: bool | None = None                  # inspect's --scope (None: every process is)
+    proc_env_source: str | None = None            # exec | empty | unreadable: what /proc gave (None: no snapshot)
+    proc_denied_by: str | None = None             # which ptrace condition refused environ (procaccess)
+    proc_user: str | None = None                  # the process's user, as /proc showed it
+    # /proc's libnccl copies ({"path", "inode", "version", "simulated", "kind", "defines", ...}) and the nccl.conf
+    # files that apply ({"path", "role", "entries": [{"var", "value", "line", "effect"}]}); shared between
+    # processes started alike, never modified
+    nccl_libs: list[dict[str, Any]] = field(default_factory=list)
+    conf_files: list[dict[str, Any]] | None = None  # None: not looked at (run's watch, or out of --scope)
     # the live witness (inspect --live, run --live): the environment read from the process's memory at live_t
     live_env: dict[str, str] | None = None        # watched variables as the process held them then (the last reading)
     live_expected: dict[str, str] | None = None   # expected names outside the watched set (rules only, never
@@ -99,12 +109,30 @@ class ProcessView:
     def key(self) -> tuple[str, int]:
         return (self.host, self.pid)
 
+    @property
+    def loads_nccl(self) -> bool:
+        """Whether NCCL runs in it as far as any witness saw: libnccl mapped or named by a probe, a GPU."""
+        return bool(self.nccl_user or self.libs or self.nccl_libs)
+
+    def conf_value(self, var: str) -> tuple[str, str] | None:
+        """(value, "file:line") of var from the nccl.conf files that apply, as NCCL would apply them: each
+        line with setenv(name, value, 0), so the first file (and line) naming it wins; None: none does."""
+        for conf in self.conf_files or ():
+            for e in conf.get("entries") or ():
+                if e.get("var") == var:
+                    return str(e.get("value")), f"{conf.get('path')}:{e.get('line')}"
+        return None
+
     def first_read(self, var: str) -> NcclRead | None:
         hits = [r for r in self.reads.values() if r.var == var]
         return min(hits, key=lambda r: r.t) if hits else None
 
 
 LIVE_WHERE = "in-process (read from memory)"  # where a value the live witness saw was written
+# where a value the live witness saw was written in a process whose every os.environ write the boot probe
+# recorded: native code (a library or its constructor calling setenv/putenv from C)
+LIVE_NATIVE = "native code (C setenv/putenv, no os.environ write; read from memory)"
+LIVE_WHERES = (LIVE_WHERE, LIVE_NATIVE)
 LIVE_DIFFERS = "<differs from the expected value (read from memory)>"
 
 
@@ -172,17 +200,33 @@ class CommView:
 
 
 @dataclass
+class LogReading:
+    """What the readers did not read and the writers did not write, said per file and per process."""
+    skipped_files: dict[str, int] = field(default_factory=dict)   # reason -> files (Model.skipped has them too)
+    notes: list[dict[str, Any]] = field(default_factory=list)     # {path, note, bytes}: a file not read whole
+    budget: dict[tuple[str, int], tuple[str, int | None]] = field(default_factory=dict)  # log_budget: (reached, limit)
+    dropped: dict[tuple[str, int], int] = field(default_factory=dict)  # lines a writer lost ("dropped": K)
+    unattributed: dict[str, int] = field(default_factory=dict)    # NCCL log TUNING lines no communicator got
+
+
+@dataclass
 class Model:
     processes: dict[tuple[str, int], ProcessView] = field(default_factory=dict)
     comms: list[CommView] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)
-    skipped: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)  # lines and files not read, by reason
+    reading: LogReading = field(default_factory=LogReading)
     files: int = 0
     nccl_log: Any = None
     shell_pitfalls: list[dict[str, Any]] = field(default_factory=list)  # witnesses.shells, per ancestor shell
     # run's /proc watch per host: its watch_summary, plus missed_started (pids whose boot probe recorded
     # a process_start that no scan saw) and missed_started_pids
     watch: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # comms_of's index: (host, pid) -> its communicators, over the first _indexed[1] of the list _indexed[0];
+    # _by_time: comms_by_time's, dropped whenever the index grows
+    _by_proc: dict[tuple[str, int], list[CommView]] = field(default_factory=dict, repr=False, compare=False)
+    _indexed: tuple[list | None, int] = field(default=(None, 0), repr=False, compare=False)
+    _by_time: dict[tuple[str, int], list[CommView]] = field(default_factory=dict, repr=False, compare=False)
 
     def parent(self, p: ProcessView) -> ProcessView | None:
         return self.processes.get((p.host, p.ppid)) if p.ppid else None
@@ -205,7 +249,28 @@ class Model:
         return self.processes[key]
 
     def comms_of(self, host: str, pid: int) -> list[CommView]:
-        return [c for c in self.comms if c.host == host and c.pid == pid]
+        """The communicators of one process, in list order: an index kept up with `comms`, which is only
+        ever appended to (or replaced whole), so a model of many processes is not scanned once per process."""
+        return list(self._index().get((host, pid), ()))
+
+    def comms_by_time(self, host: str, pid: int) -> list[CommView]:
+        """comms_of in creation order (CommView.t, set when a witness first sees it), sorted once per process."""
+        index = self._index()
+        got = self._by_time.get((host, pid))
+        if got is None:
+            got = self._by_time[(host, pid)] = sorted(index.get((host, pid), ()), key=lambda c: c.t)
+        return got
+
+    def _index(self) -> dict[tuple[str, int], list[CommView]]:
+        indexed, done = self._indexed
+        if indexed is not self.comms or done > len(self.comms):
+            self._by_proc, self._by_time, done = {}, {}, 0
+        if done < len(self.comms):
+            for c in self.comms[done:]:
+                self._by_proc.setdefault((c.host, c.pid), []).append(c)
+            self._by_time = {}
+        self._indexed = (self.comms, len(self.comms))
+        return self._by_proc
 
     @property
     def preload_active(self) -> bool:
@@ -272,13 +337,19 @@ def build(log: EventLog) -> Model:
     by_hash: dict[tuple[str, int, str], CommView] = {}
     for e in log.events:
         host, pid, kind, t = e.get("host", "?"), e["pid"], e["ev"], float(e["t"])
+        if e.get("dropped"):  # lines this writer lost before this one
+            m.reading.dropped[(host, pid)] = m.reading.dropped.get((host, pid), 0) + e["dropped"]
         if kind == "watch_summary":  # its pid is run's, no process of the job
             m.watch[host] = {k: v for k, v in e.items() if k not in ("ev", "host", "pid", "src")}
             continue
         proc = m.process(host, pid)
         proc.sources.add(e["src"])
         if kind == "process_start":
-            proc.ppid = e.get("ppid")
+            # the process that started it, not a subreaper that adopted it before the record was written
+            # (a double fork's intermediate may exit before its child's interpreter starts)
+            forked, ppid = e.get("forked_from"), e.get("ppid")
+            proc.ppid = forked if isinstance(forked, int) and forked > 0 else ppid
+            proc.adopted_by = ppid if proc.ppid != ppid else None
             argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None  # older probes: raw
             if proc.argv and argv and proc.argv != argv:  # the watch saw this pid run another program before
                 proc.images.append(proc.argv)
@@ -316,6 +387,10 @@ def build(log: EventLog) -> Model:
                 if proc.argv and argv and proc.argv != argv:  # it exec'd another program since
                     proc.images.append(proc.argv)
                 proc.ppid, proc.exe, proc.argv = e.get("ppid"), e.get("exe"), argv
+            elif _exec_since_boot(proc, e, t):  # a new image: the boot probe's record was the one before it
+                proc.images.append(proc.argv or [])
+                proc.exe, proc.argv, proc.exec_after_boot = e.get("exe"), argv, True
+                proc.start_env = proc.exec_env = None  # its environment is the one it exec'd with (/proc's)
             else:  # the boot probe's, where it had them
                 proc.ppid = proc.ppid if proc.ppid is not None else e.get("ppid")
                 proc.exe, proc.argv = proc.exe or e.get("exe"), proc.argv if proc.argv is not None else argv
@@ -335,6 +410,8 @@ def build(log: EventLog) -> Model:
         elif kind == "env_write":
             proc.writes.append(EnvWrite(str(e.get("var")), e.get("old"), e.get("new"), str(e.get("where", "?")),
                                         str(e.get("op", "set")), bool(e.get("blocked")), t))
+        elif kind == "log_budget":  # the writer's last line: nothing after it was recorded
+            m.reading.budget.setdefault((host, pid), (e["reached"], e.get("limit")))
         elif kind == "probe_error":
             proc.errors.append(str(e.get("message", "")))
         elif kind == "plugin_load":
@@ -413,9 +490,25 @@ def build(log: EventLog) -> Model:
                         if p.host == host and p.t_start is not None and "proc" not in p.sources)
         w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
     # a stream's counts are complete only once it has been consumed
-    m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}}
+    m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}, **log.skipped_files}
+    m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
     _label_simulated(m)
     return m
+
+
+def _exec_since_boot(p: ProcessView, e: dict[str, Any], t: float) -> bool:
+    """Whether a sighting shows the process running another program than the one its boot probe recorded:
+    seen after that record with another executable (a fork of a Python driver that exec'd raylet). The same
+    executable with another command line may be setproctitle, not an exec: that keeps the record."""
+    exe = e.get("exe")
+    if p.exec_after_boot or not isinstance(exe, str) or not p.exe or t < (p.t_start or t):
+        return False
+    # the boot probe names its interpreter as sys.executable (often a venv's symlink), /proc by its target;
+    # another interpreter is the Python image's own re-exec, which writes its own start record
+    if exe.rsplit("/", 1)[-1].startswith(("python", "pypy")) or exe == p.exe:
+        return False
+    start = e.get("start")
+    return start is None or p.proc_start is None or abs(float(start) - p.proc_start) < 0.05
 
 
 def _forget_live(p: ProcessView) -> None:
@@ -477,8 +570,13 @@ def add_records(m: Model, recs, host: str) -> Model:
         p.proc_env_hash = r.get("_hash")
         p.nccl_user = bool(r.get("nccl_libs") or r.get("gpus"))
         p.in_scope = r.get("in_scope")
+        p.proc_env_source, p.proc_denied_by, p.proc_user = r.get("env_source"), r.get("env_denied_by"), r.get("user")
+        p.nccl_libs = r.get("nccl_libs") or []
+        p.conf_files = r.get("conf_files")
         if "live_reason" in r:  # inspect --live: one reading, now (after any a run --live log holds)
             p.live_env, p.live_expected = r.get("_live_watched"), r.get("_live_exp")
+            if p.live_env is not None:
+                p.sources.add("live")
             p.live_t, p.live_reason, p.live_since = r.get("live_t"), r.get("live_reason"), None
             if p.live_readings and p.live_env is not None and p.live_t is not None:
                 p.live_readings = [*p.live_readings, LiveReading(p.live_env, p.live_t, None, p.live_readings[-1].execs)]
@@ -492,8 +590,8 @@ def add_proc_view(m: Model, other: Model) -> Model:
             continue
         p = m.process(*key)
         p.sources.add("proc")
-        for name in ("proc_exec_env", "proc_expected", "proc_env_reason", "proc_stale",
-                     "proc_env_hash", "nccl_user", "in_scope"):
+        for name in ("proc_exec_env", "proc_expected", "proc_env_reason", "proc_stale", "proc_env_hash", "nccl_user",
+                     "in_scope", "proc_env_source", "proc_denied_by", "proc_user", "nccl_libs", "conf_files"):
             setattr(p, name, getattr(q, name))
         if q.live_env is not None or q.live_reason is not None:  # it was read live: its reading is the latest
             if q.live_env is not None and p.live_readings and not q.live_readings and q.live_t is not None:

@@ -3,14 +3,12 @@ communicator), its default and values, what it changes, and which frameworks set
 
 Facts come from NVIDIA/nccl sources of 2.18.1 through 2.30.7 (cited per entry as nccl@<tag>:<path>)
 and from the framework sources named in each override; shared/reference/nccl-internals.md has the
-full notes. The rules ask `is_process_cached(var, version)`; `explain` is what a user reads.
+full notes. The rules ask `is_process_cached(var, version)`; commands/explain.py shows an entry to a user.
 """
 from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass
-
-from ncclprobe.doc import Result, Table, Text, Title
 
 # How NCCL reads a variable (one value per version range).
 PROCESS = "process"              # first read wins for the process (per loaded libnccl copy)
@@ -45,6 +43,11 @@ class Reading:
     since: int          # first NCCL_VERSION_CODE with this behaviour (0: 2.18 or earlier)
     mode: str           # one of MODES
     how: str            # mechanism and where, e.g. "NCCL_PARAM, src/graph/connect.cc"
+
+    @property
+    def cached(self) -> bool:
+        """NCCL keeps the first value it read for the process (else it re-reads it per communicator)."""
+        return _CACHED[self.mode]
 
 
 @dataclass(frozen=True)
@@ -345,51 +348,3 @@ def suggest(name: str, n: int = 5) -> list[str]:
     core = query.removeprefix("NCCL_")
     found += [k for k in names if len(core) >= 3 and core in k]
     return list(dict.fromkeys(found))[:n]
-
-
-def _cache_label(info: VarInfo) -> str:
-    latest = info.readings[-1]
-    return "per process" if _CACHED[latest.mode] else "per communicator"
-
-
-def explain(var: str) -> Result:
-    info = get(var)
-    if info is None:  # a usage error (exit 2): the name, not the system, is what is wrong
-        names = suggest(var)
-        msg = f"{var!r} is not in the catalog of NCCL variables"
-        if not names:
-            msg += " (`ncclprobe explain --list` lists them)"
-        elif len(names) == 1:
-            msg += f"; did you mean {names[0]}?"
-        else:
-            msg += f"; did you mean one of {', '.join(names)}?"
-        return Result("explain", data={"variable": None, "query": var, "suggestions": names,
-                                       "error": {"message": msg, "reason": "unknown_variable"}},
-                      doc=[Text(msg, "warn")], code=2)
-    rows = [["affects", info.affects], ["default", info.default], ["values", info.values],
-            ["read since", version_text(info.since)]]
-    for r in info.readings:
-        cached = "cached per process" if _CACHED[r.mode] else "re-read per communicator"
-        label = "NCCL ≤2.18 on" if r.since == 0 else f"NCCL {version_text(r.since)} on"
-        rows.append([label, f"{cached} ({r.mode}): {r.how}"])
-    if info.param:
-        rows.append(["NCCL_NO_CACHE", "listing it makes NCCL re-read it per use (2.29.7+)"])
-    rows.append(["source", info.source])
-    doc = [Title(f"{info.name}  ({info.category}; {_cache_label(info)})"), Table(["", ""], rows)]
-    if info.notes:
-        doc.append(Text(info.notes, "note"))
-    if info.overrides:
-        doc.append(Table(["framework", "what it does", "where", "source"],
-                         [[o.framework, o.action, o.where, o.source] for o in info.overrides],
-                         title="Known framework overrides"))
-    return Result("explain", data={"variable": info.to_json()}, doc=doc)
-
-
-def explain_list() -> Result:
-    rows = [[v.name, _cache_label(v), v.default, v.affects] for v in sorted(_VARS, key=lambda v: v.name)]
-    doc = [Title(f"NCCL variables ({len(rows)})"),
-           Table(["variable", "read", "default", "affects"], rows,
-                 caption="'per process': NCCL keeps the first value it reads; set it before the first "
-                         "communicator. `ncclprobe explain VAR` for versions and sources.")]
-    return Result("explain", data={"variables": [v.to_json() for v in sorted(_VARS, key=lambda v: v.name)]},
-                  doc=doc)

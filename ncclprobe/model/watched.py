@@ -1,8 +1,9 @@
 """The watched set: the only environment variables ncclprobe ever logs or prints by default.
 
 DESIGN.md §4: everything else stays out of logs and output unless the user asks (--all-vars), and
-then secret-looking names are redacted unless --no-redact. Command lines are redacted by one rule
-everywhere, the boot probe's own (redact_argv), so the probe, inspect, run and report agree.
+then secret-looking names are redacted unless --no-redact. Command lines and environment values are
+redacted by one rule everywhere, the boot probe's own (redact_argv, _secretish), so the probe, inspect, run
+and report agree. The tool reads them whole (the probe only its first ARGV_SCAN characters), in linear time.
 """
 from __future__ import annotations
 
@@ -15,8 +16,11 @@ WATCHED_NAMES = frozenset({
     "TORCH_DISTRIBUTED_DEBUG", "CUDA_VISIBLE_DEVICES", "LD_PRELOAD", "PYTHONPATH",
     "SGLANG_NCCL_SO_PATH", "VLLM_NCCL_SO_PATH",
 })
-# The boot probe's list too (tests/test_secrets.py checks they are the same).
-SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "AUTH", "PRIVATE")
+# The boot probe's lists (tests/test_secrets.py checks they are the same): a name holding a marker, or
+# ending with an ending, looks secret (looks_secret says it, by the probe's own rule).
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", "CREDENTIAL", "AUTH", "PRIVATE",
+                  "COOKIE")
+SECRET_ENDINGS = ("PASS", "_PAT", "-PAT", "_PWD", "-PWD")
 REDACTED = "<redacted>"
 
 
@@ -25,20 +29,20 @@ def is_watched(name: str) -> bool:
 
 
 def looks_secret(name: str) -> bool:
-    upper = name.upper()
-    if "AUTHOR" in upper:  # GIT_AUTHOR_NAME and --author hold no secret; AUTHORIZATION does
-        upper = upper.replace("AUTHORIZ", "AUTHIZ").replace("AUTHORIS", "AUTHIS").replace("AUTHOR", "/")
-    return any(marker in upper for marker in SECRET_MARKERS)
+    """A secret-looking name (HF_TOKEN, DB_PASS, GITHUB_PAT, MYSQL_PWD; not GIT_AUTHOR_NAME, PATH, PWD)."""
+    from ncclprobe._lib import ncclprobe_boot
+    return ncclprobe_boot._secretish(name)
 
 
 def redact_argv(argv: list) -> list:
     """A command line as it may be shown or stored: the boot probe's redact_argv (secret-looking
-    options and assignments, URL passwords). A list holding something other than strings (a foreign
-    event) is redacted element by element."""
+    options and assignments, URL passwords, headers, known tools' password options...), over the whole
+    command line. A list holding something other than strings (a foreign event) is redacted element
+    by element."""
     from ncclprobe._lib import ncclprobe_boot
     if all(isinstance(a, str) for a in argv):
-        return ncclprobe_boot.redact_argv(argv)
-    return [ncclprobe_boot.redact_argv([a])[0] if isinstance(a, str) else a for a in argv]
+        return ncclprobe_boot.redact_argv(argv, None)
+    return [ncclprobe_boot.redact_argv([a], None)[0] if isinstance(a, str) else a for a in argv]
 
 
 def redact_text(text: str) -> str:
@@ -48,7 +52,8 @@ def redact_text(text: str) -> str:
 
 def select(env: Mapping[str, str] | None, all_vars: bool = False, redact: bool = True) -> dict[str, str] | None:
     """The part of env that may be shown: the watched set, or everything with secrets redacted (a
-    secret-looking name's whole value; in other values, what redact_text hides: URL passwords...)."""
+    secret-looking name's whole value; in other values, what redact_text hides: URL passwords, headers,
+    tokens...)."""
     if env is None:
         return None
     if not all_vars:

@@ -1,6 +1,7 @@
-"""What an ELF file says about NCCL (pyelftools): the libnccl version it carries, and whether it
-reaches NCCL through dynamic symbols (an LD_PRELOAD hook sees those calls) or contains NCCL itself
-(linked statically: no hook can see it). Results are cached by (path, inode, mtime).
+"""What an ELF file says about NCCL: the libnccl version it carries, and whether it reaches NCCL
+through dynamic symbols (an LD_PRELOAD hook sees those calls) or contains NCCL itself (linked
+statically: no hook can see it). The file may be another user's forged copy: it is read through
+elfread, every size checked against the file and a cap. Results are cached by (path, inode, mtime).
 """
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-from elftools.elf.sections import SymbolTableSection
+from ncclprobe.witnesses import elfread
+from ncclprobe.witnesses.elfread import SHT_DYNAMIC, SHT_DYNSYM, SHT_SYMTAB, Elf
 
 # The entry points that create communicators; a preload hook interposes exactly these
 # (nccl-internals §2). Defining one outside libnccl means NCCL was linked into that object.
@@ -21,7 +21,9 @@ COMM_ENTRY_POINTS = frozenset({
     "ncclCommInitRank", "ncclCommInitRankConfig", "ncclCommInitAll", "ncclCommInitRankScalable",
     "ncclCommSplit", "ncclCommShrink", "ncclCommGrow",
 })
-_VERSION_RE = re.compile(rb"NCCL version (\d+)\.(\d+)\.(\d+)([-+][\w.+-]*)?")
+# bounded: a match is at most _VERSION_SPAN bytes, so a section is searched in windows that overlap by it
+_VERSION_RE = re.compile(rb"NCCL version (\d{1,9})\.(\d{1,9})\.(\d{1,9})([-+][\w.+-]{0,64})?")
+_VERSION_SPAN = 128
 SIM_MARKER = "ncclSimulated"  # defined by ncclprobe's simulated NCCL (probes/simnccl/api.c)
 _LIBNCCL_RE = re.compile(r"^libnccl(-[0-9a-f]{8})?\.so(\.\d+)*$")  # auditwheel renames to libnccl-<hash>
 _FILENAME_VERSION_RE = re.compile(r"\.so\.(\d+\.\d+\.\d+)$")
@@ -76,21 +78,30 @@ def clear_cache() -> None:
 
 
 def scan(path: str | Path, display: str | None = None, want_version: bool | None = None) -> ElfInfo:
-    """Read `path` (already resolved inside the process's root); `display` is the name to report.
-    The version is read for libnccl copies and for objects that contain NCCL, unless told."""
+    """Read `path` (already resolved inside the process's root: maps names files by their real path,
+    so a symbolic link there is not the file mapped and is not followed); `display` is the name to
+    report. The version is read for libnccl copies and for objects that contain NCCL, unless told.
+    Never raises: what stops the read is the reason."""
     path = str(path)
     display = display or path
     try:
-        st = os.stat(path)
-    except OSError as exc:
+        st = os.stat(path, follow_symlinks=False)
+    except (OSError, ValueError) as exc:
         return ElfInfo(display, reason=_reason(exc))
+    if not stat.S_ISREG(st.st_mode):  # a FIFO at a deleted mapping's name: never opened
+        return ElfInfo(display, reason=f"not a regular file ({elfread._kind(st.st_mode)})")
     key = (path, st.st_ino, st.st_mtime_ns)
     hit = _CACHE.get(key)
     if hit is not None and (want_version is not True or hit.version_source is not None or hit.reason):
         return hit if hit.path == display else _with_path(hit, display)
     info = _scan(path, display, want_version)
+    if len(_CACHE) >= CACHE_MAX:
+        _CACHE.pop(next(iter(_CACHE)))  # the oldest entry
     _CACHE[key] = info
     return info
+
+
+CACHE_MAX = 4096  # files kept: a tree maps a few hundred; a long watch may meet many more
 
 
 def _with_path(info: ElfInfo, display: str) -> ElfInfo:
@@ -98,40 +109,48 @@ def _with_path(info: ElfInfo, display: str) -> ElfInfo:
                    info.version, info.version_source, info.simulated)
 
 
-def _reason(exc: OSError) -> str:
+def _reason(exc: Exception) -> str:
     if isinstance(exc, PermissionError):
         return "permission"
     if isinstance(exc, FileNotFoundError):
         return "vanished"
-    return f"error: {exc.strerror or exc}"
+    if isinstance(exc, OSError):
+        return f"error: {exc.strerror or exc}"
+    return f"error: {exc}"
 
 
 def _scan(path: str, display: str, want_version: bool | None) -> ElfInfo:
     try:
-        with open(path, "rb") as fh:
-            return _scan_file(fh, display, want_version)
+        fd, st = elfread.open_regular(path, follow=False)
     except OSError as exc:
         return ElfInfo(display, reason=_reason(exc))
-
-
-def _scan_file(fh, display: str, want_version: bool | None) -> ElfInfo:
+    except elfread.BadElf as exc:  # swapped for something else since the stat
+        return ElfInfo(display, reason=str(exc))
     try:
-        if fh.read(4) != b"\x7fELF":
-            return ElfInfo(display, reason="not ELF")
-        if not is_libnccl(display) and not _may_mention_nccl(fh):
+        return _scan_file(fd, display, want_version, st.st_size)
+    finally:
+        os.close(fd)
+
+
+def _scan_file(fd: int, display: str, want_version: bool | None, size: int) -> ElfInfo:
+    """What the open regular file fd (size bytes) says; never raises."""
+    try:
+        elf = Elf(fd, size)
+        if not is_libnccl(display) and not _may_mention_nccl(elf):
             return ElfInfo(display)
-        fh.seek(0)
-        elf = ELFFile(fh)
-        imports, defines, needed, marked = _nccl_symbols(elf)
+        imports, defines, marked = _nccl_symbols(elf)
+        needed = _needed(elf)
         version = source = None
         simulated = marked
         if want_version or (want_version is None and (defines or is_libnccl(display))):
             version, source, suffix = _version(elf, display)
             simulated = simulated or "simulated" in suffix
         return ElfInfo(display, None, imports, defines, needed, version, source, simulated)
+    except elfread.NotElf:
+        return ElfInfo(display, reason="not ELF")
     except OSError as exc:
         return ElfInfo(display, reason=_reason(exc))
-    except (ELFError, ValueError, KeyError, IndexError, struct.error) as exc:  # truncated or odd ELF
+    except (ValueError, IndexError, OverflowError, struct.error) as exc:  # elfread.BadElf: a forged or odd ELF
         return ElfInfo(display, reason=f"unreadable ELF: {exc}")
 
 
@@ -142,22 +161,19 @@ _FILE_VERSIONS: dict[tuple, ElfInfo | None] = {}
 def file_version(path: str) -> ElfInfo | None:
     """The ELF of a library file that a witness named by path (a probe's event: the copy a process
     ran), read as `inspect` reads it, for its version; None where it cannot be read. Only a regular
-    file is read: opened once without blocking (a log may name a FIFO or a device) and checked with
-    fstat, then read through that same descriptor. Cached per path and file (device, inode, mtime,
-    size), at most FILE_VERSIONS_MAX entries; never raises."""
+    file is read, opened without blocking (a log may name a FIFO or a device: elfread.open_regular
+    opens nothing else) and read through that descriptor. A symbolic link is followed: a log names
+    the path the library was loaded by, often a soname link. Cached per path and file (device, inode,
+    mtime, size), at most FILE_VERSIONS_MAX entries; never raises."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+        fd, st = elfread.open_regular(path, follow=True)
     except (OSError, ValueError, TypeError):
         return None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None
         key = (path, st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
         if key in _FILE_VERSIONS:
             return _FILE_VERSIONS[key]
-        with os.fdopen(os.dup(fd), "rb") as fh:
-            info = _scan_file(fh, path, want_version=True)
+        info = _scan_file(fd, path, True, st.st_size)
         got = info if info.version else None
         if len(_FILE_VERSIONS) >= FILE_VERSIONS_MAX:
             _FILE_VERSIONS.pop(next(iter(_FILE_VERSIONS)))  # the oldest entry
@@ -169,114 +185,78 @@ def file_version(path: str) -> ElfInfo | None:
         os.close(fd)
 
 
-def _contains(fh, size: int, needle: bytes) -> bool:
-    """Whether the next `size` bytes of fh hold needle: read into a buffer kept from call to call (a
-    large library's string table, hundreds of KB, read into a new bytes object each time costs a
-    fresh mapping, page faults and zeroing: glibc serves allocations that large with mmap), searched
-    with libc's memmem where there is one (twice as fast as `in`)."""
-    global _scratch, _memmem
-    if _memmem is None:
-        try:
-            import ctypes
-            fn = ctypes.CDLL(None).memmem
-            fn.restype, fn.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_size_t]
-            _memmem = fn
-        except (OSError, AttributeError, ImportError):
-            _memmem = False
-    if _memmem is False:
-        return needle in fh.read(size)
-    if len(_scratch) < size:
-        import ctypes
-        _scratch = ctypes.create_string_buffer(size)
-    n = fh.readinto(memoryview(_scratch).cast("B")[:size])
-    return bool(n) and _memmem(_scratch, n, needle, len(needle)) is not None
-
-
-_memmem = None
-_scratch = b""
-
-
-def _may_mention_nccl(fh) -> bool:
-    """Fast path before pyelftools (which costs milliseconds per file): read the section headers with
-    struct and look in the symbol string tables for what _nccl_symbols would look for (any 'nccl'
-    name in the dynamic ones, a communicator entry point in the others). False only when no symbol
-    can be ours."""
-    fh.seek(0)
-    ident = fh.read(64)
-    if len(ident) < 52:
-        return True  # let pyelftools report what is wrong
-    is64, endian = ident[4] == 2, "<" if ident[5] == 1 else ">"
-    if is64:
-        shoff, = struct.unpack_from(endian + "Q", ident, 0x28)
-        shentsize, shnum = struct.unpack_from(endian + "HH", ident, 0x3A)
-        fmt, fields = endian + "IIQQQQIIQQ", 10
-    else:
-        shoff, = struct.unpack_from(endian + "I", ident, 0x20)
-        shentsize, shnum = struct.unpack_from(endian + "HH", ident, 0x2E)
-        fmt, fields = endian + "IIIIIIIIII", 10
-    size = struct.calcsize(fmt)
-    if not shoff or not shnum or shentsize < size:
-        return True
-    fh.seek(shoff)
-    table = fh.read(shentsize * shnum)
-    table = table[:len(table) - len(table) % shentsize]
-    if shentsize == size:  # as always: one C call for every header
-        headers = list(struct.iter_unpack(fmt, table))
-    else:
-        headers = [struct.unpack_from(fmt, table, i) for i in range(0, len(table), shentsize)]
-    assert fields == 10  # name, type, flags, addr, offset, size, link, info, align, entsize
-    for h in headers:
-        if h[1] in (2, 11) and h[6] < len(headers):  # SHT_SYMTAB, SHT_DYNSYM -> sh_link: its strings
-            strings = headers[h[6]]
-            fh.seek(strings[4])
-            if _contains(fh, strings[5], b"nccl" if h[1] == 11 else b"ncclComm"):
-                return True
+def _may_mention_nccl(elf: Elf) -> bool:
+    """Before reading symbols: whether the symbol names can hold what _nccl_symbols looks for (any
+    'nccl' name in the dynamic ones, a communicator entry point in the others)."""
+    for kind, needle in ((SHT_DYNSYM, b"nccl"), (SHT_SYMTAB, b"ncclComm")):
+        table = elf.first(kind)
+        strings = elf.linked(table) if table is not None else None
+        if strings is not None and elf.contains(strings, needle):
+            return True
     return False
 
 
-
-def _nccl_symbols(elf: ELFFile) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...], bool]:
-    """Undefined nccl* dynamic symbols, communicator entry points defined, DT_NEEDED, and whether
-    the object defines the simulated NCCL's marker."""
+def _nccl_symbols(elf: Elf) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+    """Undefined nccl* dynamic symbols, communicator entry points defined, and whether the object
+    defines the simulated NCCL's marker."""
     imports: set[str] = set()
     defines: set[str] = set()
     marked = False
-    needed: list[str] = []
-    dynamic = elf.get_section_by_name(".dynamic")
-    if dynamic is not None:
-        needed = [t.needed for t in dynamic.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
-    for symtab, strtab in ((".dynsym", ".dynstr"), (".symtab", ".strtab")):
-        sec = elf.get_section_by_name(symtab)
-        strings = elf.get_section_by_name(strtab)
-        if not isinstance(sec, SymbolTableSection) or strings is None or (symtab == ".symtab" and defines):
+    for kind, needle in ((SHT_DYNSYM, b"nccl"), (SHT_SYMTAB, b"ncclComm")):
+        table = elf.first(kind)
+        strings = elf.linked(table) if table is not None else None
+        if strings is None or (kind == SHT_SYMTAB and defines):
             continue
-        # Iterating symbols in Python is slow; the string table tells cheaply whether any is ours.
-        if (b"nccl" if symtab == ".dynsym" else b"ncclComm") not in strings.data():
-            continue
-        for sym in sec.iter_symbols():
-            name = sym.name.split("@", 1)[0]
-            if not name.startswith("nccl"):
-                continue
-            if sym["st_shndx"] == "SHN_UNDEF":
-                if symtab == ".dynsym":
+        for name, typ, shndx, _ in _named(elf, table, strings, needle, (b"nccl",)):
+            if shndx == 0:  # SHN_UNDEF
+                if kind == SHT_DYNSYM:
                     imports.add(name)
             elif name == SIM_MARKER:
                 marked = True
-            elif name in COMM_ENTRY_POINTS and sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC"):
+            elif name in COMM_ENTRY_POINTS and typ in (STT_FUNC, STT_GNU_IFUNC):
                 defines.add(name)
-    return tuple(sorted(imports)), tuple(sorted(defines)), tuple(needed), marked
+    return tuple(sorted(imports)), tuple(sorted(defines)), marked
 
 
-def _version(elf: ELFFile, display: str) -> tuple[str | None, str | None, str]:
+STT_FUNC, STT_GNU_IFUNC = 2, 10
+DT_NEEDED = 1
+MAX_NEEDED = 1024  # DT_NEEDED entries kept
+
+
+def _named(elf: Elf, table: tuple, strings: tuple, needle: bytes, prefixes: tuple[bytes, ...]):
+    """(name, type, shndx, value) of the symbols whose name (without its @version) starts with one of
+    prefixes; none unless the string table holds needle. Iterating symbols in Python is slow: the
+    places a name can start are found in the strings first (a symbol's name offset may point into
+    another name: the linker merges a name that is another's tail), and only those rows unpacked."""
+    if needle not in prefixes and not elf.contains(strings, needle):
+        return
+    names = {off: name.split(b"@", 1)[0].decode("utf-8", "replace")
+             for prefix in prefixes for off, name in elf.occurrences(strings, prefix, names=True).items()}
+    if not names:
+        return
+    for off, typ, shndx, value in elf.symbols(table, names):
+        yield names[off], typ, shndx, value
+
+
+def _needed(elf: Elf) -> tuple[str, ...]:
+    """DT_NEEDED of the dynamic section, names from its linked string table."""
+    dynamic = elf.first(SHT_DYNAMIC)
+    strings = elf.linked(dynamic) if dynamic is not None else None
+    if strings is None:
+        return ()
+    values = [value for tag, value in elf.dynamic(dynamic) if tag == DT_NEEDED][:MAX_NEEDED]
+    names = (elf.name(strings, value) for value in values)
+    return tuple(n.decode("utf-8", "replace") for n in names if n)
+
+
+def _version(elf: Elf, display: str) -> tuple[str | None, str | None, str]:
     """(version, where it was read, the version string's suffix: "+cuda12.9", "-simulated+cpu")."""
     # init.cc prints "NCCL version %s" from a string built at compile time: "NCCL version 2.32.3+cuda12.9"
-    for name in (".rodata", ".rodata.str1.1", ".rodata.str1.8"):
-        sec = elf.get_section_by_name(name)
-        if sec is None:
-            continue
-        m = _VERSION_RE.search(sec.data())
+    for name in (b".rodata", b".rodata.str1.1", b".rodata.str1.8"):
+        sec = elf.by_name(name)
+        m = _search(elf, sec, _VERSION_RE) if sec is not None else None
         if m:
-            return f"{int(m[1])}.{int(m[2])}.{int(m[3])}", "rodata", (m[4] or b"").decode("ascii", "replace")
+            return f"{int(m[0])}.{int(m[1])}.{int(m[2])}", "rodata", (m[3] or b"").decode("ascii", "replace")
     code = _get_version_constant(elf)
     if code:
         return version_from_code(code), "ncclGetVersion", ""
@@ -286,23 +266,35 @@ def _version(elf: ELFFile, display: str) -> tuple[str | None, str | None, str]:
     return None, None, ""
 
 
-def _get_version_constant(elf: ELFFile) -> int | None:
+def _search(elf: Elf, sec: tuple, pattern: re.Pattern) -> tuple[bytes, ...] | None:
+    """The groups of the first match of pattern in a section, read in windows that overlap by the
+    longest match (_VERSION_SPAN)."""
+    for _, buf, n in elf.windows(sec, _VERSION_SPAN, "section"):
+        m = pattern.search(buf, 0, n)
+        if m:
+            return tuple(bytes(g) if g is not None else None for g in m.groups())
+    return None
+
+
+def _get_version_constant(elf: Elf) -> int | None:
     """ncclGetVersion(int* v) stores a constant: x86-64 `movl $imm32,(%rdi)` = c7 07 imm32."""
-    if elf["e_machine"] != "EM_X86_64":
+    if elf.machine != elfread.EM_X86_64:
         return None
-    for tab in (".dynsym", ".symtab"):
-        sec = elf.get_section_by_name(tab)
-        if not isinstance(sec, SymbolTableSection):
+    for kind in (SHT_DYNSYM, SHT_SYMTAB):
+        table = elf.first(kind)
+        strings = elf.linked(table) if table is not None else None
+        if strings is None:
             continue
-        syms = sec.get_symbol_by_name("ncclGetVersion") or sec.get_symbol_by_name("pncclGetVersion")
-        if not syms or syms[0]["st_shndx"] == "SHN_UNDEF":
+        found: dict[str, tuple[int, int]] = {}
+        for name, _, shndx, value in _named(elf, table, strings, b"ncclGetVersion", (b"nccl", b"pnccl")):
+            found.setdefault(name, (shndx, value))
+        sym = found.get("ncclGetVersion") or found.get("pncclGetVersion")
+        if not sym or sym[0] == 0:
             continue
-        addr = syms[0]["st_value"]
-        for seg in elf.iter_segments():
-            if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= addr < seg["p_vaddr"] + seg["p_filesz"]:
-                off = seg["p_offset"] + addr - seg["p_vaddr"]
-                elf.stream.seek(off)
-                code = elf.stream.read(48)
+        addr = sym[1]
+        for p_offset, p_filesz, p_vaddr in elf.loads():
+            if p_vaddr <= addr < p_vaddr + p_filesz:
+                code = elf.read_upto(p_offset + addr - p_vaddr, 48)
                 i = code.find(b"\xc7\x07")
                 if i >= 0 and i + 6 <= len(code):
                     return int.from_bytes(code[i + 2:i + 6], "little")

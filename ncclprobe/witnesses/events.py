@@ -68,6 +68,13 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            env; null for the first reading), execs (the image, as proc_seen's). `t` is the end
                            of the read: a write it shows was made in (since, t]
 
+  log_budget     any       reached (bytes | files), limit: the writer's budget (the shared log-bounding policy:
+                           NCCLPROBE_MAX_BYTES per process file, NCCLPROBE_MAX_FILES per host and directory)
+                           is spent; nothing more is written by that process (bytes), or by any process of
+                           the host that starts after it (files: the first one over the budget writes this line)
+Any line may say `"dropped": K`: K lines its writer could not write since its previous line (a stalled or
+full filesystem, a full queue); they are lost, not late.
+
 `call` joins a profiler init to the preload hook whose real NCCL call it ran inside (same thread;
 null when NCCL ran the init on another thread, e.g. inside ncclGroupEnd or non-blocking init).
 A line whose bounded buffer could not hold every member says `"truncated": true` (members are left
@@ -82,17 +89,19 @@ that is no hex number (a hand-made log's name for a communicator) is kept as wri
 A log directory may also hold `run.json`, written by `ncclprobe run` (the command, what it set, what
 it left alone, exit status).
 
+Readers read only *.jsonl (and run.json): the writers' `<host>.files` counter is no event file.
 Readers never trust the files. Every field of every kind (and of run.json) is checked against FIELDS
 (RUN_FIELDS) on read, here and nowhere else: a field of the wrong type, out of range or too big is
 dropped (treated as absent; counted in EventLog.dropped) or, where the table says "skip", the whole
 line is skipped and counted with its reason; fields the table does not know are dropped. Torn,
-malformed, too deeply nested and oversized lines and unknown kinds are skipped and counted. Files are
-read in bounded chunks (a line over MAX_LINE is never held whole) and opened without following
-symlinks; stream_dirs merges the files lazily, so memory is bounded by what the model keeps.
+malformed, too deeply nested and oversized lines and unknown kinds are skipped and counted, each once.
+Files are read by witnesses/jsonlines.py: bounded chunks, holes and NUL runs stepped over, at most
+FILE_CAP bytes of data each (what was not read is a note), never a symlink or a FIFO. stream_dirs lists
+the directories without materialising them, reads at most FILES_MAX files (more are refused whole: the
+model keeps a process per file) and merges them lazily, so memory is bounded by what the model keeps.
 """
 from __future__ import annotations
 
-import errno
 import heapq
 import json
 import math
@@ -103,11 +112,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
+from ncclprobe.witnesses import jsonlines
+
 SOURCES = ("preload", "profiler", "envplugin", "boot", "proc")
 RUN_META = "run.json"
-MAX_LINE = 1 << 20   # a longer line is not ours (the probes bound every field)
+MAX_LINE = jsonlines.MAX_LINE
 MAX_RUN_META = 1 << 20
-CHUNK = 1 << 16      # bytes read at a time
+# event files one report reads (all directories given): each costs a merge head and a process in the model,
+# about 6 KiB and 1-1.5 ms (2 cores), so at most ~100 MiB and ~25 s; the writers create at most
+# NCCLPROBE_MAX_FILES (4096 by default) per host and directory. NCCLPROBE_REPORT_MAX_FILES raises it.
+FILES_MAX = 16_384
 NAME, TEXT = 4096, 65536   # caps: a name or path (PATH_MAX), any other string
 ITEMS = 4096         # cap on the entries of a list or map
 NODES, DEPTH = 1024, 6  # caps on a nested object (config, profile): values in all, levels
@@ -187,7 +201,7 @@ INTS = _list(_int(*INT32))
 # Checks of optional fields let null through (the probes write null for NULL/unknown).
 COMMON = {"ev": (S, "need"), "t": (_num(0, 1e12), "need"), "pid": (PID, "need"),
           "src": (lambda v: v if v in SOURCES else BAD, "need"), "host": (_str(255), "skip"),
-          "truncated": (_bool, "drop")}
+          "truncated": (_bool, "drop"), "dropped": (_int(0, UINT64[1]), "drop")}
 FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
     "process_start": {"ppid": (_null(PID), "drop"), "argv": (_null(_list(T)), "drop"), "exe": (OT, "drop"),
                       "env": (ENV, "drop"), "exec_env_differs": (OB, "drop"), "exec_env": (ENV, "drop"),
@@ -239,6 +253,7 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
                       "lost_lines": (OU64, "drop"), "stuck": (OB, "drop"), "live_s": (_null(_num(0, 3600)), "drop"),
                       "live_reads": (OU64, "drop"), "live_processes": (OU64, "drop"), "live_bytes": (OU64, "drop"),
                       "live_cpu_s": (_null(_num(0, 1e9)), "drop"), "live_reader": (OS, "drop")},
+    "log_budget": {"reached": (lambda v: v if v in ("bytes", "files") else BAD, "need"), "limit": (OU64, "drop")},
     "live_env": {"env": (ENV, "drop"), "reason": (OT, "drop"), "since": (_null(_num(0, 1e12)), "drop"),
                  "execs": (OI32, "drop")},
 }
@@ -262,6 +277,10 @@ class EventLog:
     events: Iterable[dict[str, Any]] = field(default_factory=list)  # time order; an iterator from stream_dirs
     files: list[str] = field(default_factory=list)
     skipped: Counter = field(default_factory=Counter)   # reason -> lines (complete once events is consumed)
+    skipped_files: Counter = field(default_factory=Counter)  # reason -> files (symlinks, FIFOs, unreadable)
+    notes: list[dict[str, Any]] = field(default_factory=list)  # {path, note, bytes}: what of a file was not read
+    refused: str | None = None                          # why no file was read (more than FILES_MAX of them)
+    file_cap: int = jsonlines.FILE_CAP                  # data bytes read per file
     unknown: Counter = field(default_factory=Counter)   # unknown kind -> lines
     dropped: Counter = field(default_factory=Counter)   # "kind.field" -> values refused, line kept
     resorted: list[str] = field(default_factory=list)   # files not in time order, sorted whole
@@ -270,7 +289,7 @@ class EventLog:
 
     @property
     def skipped_total(self) -> int:
-        return sum(self.skipped.values()) + sum(self.unknown.values())
+        return sum(self.skipped.values()) + sum(self.unknown.values()) + sum(self.skipped_files.values())
 
 
 def check_sources(dirs, nccl_logs=()) -> None:
@@ -289,40 +308,6 @@ def check_sources(dirs, nccl_logs=()) -> None:
         if not os.path.isfile(f) or not os.access(f, os.R_OK):
             raise Unexaminable(f"cannot read NCCL log: {f}", "no nccl log",
                                {"hint": "give a readable file written with NCCL_DEBUG=INFO (NCCL_DEBUG_FILE)"})
-
-
-OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO planted later never blocks
-
-
-def _open_nofollow(path: Path):
-    return os.fdopen(os.open(path, OPEN_FLAGS), "rb", buffering=0)
-
-
-class _Chunks:
-    """A regular file read CHUNK bytes at a time, opened for each read and checked to be the same file:
-    a merge of thousands of files holds no descriptor between reads (RLIMIT_NOFILE)."""
-
-    def __init__(self, path: Path):
-        with _open_nofollow(path) as fh:
-            st = os.fstat(fh.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file")
-        self.path, self.ident, self.offset = path, (st.st_dev, st.st_ino), 0
-
-    def read(self, size: int) -> bytes:
-        try:
-            fd = os.open(self.path, OPEN_FLAGS)
-        except OSError:
-            return b""
-        try:
-            st = os.fstat(fd)
-            data = os.pread(fd, size, self.offset) if (st.st_dev, st.st_ino) == self.ident else b""
-        except OSError:
-            data = b""
-        finally:
-            os.close(fd)
-        self.offset += len(data)
-        return data
 
 
 def checked(obj: dict[str, Any], table: dict, prefix: str, dropped: Counter) -> tuple[dict[str, Any], str]:
@@ -349,30 +334,7 @@ def _parse(raw: bytes) -> tuple[Any, str]:
     except RecursionError:  # json's C scanner recurses per nesting level
         return None, "nesting too deep"
     except (ValueError, UnicodeError):  # also ints past sys.get_int_max_str_digits (3.11+)
-        return None, "malformed line"
-
-
-def _lines(fh, skipped: Counter) -> Iterator[bytes]:
-    """The complete lines of fh, CHUNK bytes at a time: a line over MAX_LINE is counted and discarded up
-    to its newline without being held; a last line without a newline is torn (a writer died mid-line)."""
-    buf, discarding = b"", False
-    while chunk := fh.read(CHUNK):
-        start = 0
-        while (nl := chunk.find(b"\n", start)) >= 0:
-            if discarding:
-                discarding = False
-            elif len(buf) + nl + 1 - start > MAX_LINE:
-                skipped["torn or oversized line"] += 1
-            else:
-                yield buf + chunk[start:nl + 1]
-            buf, start = b"", nl + 1
-        if not discarding and len(buf) + len(chunk) - start > MAX_LINE:
-            skipped["torn or oversized line"] += 1
-            buf, discarding = b"", True
-        elif not discarding:
-            buf += chunk[start:]
-    if buf:
-        skipped["torn or oversized line"] += 1
+        return None, "not JSON"
 
 
 def _sort_key(e: dict[str, Any]) -> tuple:
@@ -380,38 +342,76 @@ def _sort_key(e: dict[str, Any]) -> tuple:
 
 
 def read_file(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
-    """The checked events of one file, in its order."""
+    """The checked events of one file, in its order; log.notes says what of it was not read."""
     try:
-        fh = _Chunks(path)
+        src = jsonlines.Source(path, log.file_cap)
     except OSError as exc:
-        log.skipped[f"unreadable file ({exc.strerror})"] += 1
+        _skip_file(log, str(path), exc.strerror if isinstance(exc, jsonlines.NotRegular) else
+                   f"unreadable ({exc.strerror})")
         return
-    for raw in _lines(fh, log.skipped):
+    lines = jsonlines.Lines(log.skipped)
+    for raw in lines.of(src.pieces()):
+        ev = _event(raw, log)
+        if ev is not None:
+            yield ev
+    _note_file(log, path, src, lines.nul)
+
+
+def _skip_file(log: EventLog, path: str, why: str) -> None:
+    log.skipped_files[why] += 1
+    log.notes.append({"path": path, "note": f"skipped: {why}", "bytes": None})
+
+
+def _event(raw: bytes, log: EventLog) -> dict[str, Any] | None:
+    """One line's checked event; None (counted in log.skipped or log.unknown) where there is none."""
+    obj, reason = _parse(raw)
+    if not reason and not isinstance(obj, dict):
+        reason = "not an object"
+    if not reason:
+        ev, reason = checked(obj, COMMON, "", log.dropped)
+    if reason:
+        log.skipped[reason] += 1
+        return None
+    table = FIELDS.get(ev["ev"])
+    if table is None:
+        log.unknown[ev["ev"][:64]] += 1
+        return None
+    fields, reason = checked(obj, table, ev["ev"] + ".", log.dropped)
+    if reason:
+        log.skipped[f"{ev['ev']}: {reason}"] += 1
+        return None
+    ev.setdefault("host", "?")
+    return {**ev, **fields}
+
+
+def _note_file(log: EventLog, path: Path, src: jsonlines.Source, nul: int) -> None:
+    words = jsonlines.size_words
+    if src.holes + nul:
+        log.notes.append({"path": str(path), "note": f"{words(src.holes + nul)} of NUL bytes skipped (a hole or "
+                          "a zero fill: a crash, a truncate)", "bytes": src.holes + nul})
+    if src.not_read:
+        log.notes.append({"path": str(path), "note": f"read the first {words(src.cap)} of its data (the per-file "
+                          f"cap, NCCLPROBE_REPORT_MAX_FILE_BYTES); {words(src.not_read)} after it not read",
+                          "bytes": src.not_read})
+
+
+def _in_order(path: Path, file_cap: int) -> bool:
+    """Whether a file's events are in time order (one writer appending; a foreign writer may not be).
+    Only the common fields are checked here: the keys of a superset of the lines read_file keeps, so
+    in order here means in order there."""
+    try:
+        src = jsonlines.Source(path, file_cap)
+    except OSError:
+        return True
+    last, ignored = None, Counter()
+    for raw in jsonlines.Lines(ignored).of(src.pieces()):
         obj, reason = _parse(raw)
-        if not reason and not isinstance(obj, dict):
-            reason = "not an object"
-        if not reason:
-            ev, reason = checked(obj, COMMON, "", log.dropped)
+        if reason or not isinstance(obj, dict):
+            continue
+        ev, reason = checked(obj, COMMON, "", ignored)
         if reason:
-            log.skipped[reason] += 1
             continue
-        table = FIELDS.get(ev["ev"])
-        if table is None:
-            log.unknown[ev["ev"][:64]] += 1
-            continue
-        fields, reason = checked(obj, table, ev["ev"] + ".", log.dropped)
-        if reason:
-            log.skipped[f"{ev['ev']}: {reason}"] += 1
-            continue
-        ev.setdefault("host", "?")
-        yield {**ev, **fields}
-
-
-def _in_order(path: Path) -> bool:
-    """Whether a file's events are in time order (one writer appending; a foreign writer may not be)."""
-    last = None
-    for e in read_file(path, EventLog()):
-        key = _sort_key(e)
+        key = (ev["t"], ev.get("host", "?"), ev["pid"])
         if last is not None and key < last:
             return False
         last = key
@@ -420,7 +420,7 @@ def _in_order(path: Path) -> bool:
 
 def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
     """One file's events in time order: streamed where the file is in order, else that file sorted."""
-    if not _in_order(path):
+    if not _in_order(path, log.file_cap):
         log.resorted.append(str(path))
         yield from sorted(read_file(path, log), key=_sort_key)
         return
@@ -436,34 +436,85 @@ def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
 
 def _read_run(path: Path, log: EventLog) -> dict[str, Any] | None:
     try:
-        with _open_nofollow(path) as fh:
-            data = fh.read(MAX_RUN_META + 1)
-    except OSError:
-        log.skipped["unreadable run.json"] += 1
+        data = jsonlines.read_small(path, MAX_RUN_META)
+    except OSError as exc:
+        log.skipped_files[f"run.json {exc.strerror if isinstance(exc, jsonlines.NotRegular) else 'unreadable'}"] += 1
         return None
     run, reason = (None, "oversized") if len(data) > MAX_RUN_META else _parse(data)
     if not reason and not isinstance(run, dict):
         reason = "not an object"
     if reason:
-        log.skipped[f"malformed run.json ({reason})"] += 1
+        log.skipped_files[f"malformed run.json ({reason})"] += 1
         return None
     return checked(run, RUN_FIELDS, "run.json.", log.dropped)[0]
 
 
+def _knob(name: str, default: int) -> int:
+    """A positive integer from the environment; anything else is the default."""
+    text = os.environ.get(name, "")
+    return int(text) if text.isdigit() and 0 < len(text) < 19 and int(text) > 0 else default
+
+
+def _event_files(d: Path, log: EventLog, seen: set, cap: int) -> list[Path] | None:
+    """The *.jsonl files of d, by name (another name of a file listed before is left out), listed without
+    holding more than `cap` entries: None as soon as more than `cap` are found in all."""
+    found = []
+    with os.scandir(d) as it:
+        for entry in it:
+            if not entry.name.endswith(".jsonl"):
+                continue  # run.json, <host>.files (the writers' file counter), nccl-debug*: not events
+            try:
+                st = entry.stat(follow_symlinks=False)  # lstat: a device or FIFO is never opened
+            except OSError:
+                st = None
+            found.append((entry.name, st))
+            if len(log.files) + len(found) > cap:
+                return None
+    paths = []
+    for name, st in sorted(found, key=lambda f: f[0]):
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            _skip_file(log, str(d / name), "symlink (not followed)" if stat.S_ISLNK(st.st_mode) else
+                       f"not a regular file ({jsonlines.kind_of(st.st_mode)})")
+            continue
+        key = (st.st_dev, st.st_ino) if st is not None else (None, str(d / name))
+        if key in seen:
+            _skip_file(log, str(d / name), "another name of a file already read (a hard link)")
+            continue
+        seen.add(key)
+        paths.append(d / name)
+    return paths
+
+
 def stream_dirs(dirs) -> EventLog:
     """Every *.jsonl file of each directory (several hosts' directories may be given), merged in time
-    order as an iterator: events, skipped and dropped are complete once it has been consumed."""
-    log = EventLog()
-    paths = []
+    order as an iterator: events, skipped and dropped are complete once it has been consumed. More than
+    NCCLPROBE_REPORT_MAX_FILES (FILES_MAX) files in all are not read: log.refused says so."""
+    log = EventLog(file_cap=_knob("NCCLPROBE_REPORT_MAX_FILE_BYTES", jsonlines.FILE_CAP))
+    paths: list[Path] = []
+    seen: set = set()
+    cap = _knob("NCCLPROBE_REPORT_MAX_FILES", FILES_MAX)
     for d in dirs:
         d = Path(d)
+        try:
+            ident = os.stat(d)
+        except OSError:
+            ident = None
+        if ident is not None and (ident.st_dev, ident.st_ino) in seen:
+            continue  # a directory named twice is read once
+        seen.add((ident.st_dev, ident.st_ino) if ident is not None else (None, str(d)))
         log.dirs.append(str(d))
-        for path in sorted(d.glob("*.jsonl")):
-            if path.is_symlink() or not path.is_file():
-                log.skipped["symlink or special file"] += 1
-                continue
-            paths.append(path)
-            log.files.append(str(path))
+        try:
+            found = _event_files(d, log, seen, cap)
+        except OSError as exc:
+            log.skipped_files[f"unreadable directory ({exc.strerror})"] += 1
+            continue
+        if found is None:
+            log.refused = (f"more than {cap} event files (*.jsonl) in {', '.join(log.dirs)}: the report reads at most "
+                           f"{cap} (NCCLPROBE_REPORT_MAX_FILES), as its memory grows with each file and process")
+            log.files, log.events = [], iter(())
+            return log
+        paths += found
+        log.files += map(str, found)
         meta = d / RUN_META
         if meta.is_file() and not meta.is_symlink():
             run = _read_run(meta, log)

@@ -46,6 +46,7 @@ MAX_ENTRIES = 1 << 16     # pointers of the environ array read at most
 MAX_BYTES = 1 << 23       # bytes read from one process at most, per attempt (array and strings; native/livemem.c's too)
 MAX_NAME = 1 << 10        # a longer name is no name ncclprobe watches or expects
 MAX_STRING = 1 << 20      # one NAME=VALUE string
+MAX_MAPS = 1 << 26        # bytes of a maps file read at most (native/livemem.c's too): its paths have no limit
 GAP = 1 << 12             # strings this close are read in one pread
 TAIL = 1 << 9             # bytes read past the last string start of a window, for its name and value
 _SYMBOLS = (b"__environ", b"environ", b"_environ")  # glibc and musl define all three, one object
@@ -57,7 +58,10 @@ NO_SYMBOLS = "static binary without symbols (no .symtab: environ cannot be found
 NO_LIBC = "no C library mapped and no environ symbol in the executable"
 NO_ENVIRON = "no environ symbol in the static binary's symbol table"
 BOUNDED = f"environment over {MAX_BYTES} bytes or {MAX_ENTRIES} entries (not read)"
+BIG_MAPS = f"maps over {MAX_MAPS} bytes (not read)"
 YAMA = "ptrace_scope"
+UNMATCHED = "a mapped object the native read could not match once resolved (not read)"
+LONG_PATH = f"a mapped object's path over {1 << 16} bytes (not read)"  # liveread.MAX_PATH
 
 
 @dataclass(frozen=True)
@@ -149,13 +153,17 @@ class MemReader:
         os.close(fd)
 
     def read_bytes(self, path: str) -> bytes:
+        """A maps file, whole; _Bounded past MAX_MAPS bytes."""
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            chunks = []
+            chunks, total = [], 0
             while True:  # maps is a multi-record seq_file: read to 0
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     return b"".join(chunks)
+                total += len(chunk)
+                if total > MAX_MAPS:
+                    raise _Bounded(BIG_MAPS)
                 chunks.append(chunk)
         finally:
             os.close(fd)
@@ -211,19 +219,20 @@ def _slot(path: str, file: str, st: os.stat_result, static: bool) -> _Slot:
     if hit is None:
         if len(_SLOTS) > 1024:
             _SLOTS.clear()
-        hit = _SLOTS[key] = _read_slot(file, path, static)
+        hit = _SLOTS[key] = _read_slot(file, path, static, st.st_ino)
     return hit
 
 
-def _read_slot(file: str, path: str, static: bool) -> _Slot:
+def _read_slot(file: str, path: str, static: bool, inode: int | None = None) -> _Slot:
     """`__environ` (or an alias) defined in the dynamic symbols (and, for a static binary, the full
-    symbol table), found through the symbol hash where there is one (elfsyms)."""
+    symbol table), found through the symbol hash where there is one (elfsyms: every read bounded by
+    the file's size and a cap; the file opened must be the inode looked at)."""
     from ncclprobe.witnesses import elfsyms
     try:
-        found = elfsyms.lookup(file, _SYMBOLS, static)
+        found = elfsyms.lookup(file, _SYMBOLS, static, inode)
     except OSError as exc:
         return _Slot(None, (), 8, f"cannot read {path}: {exc.strerror or exc}")
-    except (ValueError, struct.error) as exc:
+    except (ValueError, IndexError, OverflowError, struct.error) as exc:  # elfsyms.NotElf: why, in its text
         return _Slot(None, (), 8, f"unreadable ELF {path}: {exc}")
     if found.value is not None:
         return _Slot(found.value, found.loads, found.word)
@@ -688,8 +697,8 @@ class Reading:
                 except BaseException:
                     total += t.read
                     raise
-        except _Bounded:
-            return LiveEnv(None, None, BOUNDED, tries, total)
+        except _Bounded as exc:
+            return LiveEnv(None, None, str(exc) or BOUNDED, tries, total)
         except _Gone:
             return LiveEnv(None, None, GONE, tries, total)
         except OSError as exc:
@@ -727,7 +736,8 @@ class Reading:
                 out.append(self._result(values, same, tries, total))
                 continue
             reason = {lr.NO_MEMORY: NO_MEMORY, lr.NO_LIBC: NO_LIBC, lr.TORN: torn_reason(self.retries),
-                      lr.BOUNDED: BOUNDED, lr.GONE: GONE, lr.BADMAPS: "unreadable maps"}.get(n)
+                      lr.BOUNDED: BOUNDED, lr.GONE: GONE, lr.BADMAPS: "unreadable maps", lr.BIGMAPS: BIG_MAPS,
+                      lr.NEED: UNMATCHED, -errno.ENAMETOOLONG: LONG_PATH}.get(n)
             if n == lr.NO_SLOT:
                 reason = next((self._why[i] for i in (st[lr.ST_NOSLOT0], st[lr.ST_NOSLOT1]) if i in self._why), NO_LIBC)
             elif reason is None:

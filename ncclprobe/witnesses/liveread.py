@@ -15,7 +15,8 @@ from ncclprobe import _lib
 
 LIB_NAME = "libprocread.so"
 # native/livemem.c's codes, rule kinds, record kinds, info and status slots
-NEED, NO_MEMORY, NO_LIBC, NO_SLOT, TORN, BOUNDED, GONE, BADMAPS = range(-1000, -1008, -1)
+NEED, NO_MEMORY, NO_LIBC, NO_SLOT, TORN, BOUNDED, GONE, BADMAPS, BIGMAPS = range(-1000, -1009, -1)
+MAX_PATH = 1 << 16  # a mapped object's path longer than this is not resolved (maps paths have no limit)
 R_PREFIX, R_NAME, R_EXPECTED = 1, 2, 3
 OUT_VALUE, OUT_EQUAL, OUT_DIFFERS = 1, 2, 3
 I_STOP, I_WHICH, I_STATIC, I_START, I_OFFSET, I_MAJOR, I_MINOR, I_INODE, I_PATH_LEN, I_COUNT = range(10)
@@ -64,18 +65,36 @@ class Native:
         self._paths = b"".join(paths)
         return len(self._objs) - 1
 
+    def _unstick(self, info, resolve, i: int, asked: set) -> bool:
+        """What let the call go on from process i, done (an object resolved, a larger buffer); False
+        where nothing can (an object asked twice, a buffer at its limit)."""
+        if info[I_STOP] == NEED:
+            key = (ctypes.string_at(self._need, info[I_PATH_LEN]), info[I_MAJOR], info[I_MINOR], info[I_INODE],
+                   info[I_OFFSET], info[I_STATIC])
+            if key in asked:
+                return False
+            asked.add(key)
+            resolve(key, info[I_START], i)
+        elif info[I_STOP] == -errno.ENOBUFS and len(self._out) < 1 << 28:
+            self._out = ctypes.create_string_buffer(len(self._out) * 2)
+        elif info[I_STOP] == -errno.ENAMETOOLONG and len(self._need) < info[I_PATH_LEN] <= MAX_PATH:
+            self._need = ctypes.create_string_buffer(info[I_PATH_LEN])  # the path's whole length
+        else:
+            return False
+        return True
+
     def read(self, root: bytes, pids: list[int], exes: list[bytes | None], retries: int, resolve):
         """Each process's (status, records) in order, records as (kind, name, value) in array order
         (value b"" for OUT_EQUAL / OUT_DIFFERS). resolve(key, start, index) is called for an object the
         table lacks, met in the process pids[index] (it adds the object); a full output buffer is
-        doubled."""
+        doubled, a path buffer too short for an object's path grown to it (up to MAX_PATH)."""
         n = len(pids)
         c_pids = (ctypes.c_int32 * n)(*pids)
         c_exes = (ctypes.c_char_p * n)(*exes)
         status = (ctypes.c_int64 * (ST_COUNT * n))()
         info = self._info
         out: list = []
-        i = 0
+        i, asked = 0, set()  # the objects resolved for process i: one asked again would never match
         while i < n:
             done = self._fn(root, ctypes.byref(c_pids, 4 * i), ctypes.byref(c_exes, ctypes.sizeof(ctypes.c_char_p) * i),
                             n - i, self._table, len(self._objs), self._paths, self._rules, len(self._rules), retries,
@@ -88,18 +107,12 @@ class Native:
                 for j in range(0, len(flat), ST_COUNT):
                     st = flat[j:j + ST_COUNT]
                     out.append((st, list(_records(data, st[ST_OFF], st[ST_RC]))))
-            i += done
+                i, asked = i + done, set()
             if i >= n:
                 break
-            if info[I_STOP] == NEED:
-                key = (ctypes.string_at(self._need, info[I_PATH_LEN]), info[I_MAJOR], info[I_MINOR], info[I_INODE],
-                       info[I_OFFSET], info[I_STATIC])
-                resolve(key, info[I_START], i)
-            elif info[I_STOP] == -errno.ENOBUFS and len(self._out) < 1 << 28:
-                self._out = ctypes.create_string_buffer(len(self._out) * 2)
-            else:  # nothing to change: what stopped it stops that process
+            if not self._unstick(info, resolve, i, asked):  # nothing to change: what stopped it stops that process
                 out.append(([info[I_STOP], 0, 0, 0, 0, -1, -1], []))
-                i += 1
+                i, asked = i + 1, set()
         return out
 
 

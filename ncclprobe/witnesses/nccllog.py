@@ -23,7 +23,6 @@ import functools
 import math
 import os
 import re
-import stat
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,13 +198,14 @@ class Warn:
 Record = Union[VersionLine, EnvSetting, InvalidValue, CacheDisabled, CommInit, CommEnd, CommTopology,
                PluginLoaded, ConfigLine, CollCall, Tuning, Warn]
 
-# What the counts mean where a report lists what it skipped.
+# What the counts mean where a report lists what it skipped: lines, and files (FILE_PROBLEMS). Records
+# past MAX_RECORDS are not kept in NcclLog.records but still reach the sink (the model): not skipped.
 PROBLEMS = {
     "too_long": f"NCCL log line over {MAX_LINE} bytes",
     "malformed": "NCCL log line in an unexpected format",
     "unreadable": "NCCL log file unreadable or not a regular file",
-    "records_not_kept": f"NCCL log records past the first {MAX_RECORDS} (counted, not kept)",
 }
+FILE_PROBLEMS = frozenset({PROBLEMS["unreadable"]})
 
 
 @dataclass
@@ -215,6 +215,7 @@ class NcclLog:
     unreadable: dict[str, str] = field(default_factory=dict)   # path -> reason
     counts: Counter = field(default_factory=Counter)  # lines, blank, records, nccl_other, unknown, malformed, ...
     procs: dict[tuple[str, int], None] = field(default_factory=dict)
+    notes: list[dict] = field(default_factory=list)   # {path, note, bytes}: a file not read whole
 
     def of(self, kind: type) -> list:
         return [r for r in self.records if isinstance(r, kind)]
@@ -480,9 +481,12 @@ def parse_lines(lines: Iterable[str | None], name: str = "<text>", log: NcclLog 
         if len(heads) > 1:
             # two processes' lines glued together on a shared stream: parse each part on its own
             log.counts["glued"] += 1
+        malformed = False
         for i, h in enumerate(heads):
             end = heads[i + 1].start if i + 1 < len(heads) else len(line)
-            _one(h, line[h.body:end].rstrip(), f"{name}:{n}", log, sink, procs)
+            malformed |= _one(h, line[h.body:end].rstrip(), f"{name}:{n}", log, sink, procs)
+        if malformed:  # once per line, however many glued parts it holds
+            log.counts["malformed"] += 1
         if heads:
             continue
         stripped = line.strip()
@@ -494,7 +498,8 @@ def parse_lines(lines: Iterable[str | None], name: str = "<text>", log: NcclLog 
     return log
 
 
-def _one(h: _Head, msg: str, source: str, log: NcclLog, sink: Sink | None, procs: set) -> None:
+def _one(h: _Head, msg: str, source: str, log: NcclLog, sink: Sink | None, procs: set) -> bool:
+    """Parses one message into a record; whether it was malformed."""
     at = Where(source, _clean(h.host), h.pid, h.tid, h.dev, h.ts)
     procs.add((at.host, at.pid))
     log.procs.setdefault((at.host, at.pid))
@@ -504,9 +509,11 @@ def _one(h: _Head, msg: str, source: str, log: NcclLog, sink: Sink | None, procs
     elif h.level in ("INFO", "TRACE"):
         rec = _message(msg, at)
     if not rec:
-        log.counts["malformed" if rec is False else "nccl_other"] += 1
-        return
+        if rec is None:
+            log.counts["nccl_other"] += 1
+        return rec is False
     _keep(log, rec, sink)
+    return False
 
 
 def _keep(log: NcclLog, rec, sink: Sink | None) -> None:
@@ -528,12 +535,18 @@ def _attribute_bare(log: NcclLog, bare: list[VersionLine], procs: set, sink: Sin
                                r.build, r.simulated), sink)
 
 
-def read_lines(fd: int, cap: int = MAX_LINE) -> Iterator[bytes | None]:
-    """The lines of an open file, split on b"\\n" only (as NCCL writes; a '\\r' inside stays), read in
-    CHUNK-byte pieces: a line over `cap` bytes comes out as None and is never held whole."""
+def read_lines(pieces: Iterable[bytes | None], cap: int = MAX_LINE) -> Iterator[bytes | None]:
+    """The lines of a file's pieces (witnesses.jsonlines.Source: CHUNK bytes at a time, None for a hole
+    stepped over), split on b"\n" only (as NCCL writes; a '\r' inside stays): a line over `cap` bytes
+    comes out as None and is never held whole; a hole ends the line before it."""
     buf = b""
     skipping = False
-    while chunk := os.read(fd, CHUNK):
+    for chunk in pieces:
+        if chunk is None:  # a crash's or a truncate's hole: what came before it is the line
+            if skipping or buf:
+                yield None if skipping else buf
+            buf, skipping = b"", False
+            continue
         start = 0
         while (nl := chunk.find(b"\n", start)) >= 0:
             piece = chunk[start:nl]
@@ -556,30 +569,28 @@ def read_lines(fd: int, cap: int = MAX_LINE) -> Iterator[bytes | None]:
 
 def parse_files(paths: Iterable[str | os.PathLike], sink: Sink | None = None) -> NcclLog:
     """Parses every file (NCCL_DEBUG_FILE outputs, captured stdout/stderr); unreadable ones (missing,
-    symlinks, FIFOs and other non-regular files: never opened so that they block) are counted."""
+    symlinks, FIFOs and other non-regular files: never opened so that they block) are counted. Holes are
+    stepped over and at most jsonlines.FILE_CAP bytes of each file's data are read (log.notes says so)."""
+    from ncclprobe.witnesses import jsonlines
     log = NcclLog()
     for p in paths:
         path = str(Path(p))
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+            src = jsonlines.Source(path)  # O_NONBLOCK|O_NOFOLLOW, then fstat: a regular file
         except OSError as exc:
             log.counts["unreadable"] += 1
             log.unreadable[path] = exc.strerror or type(exc).__name__
             continue
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                log.counts["unreadable"] += 1
-                log.unreadable[path] = "not a regular file"
-                continue
-            log.files.append(path)
-            lines = (b if b is None else b.decode("utf-8", "replace") for b in read_lines(fd))
-            try:
-                parse_lines(lines, path, log, sink)
-            except OSError as exc:  # an I/O error mid-file: what was read stands
-                log.counts["unreadable"] += 1
-                log.unreadable[path] = exc.strerror or type(exc).__name__
-        finally:
-            os.close(fd)
+        log.files.append(path)
+        lines = (b if b is None else b.decode("utf-8", "replace") for b in read_lines(src.pieces()))
+        parse_lines(lines, path, log, sink)
+        if src.holes:
+            log.notes.append({"path": path, "note": f"{jsonlines.size_words(src.holes)} of NUL bytes skipped (a "
+                              "hole: a crash, a truncate)", "bytes": src.holes})
+        if src.not_read:
+            log.notes.append({"path": path, "note": f"read the first {jsonlines.size_words(src.cap)} of its data "
+                              f"(the per-file cap); {jsonlines.size_words(src.not_read)} after it not read",
+                              "bytes": src.not_read})
     return log
 
 

@@ -287,11 +287,13 @@ def merge(m: Model, paths) -> Model:
     log = nccllog.parse_files(paths, sink=a.feed)
     a.finish()
     m.nccl_log = log
+    m.reading.notes.extend(log.notes)
     by_pid: dict[int, list[ProcessView]] = defaultdict(list)
     for view in m.processes.values():
         by_pid[view.pid].append(view)
     problems = Counter(log.problems())
     problems[OVER_CAP] += a.over_cap
+    unattributed: Counter = Counter()
     for lp in a.procs.values():
         p = _process(m, by_pid, lp.host, lp.pid)
         p.sources.add("nccl-log")
@@ -308,14 +310,17 @@ def merge(m: Model, paths) -> Model:
             p.reads.setdefault(("nccl-log", var, value), NcclRead(var, value, "nccl-log", t, "nccl-log"))
         p.tuning.extend(lp.unattributed.values())
         if not all("profiler" in views[lc].seen_by for lc in lp.comms if lc.rank == 0):
-            for why, n in lp.why.items():   # where the profiler saw every rank-0 communicator, moot
-                problems[why] += n
+            unattributed.update(lp.why)   # where the profiler saw every rank-0 communicator, moot
         if p.simulated_nccl:
             for c in m.comms_of(p.host, p.pid):
                 c.simulated = True
     for text, n in problems.items():
         if n:
             m.skipped[text] = m.skipped.get(text, 0) + n
+            if text in nccllog.FILE_PROBLEMS:
+                m.reading.skipped_files[text] = m.reading.skipped_files.get(text, 0) + n
+    for text, n in unattributed.items():  # read and kept on the process (ProcessView.tuning): not skipped
+        m.reading.unattributed[text] = m.reading.unattributed.get(text, 0) + n
     return m
 
 

@@ -25,23 +25,36 @@ _O_READ = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK  # a FIFO in a fake /proc n
 # one record), cmdline and environ (fs/proc/base.c get_mm_cmdline / environ_read loop until done).
 # Multi-record seq_files (maps, children) stop at a page and need reading to 0.
 _ONE_CALL = ("/stat", "/status", "/cmdline", "/environ")
+# What one file may hold before it is refused with EFBIG (native/procread.c keeps the same caps): stat
+# and status are one short record; cmdline and environ are at most ARG_MAX at exec (6 MiB since Linux
+# 4.13) unless rewritten through prctl(PR_SET_MM); maps rows are bounded by vm.max_map_count. A fake
+# or hostile file can claim any size (a sparse one): the cap bounds the time and memory it costs.
+MAX_RECORD = 1 << 20  # (/proc/stat itself, read for btime, holds a line per CPU and per IRQ)
+MAX_FILE = 32 << 20
+MAX_ROWS = 65536  # maps rows kept (executable or shared file mappings): no process maps that many files
+_RECORDS = ("/stat", "/status")
 
 
 class Reader:
     """The only place that touches the proc filesystem; tests subclass it to inject failures."""
 
     def read_bytes(self, path: Path | str) -> bytes:
+        """The file's bytes; OSError(EFBIG) past MAX_FILE (MAX_RECORD for stat and status)."""
         # os.open/os.read, not open(): no file object and no fstat per file (this is the hot path)
         fd = os.open(path, _O_READ)
         try:
             chunk = os.read(fd, 1 << 16)
             if not chunk or (len(chunk) < 1 << 16 and str(path).endswith(_ONE_CALL)):
                 return chunk  # the kernel fills these in one call: a shorter read is the end
-            chunks = [chunk]
+            chunks, size = [chunk], len(chunk)
+            cap = MAX_RECORD if str(path).endswith(_RECORDS) else MAX_FILE
             while True:
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:  # maps and children stop at a page before the end: read to 0
                     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                size += len(chunk)
+                if size > cap:
+                    raise OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(path))  # as the native reader says it
                 chunks.append(chunk)
         finally:
             os.close(fd)
@@ -99,6 +112,8 @@ def parse_stat(raw: bytes) -> Stat:
     f = tail.split()
     # f[0] is field 3 (state); proc(5) numbers fields from 1.
     try:
+        if max(len(pid_s), len(f[1]), len(f[6]), len(f[17]), len(f[19])) > 20:  # the kernel prints 64-bit numbers
+            raise ValueError("not a stat field")
         span = (int(f[45]), int(f[46]), int(f[47]), int(f[48])) if len(f) >= 49 else (0, 0, 0, 0)  # fields 48-51
         fields = {"pid": int(pid_s), "comm": comm, "state": f[0].decode("utf-8", "backslashreplace"),
                   "ppid": int(f[1]), "flags": int(f[6]), "start_ticks": int(f[19]), "env_span": span,
@@ -120,8 +135,9 @@ class Mapping:
 
 
 # address perms offset dev inode [padding] path; file-backed rows have an inode and a path from '/'
-_MAPS_ROW = re.compile(rb"^\S+ (\S{4}) \S+ (\S+) (\d+) +(/[^\n]*)$", re.M)
-_NORMAL_ROW = re.compile(rb"^(\S{4}) (\S+) (\d+) (/[^\n]*)$", re.M)
+# (a kernel path never holds a NUL; an inode is a 64-bit number: native/procread.c filters the same)
+_MAPS_ROW = re.compile(rb"^\S+ (\S{4}) \S+ (\S+) (\d{1,20}) +(/[^\n\0]*)$", re.M)
+_NORMAL_ROW = re.compile(rb"^(\S{4}) (\S+) (\d{1,20}) (/[^\n\0]*)$", re.M)
 
 
 def normalise_maps(raw: bytes) -> bytes:
@@ -129,9 +145,13 @@ def normalise_maps(raw: bytes) -> bytes:
     shared: GPU device nodes) as sorted `perms dev inode path` lines. The address range and offset
     differ between processes that map the same files (ASLR), so does the order of the libraries, and
     the padding before the path follows the address width: what is left is a cache key
-    (native/procread.c does the same, or asks the kernel for just those rows)."""
-    return b"".join(sorted({b"%s %s %s %s\n" % row for row in _MAPS_ROW.findall(raw)
-                            if row[2] != b"0" and (row[0][2:3] == b"x" or row[0][3:4] == b"s")}))
+    (native/procread.c does the same, or asks the kernel for just those rows). OSError(EFBIG) past
+    MAX_ROWS rows."""
+    rows = {b"%s %s %s %s\n" % row for row in _MAPS_ROW.findall(raw)
+            if row[2] != b"0" and (row[0][2:3] == b"x" or row[0][3:4] == b"s")}
+    if len(rows) > MAX_ROWS:
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))  # more rows than any process maps (as native)
+    return b"".join(sorted(rows))
 
 
 def parse_maps(raw: bytes) -> list[Mapping]:
@@ -617,7 +637,11 @@ class ProcTree:
         return list(self._by_parent.get(pid, ()))
 
     def start_time(self, proc: Proc) -> float | None:
-        return None if self.boot_time is None else self.boot_time + proc.start_ticks / self.clk_tck
+        """Unix seconds; None where unknown, or where stat's start is no time a process could have
+        started at (a corrupt or fake stat: before boot, or a day or more from now)."""
+        if self.boot_time is None or not 0 <= proc.start_ticks <= (time.time() + 86400 - self.boot_time) * self.clk_tck:
+            return None
+        return self.boot_time + proc.start_ticks / self.clk_tck
 
 
 def tgid_of(fs: ProcFS, pid: int) -> int:

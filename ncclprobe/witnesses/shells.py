@@ -190,7 +190,7 @@ def script_file(cmdline: list[str]) -> str | None:
 
 
 # a parameter expansion or command substitution inside a word: matches any text once expanded
-_EXPANSION = re.compile(r"\$\{[^}]*\}|\$\([^)]*\)|`[^`]*`|\$[A-Za-z_][A-Za-z0-9_]*|\$[0-9@*#?$!-]")
+_EXPANSION = re.compile(r"\$\{[^{}]*\}|\$\([^()]*\)|`[^`]*`|\$[A-Za-z_][A-Za-z0-9_]*|\$[0-9@*#?$!-]")  # linear
 _ALL_ARGS = {"$@", "${@}", "$*", "${*}"}
 
 
@@ -198,7 +198,9 @@ def _word_matches(word: str, arg: str) -> bool:
     if "$" not in word and "`" not in word:
         return word == arg
     parts = _EXPANSION.split(word)
-    return re.fullmatch(".*".join(map(re.escape, parts)), arg, re.S) is not None
+    # each middle part at its first place, kept there (a lookahead, then its backreference): no backtracking
+    return re.fullmatch(re.escape(parts[0]) + "".join(f"(?=(?P<p{i}>.*?{re.escape(p)}))(?P=p{i})" for i, p in enumerate(
+        parts[1:-1])) + (".*" + re.escape(parts[-1]) if len(parts) > 1 else ""), arg, re.S) is not None
 
 
 def _words_match(words: list[str], argv: list[str]) -> bool:

@@ -210,36 +210,52 @@ int np_watched(const char* name, size_t n) {
   return 0;
 }
 
+/* Each environ entry is read once, into a local: a host thread's unsetenv() shifts the entries
+ * down meanwhile (glibc moves them one by one, the last becoming NULL), so a second read of the
+ * same slot can be NULL or another variable. glibc never frees a string setenv() made, so the one
+ * read stays readable. What stays the host's race, as for its own getenv(): setenv() may move the
+ * array itself (realloc) under the walk. (A racing host is undefined behaviour already; the probe
+ * must not turn it into a certain crash.) */
+static const char* env_entry(char** env, size_t i) { return __atomic_load_n(&env[i], __ATOMIC_RELAXED); }
+
+/* One "name":"value" member from the entry s (whose '=' is at eq); 0 if it does not fit. */
+static int env_member(np_jb* jb, const char* s, const char* eq, int first) {
+  size_t nlen = (size_t)(eq - s);
+  if (nlen > NP_NAME_MAX) {
+    nlen = NP_NAME_MAX;
+    jb->truncated = 1;
+  }
+  if (!first) put(jb, ',');
+  put(jb, '"');
+  np_jb_escape(jb, s, nlen);
+  np_jb_raw(jb, "\":\"", 3);
+  size_t vlen = strnlen(eq + 1, NP_VALUE_MAX + 1);
+  if (vlen > NP_VALUE_MAX) {
+    vlen = NP_VALUE_MAX;
+    jb->truncated = 1;
+  }
+  np_jb_escape(jb, eq + 1, vlen);
+  put(jb, '"');
+  return !jb->full;
+}
+
 void np_jb_env(np_jb* jb) {
-  /* Leave room for the members written after the environment (rc, lib path, comm, ...). */
+  /* Leave room for the members written after the environment (rc, lib path, comm, ...): a quarter
+   * of a short line (NCCLPROBE_MAX_LINE), NP_ENV_RESERVE of a long one. */
   if (jb->full) return;
-  size_t cap = jb->cap;
-  if (cap > 4 * NP_ENV_RESERVE) jb->cap = cap - NP_ENV_RESERVE;
+  size_t cap = jb->cap, reserve = cap / 4 < NP_ENV_RESERVE ? cap / 4 : NP_ENV_RESERVE;
+  jb->cap = cap - reserve;
   size_t mark = jb->len;
   np_jb_key(jb, "env");
   put(jb, '{');
   int first = 1;
-  for (char** e = environ; e && *e && !jb->full; e++) {
-    const char* eq = strchr(*e, '=');
-    if (!eq || !np_watched(*e, (size_t)(eq - *e))) continue;
+  char** env = __atomic_load_n(&environ, __ATOMIC_ACQUIRE);
+  const char* s;
+  for (size_t i = 0; env && !jb->full && (s = env_entry(env, i)) != NULL; i++) {
+    const char* eq = strchr(s, '=');
+    if (!eq || !np_watched(s, (size_t)(eq - s))) continue;
     size_t before = jb->len;
-    size_t nlen = (size_t)(eq - *e);
-    if (nlen > NP_NAME_MAX) {
-      nlen = NP_NAME_MAX;
-      jb->truncated = 1;
-    }
-    if (!first) put(jb, ',');
-    put(jb, '"');
-    np_jb_escape(jb, *e, nlen);
-    np_jb_raw(jb, "\":\"", 3);
-    size_t vlen = strnlen(eq + 1, NP_VALUE_MAX + 1);
-    if (vlen > NP_VALUE_MAX) {
-      vlen = NP_VALUE_MAX;
-      jb->truncated = 1;
-    }
-    np_jb_escape(jb, eq + 1, vlen);
-    put(jb, '"');
-    if (jb->full) { /* drop this variable, keep the ones before and after it, and say so */
+    if (!env_member(jb, s, eq, first)) { /* drop this variable, keep the ones before and after it, and say so */
       jb->len = before;
       jb->full = 0;
       jb->truncated = 1;

@@ -1,10 +1,5 @@
-/* log.c - the per-process JSONL file: <NCCLPROBE_DIR>/<host>-<pid>.jsonl.
- *
- * NCCLPROBE_DIR unset: every probe is silent. The file is opened on the first event (never in a
- * constructor), re-opened when the pid changes (a fork child writes its own file) or when the
- * descriptor no longer names our file (a host that closes every fd and reuses the number must
- * never receive our lines). Each line is one write() on an O_APPEND descriptor, so concurrent
- * writers never interleave (DESIGN.md §4). An unusable directory costs one stderr warning.
+/* log.c - the per-process JSONL file <NCCLPROBE_DIR>/<host>-<pid>.jsonl, as the writer thread
+ * (writer.c) opens, checks and writes it. No host thread calls anything here but np_log_setup.
  *
  * The names are predictable, so only a private place is used: the directory must be a real
  * directory (not a symlink) of our effective uid that neither group nor others can write to
@@ -12,72 +7,81 @@
  * name) and, for root (who owns them), no system directory (/etc, /usr, ...); a missing one is
  * created, its last component only, in a parent fit for it. The file must be a regular file of
  * ours that nobody else can read or write. It is opened O_NONBLOCK (a FIFO without a reader fails
- * at once instead of blocking the host, and with one fails the regular-file check) and set
- * blocking only once checked. The directory stays open (above NP_FD_FLOOR) and files are opened
- * relative to it, so a relative NCCLPROBE_DIR keeps naming the same directory after the host
- * chdir()s (fork children open their own file there). */
+ * at once, and with one fails the regular-file check). The directory stays open and files are
+ * opened relative to it, so a relative NCCLPROBE_DIR keeps naming the same directory after the
+ * host chdir()s (fork children open their own file there). An unusable directory costs one
+ * stderr warning, then silence.
+ *
+ * Descriptors: kept at NP_FD_FLOOR or above (hosts dup2() onto and close() in loops the low
+ * numbers), never on 0-2 (a host started with stdio closed would write its "stdout" into our
+ * file); each write is preceded by an fstat proving the descriptor still names the file we opened
+ * (a host that closed every fd and reused the number must never receive our lines, nor lose its
+ * descriptor to our close).
+ *
+ * Bounds (issue 21, the boot probe keeps the same): NCCLPROBE_MAX_LINE bytes a line (np_jb cuts
+ * members and says "truncated"); NCCLPROBE_MAX_BYTES a file: the line that would pass
+ * MAX_BYTES - 1024 is replaced by one log_budget line, then nothing more; NCCLPROBE_MAX_FILES log
+ * files per host in a directory, counted by appending one byte to <host>.files before creating
+ * one. Lines lost (full queue, failed write) are counted and said as "dropped": K in the next
+ * line written. */
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "probe.h"
 
-enum { ST_UNKNOWN = 0, ST_OPEN = 1, ST_SILENT = 2 };
+#define NP_FD_FLOOR 200
+#define NP_BUDGET_MARGIN 1024 /* the budget line fits in what MAX_BYTES leaves above this */
 
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* taken to open, never to write */
-static int g_state = ST_UNKNOWN;
-static int g_fd = -1;
-static pid_t g_pid;
+size_t np_line_cap = 65536 - NP_DROPPED_ROOM;
+static unsigned long long g_max_bytes = 64ull << 20;
+static unsigned long long g_max_files = 4096;
+char np_hostq[600]; /* host, JSON-escaped */
+static char g_safe[256]; /* host as a file name */
+
+static int g_fd = -1; /* the file, its process and identity */
+static pid_t g_fd_pid;
 static dev_t g_dev;
 static ino_t g_ino;
-static char g_host[256];
-static char g_hostq[600]; /* host, JSON-escaped */
-static int g_dirfd = -1;   /* the checked log directory (O_PATH), kept for re-opens */
+static int g_dirfd = -1; /* the checked log directory (O_PATH), kept for re-opens */
 static dev_t g_ddev;
 static ino_t g_dino;
+static int g_torn; /* the last write was short: the next line starts with a newline */
+static int g_refused; /* warned once; silent in this process and its fork children */
+static int g_over_files; /* the file is the first past the file budget */
 
-/* Keep our descriptor away from the low numbers that hosts dup2() onto and close() in loops. */
-#define NP_FD_FLOOR 200
-
-/* All the probe's locks, in the order probe.h gives (fork safety). */
-static void atfork_prepare(void) {
-  pthread_mutex_lock(&np_reg_lock);
-  pthread_mutex_lock(&np_cache_lock);
-  pthread_mutex_lock(&np_libs_lock);
-  pthread_mutex_lock(&np_seen_lock);
-  pthread_mutex_lock(&g_lock);
-}
-static void unlock_all(void) {
-  pthread_mutex_unlock(&g_lock);
-  pthread_mutex_unlock(&np_seen_lock);
-  pthread_mutex_unlock(&np_libs_lock);
-  pthread_mutex_unlock(&np_cache_lock);
-  pthread_mutex_unlock(&np_reg_lock);
-}
-static void atfork_child(void) {
-  /* The child must not append to its parent's file; the pid check re-opens on its next event. */
-  if (g_fd >= 0) close(g_fd);
-  g_fd = -1;
-  if (g_state == ST_OPEN) g_state = ST_UNKNOWN;
-  unlock_all();
-}
-/* Registered at load (no I/O, no allocation beyond glibc's handler entry): the handlers must be in
- * place before any of the locks can be taken. The library is never unloaded (-z nodelete). */
-__attribute__((constructor)) static void register_atfork(void) {
-  pthread_atfork(atfork_prepare, unlock_all, atfork_child);
+/* A decimal knob of at least `min`; unset or anything else: the default (issue 21's policy). */
+static unsigned long long knob(const char* name, unsigned long long dflt, unsigned long long min) {
+  const char* s = getenv(name);
+  if (!s || *s < '0' || *s > '9') return dflt;
+  char* end;
+  int saved = errno;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  int bad = errno || *end || v < min || v > (1ull << 50);
+  errno = saved;
+  return bad ? dflt : v;
 }
 
-uint64_t np_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+void np_log_setup(void) {
+  /* A line must hold the common fields; a file must hold a line and the budget line. */
+  size_t line = (size_t)knob("NCCLPROBE_MAX_LINE", 65536, 1024);
+  np_line_cap = line - NP_DROPPED_ROOM;
+  g_max_bytes = knob("NCCLPROBE_MAX_BYTES", 64ull << 20, 4 * NP_BUDGET_MARGIN);
+  g_max_files = knob("NCCLPROBE_MAX_FILES", 4096, 1);
+  char host[256];
+  if (gethostname(host, sizeof host - 1) != 0) strcpy(host, "unknown");
+  host[sizeof host - 1] = 0;
+  /* A host name never contains '/', but a file name must not, whatever uname says. */
+  size_t i;
+  for (i = 0; host[i] && i < sizeof g_safe - 1; i++) g_safe[i] = host[i] == '/' ? '_' : host[i];
+  g_safe[i] = 0;
+  np_json_escape(host, strlen(host), np_hostq, sizeof np_hostq);
 }
 
 /* Whether fd 2 is a place for a warning: open for writing and a terminal, pipe, socket or other
@@ -92,9 +96,10 @@ static int stderr_usable(void) {
   return S_ISCHR(st.st_mode) || S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
 }
 
+/* One line, then silence for the life of the process (and its fork children). Written by the
+ * writer thread, whose signals are blocked: a closed pipe gives EPIPE, not the host's SIGPIPE. */
 static void warn_once(const char* dir, const char* what, const char* why) {
-  /* One line, then silence for the life of the process (and its fork children). */
-  g_state = ST_SILENT;
+  g_refused = 1;
   if (!stderr_usable()) return;
   char msg[1200];
   int n = snprintf(msg, sizeof msg, "ncclprobe: cannot %s log in %s: %s; the probe stays silent\n", what, dir, why);
@@ -104,11 +109,18 @@ static void warn_once(const char* dir, const char* what, const char* why) {
   }
 }
 
-static int move_high(int fd) {
+/* fd moved to NP_FD_FLOOR or above (RLIMIT_NOFILE may forbid that: then anything above 2), or
+ * -1 (closed) rather than a descriptor on 0-2, where the host's stdio output would land. */
+static int keep_high(int fd) {
   int high = fcntl(fd, F_DUPFD_CLOEXEC, NP_FD_FLOOR);
-  if (high < 0) return fd;
+  if (high < 0 && fd < 3) high = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  if (high >= 0) {
+    close(fd);
+    return high;
+  }
+  if (fd >= 3) return fd;
   close(fd);
-  return high;
+  return -1;
 }
 
 /* Whether a directory of root's at the canonical path `real` is a system one: in the system's own
@@ -192,13 +204,19 @@ static int make_dir(const char* dir) {
   return dfd;
 }
 
-/* The checked directory, opened now or kept from an earlier open; -1 after a warning. */
+/* Whether fd still names the file (dev, ino) we opened: if not, the host closed ours and the
+ * number is the host's now. */
+static int same_file(int fd, dev_t dev, ino_t ino, struct stat* st) {
+  return fd >= 0 && fstat(fd, st) == 0 && st->st_dev == dev && st->st_ino == ino;
+}
+
+/* The kept directory if it is still ours; else the one at `dir` (NULL: none), checked. -1 when
+ * there is none (refused after a warning, or nothing left to open). */
 static int log_dir_fd(const char* dir) {
   struct stat st;
-  if (g_dirfd >= 0 && fstat(g_dirfd, &st) == 0 && st.st_dev == g_ddev && st.st_ino == g_dino) return g_dirfd;
-  /* Gone, or the host closed it and reused the number (then it is the host's: left alone). */
-  g_dirfd = -1;
-  if (!dir) return -1; /* NCCLPROBE_DIR unset since the first open, and the directory lost */
+  if (same_file(g_dirfd, g_ddev, g_dino, &st)) return g_dirfd;
+  g_dirfd = -1; /* gone, or the number is the host's now: left alone */
+  if (!dir) return -1;
   int dfd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (dfd < 0 && errno == ENOENT) {
     dfd = make_dir(dir);
@@ -211,16 +229,16 @@ static int log_dir_fd(const char* dir) {
               e == ENOTDIR && lstat(dir, &lst) == 0 && S_ISLNK(lst.st_mode) ? "it is a symlink" : strerror(e));
     return -1;
   }
-  dfd = move_high(dfd);
   char real[PATH_MAX];
   const char* why = NULL;
-  if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode)) why = "not a directory";
+  if ((dfd = keep_high(dfd)) < 0) why = "no descriptor above 2 is free";
+  else if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode)) why = "not a directory";
   else if (st.st_uid != geteuid()) why = "it belongs to another user";
   else if (st.st_mode & 022) why = "group or others can write to it";
   else if (st.st_uid == 0 && real_path(dfd, dir, real, sizeof real) != 0) why = "its real path is unknown";
   else if (st.st_uid == 0 && system_dir(real)) why = "it is a system directory";
   if (why) {
-    close(dfd);
+    if (dfd >= 0) close(dfd);
     warn_once(dir, "use the directory for the", why);
     return -1;
   }
@@ -230,121 +248,158 @@ static int log_dir_fd(const char* dir) {
   return dfd;
 }
 
-static void open_locked(void) {
-  const char* dir = getenv("NCCLPROBE_DIR");
-  if (dir && !*dir) dir = NULL;
-  if (!dir && g_dirfd < 0) {
-    g_state = ST_SILENT;
-    return;
-  }
-  if (gethostname(g_host, sizeof g_host - 1) != 0) strcpy(g_host, "unknown");
-  g_host[sizeof g_host - 1] = 0;
-  /* A host name never contains '/', but a file name must not, whatever uname says. */
-  char safe[256];
-  size_t i;
-  for (i = 0; g_host[i] && i < sizeof safe - 1; i++) safe[i] = g_host[i] == '/' ? '_' : g_host[i];
-  safe[i] = 0;
-  np_json_escape(g_host, strlen(g_host), g_hostq, sizeof g_hostq);
-
-  pid_t pid = getpid();
+/* The file budget: this process's place among the log files created in the directory, from the
+ * end offset of one byte appended to <host>.files (O_APPEND: our own byte's end, whatever others
+ * appended meanwhile); past MAX_FILES + 1 nothing is appended, so the counter stays bounded too.
+ * -1: the counter is not a private regular file of ours (then no file is created). */
+static long long file_number(int dfd) {
   char name[300];
-  snprintf(name, sizeof name, "%s-%d.jsonl", safe, (int)pid);
-  int dfd = log_dir_fd(dir);
-  if (dfd < 0) {
-    g_state = ST_SILENT; /* warned once, or nothing left to write to */
-    return;
-  }
-  if (!dir) dir = "the kept NCCLPROBE_DIR";
-  int fd = openat(dfd, name, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK, 0600);
-  if (fd < 0) {
-    warn_once(dir, "open the", errno == ENXIO ? "a FIFO sits at the log file's name" : strerror(errno));
-    return;
-  }
-  fd = move_high(fd);
+  snprintf(name, sizeof name, "%s.files", g_safe);
+  int fd = openat(dfd, name, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY, 0600);
+  if (fd < 0 || (fd = keep_high(fd)) < 0) return -1;
   struct stat st;
-  int fl;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 077) ||
-      (fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
-    close(fd);
-    warn_once(dir, "use the", "the file at its name is not a private regular file of this user");
-    return;
+  long long n = -1;
+  if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077)) {
+    if ((unsigned long long)st.st_size > g_max_files) n = (long long)st.st_size + 1;
+    else if (write(fd, "\n", 1) == 1) n = (long long)lseek(fd, 0, SEEK_CUR);
   }
-  g_fd = fd;
-  g_pid = pid;
-  g_dev = st.st_dev;
-  g_ino = st.st_ino;
-  g_state = ST_OPEN;
+  close(fd);
+  return n;
 }
 
-/* The usable descriptor, or -1. Cheap when nothing changed: one getpid() and one fstat(). */
-static int log_fd(void) {
-  if (__atomic_load_n(&g_state, __ATOMIC_ACQUIRE) == ST_SILENT) return -1;
-  pid_t pid = getpid();
-  int fd = __atomic_load_n(&g_fd, __ATOMIC_ACQUIRE);
-  if (fd >= 0 && g_pid == pid) {
-    struct stat st;
-    if (fstat(fd, &st) == 0 && st.st_dev == g_dev && st.st_ino == g_ino) return fd;
-  }
-  pthread_mutex_lock(&g_lock);
-  if (g_state != ST_SILENT) {
-    struct stat st;
-    int ours = g_fd >= 0 && fstat(g_fd, &st) == 0 && st.st_dev == g_dev && st.st_ino == g_ino;
-    if (!ours || g_pid != pid) {
-      /* Still our file but another pid: a copy inherited through a fork that ran no atfork
-       * handler (raw clone); close it. Not our file any more: the host closed it and reused the
-       * number, so it is the host's descriptor and must be left alone. */
-      if (ours) close(g_fd);
-      g_fd = -1;
-      open_locked();
-    }
-  }
-  fd = g_state == ST_OPEN ? g_fd : -1;
-  pthread_mutex_unlock(&g_lock);
-  return fd;
-}
-
-int np_log_enabled(void) { return log_fd() >= 0; }
-
-void np_event_begin(np_jb* jb, const char* ev, const char* src) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  char head[160];
-  int n = snprintf(head, sizeof head, "{\"ev\":\"%s\",\"t\":%lld.%06ld,\"pid\":%d,\"src\":\"%s\",\"host\":\"", ev,
-                   (long long)ts.tv_sec, ts.tv_nsec / 1000, (int)getpid(), src);
-  if (n < 0 || (size_t)n >= sizeof head) { /* cut or failed: no line at all (np_event_end drops it) */
-    jb->full = 1;
-    return;
-  }
-  np_jb_raw(jb, head, (size_t)n);
-  np_jb_raw(jb, g_hostq, strlen(g_hostq));
-  np_jb_raw(jb, "\"", 1);
-}
-
-void np_event_end(np_jb* jb) {
-  if (jb->len == 0) return; /* np_event_begin could not start the line */
-  int fd = log_fd();
-  if (fd < 0) return;
-  /* The reserved tail always fits the closing marker and newline (NP_JB_TAIL). */
-  const char* tail = jb->truncated ? ",\"truncated\":true}\n" : "}\n";
-  size_t tl = strlen(tail);
-  memcpy(jb->buf + jb->len, tail, tl);
-  size_t len = jb->len + tl, off = 0;
-  while (off < len) {
-    ssize_t w = write(fd, jb->buf + off, len - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) break; /* disk full: drop the line, never block or crash the host */
-    off += (size_t)w;
-  }
-}
-
-void np_probe_error(const char* src, const char* part, int* once, const char* message) {
-  if (once && __atomic_exchange_n(once, 1, __ATOMIC_RELAXED)) return;
-  if (!np_log_enabled()) return;
-  char buf[2048];
+/* The budget line (reached "bytes" or "files"), written as the file's last line. */
+static void write_budget_line(int fd, const char* src, const char* reached, unsigned long long limit,
+                              unsigned long long dropped) {
+  char buf[1024];
   np_jb jb;
   np_jb_init(&jb, buf, sizeof buf);
-  np_event_begin(&jb, "probe_error", src);
-  np_jb_str(&jb, "message", message);
-  np_jb_str(&jb, "part", part);
-  np_event_end(&jb);
+  np_event_begin(&jb, "log_budget", src);
+  np_jb_str(&jb, "reached", reached);
+  np_jb_uint(&jb, "limit", limit);
+  if (dropped) np_jb_uint(&jb, "dropped", dropped);
+  size_t n = np_event_finish(&jb);
+  if (n && write(fd, buf, n) != (ssize_t)n) g_torn = 1;
 }
+
+/* Opens this process's file in dfd: an existing one only if it is a private regular file of ours;
+ * a new one only within the file budget. NP_FILE_OK, or what to do instead. */
+static int open_file(int dfd, const char* dir) {
+  char name[300];
+  pid_t pid = getpid();
+  snprintf(name, sizeof name, "%s-%d.jsonl", g_safe, (int)pid);
+  const int flags = O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
+  int fd = openat(dfd, name, flags);
+  long long number = 0;
+  if (fd < 0 && errno == ENOENT) {
+    number = file_number(dfd);
+    if (number < 0 || (unsigned long long)number > g_max_files + 1) return NP_FILE_FILES;
+    fd = openat(dfd, name, flags | O_CREAT | O_EXCL, 0600);
+    if (fd < 0 && errno == EEXIST) fd = openat(dfd, name, flags); /* appeared meanwhile: checked below */
+  }
+  if (fd < 0) {
+    warn_once(dir, "open the", errno == ENXIO ? "a FIFO sits at the log file's name" : strerror(errno));
+    return NP_FILE_REFUSED;
+  }
+  struct stat st;
+  if ((fd = keep_high(fd)) < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+      (st.st_mode & 077)) {
+    if (fd >= 0) close(fd);
+    warn_once(dir, "use the", "the file at its name is not a private regular file of this user");
+    return NP_FILE_REFUSED;
+  }
+  g_over_files = (unsigned long long)number == g_max_files + 1; /* it holds one budget line only */
+  g_fd = fd;
+  g_fd_pid = pid;
+  g_dev = st.st_dev;
+  g_ino = st.st_ino;
+  g_torn = 0;
+  return NP_FILE_OK;
+}
+
+int np_file_open(const char* dir) {
+  if (g_refused) return NP_FILE_REFUSED;
+  int dfd = log_dir_fd(dir);
+  if (dfd < 0) return g_refused ? NP_FILE_REFUSED : NP_FILE_LOST;
+  return open_file(dfd, dir ? dir : "the kept NCCLPROBE_DIR");
+}
+
+/* The descriptor if it still names our file in this process (st filled), else -1; our own file
+ * inherited by a process that ran no fork handler (a raw clone) is closed, the host's never. */
+static int usable_fd(struct stat* st) {
+  if (!same_file(g_fd, g_dev, g_ino, st)) {
+    g_fd = -1;
+    return -1;
+  }
+  if (g_fd_pid != getpid()) {
+    close(g_fd);
+    g_fd = -1;
+  }
+  return g_fd;
+}
+
+/* ,"dropped":K spliced in before the closing brace (the line has NP_DROPPED_ROOM spare bytes). */
+static size_t say_dropped(char* line, size_t n, unsigned long long k) {
+  char add[NP_DROPPED_ROOM];
+  int l = snprintf(add, sizeof add, ",\"dropped\":%llu}\n", k);
+  if (l <= 0 || (size_t)l >= sizeof add || n < 2) return n;
+  memcpy(line + n - 2, add, (size_t)l);
+  return n - 2 + (size_t)l;
+}
+
+int np_file_write(char* line, size_t n, const char* src, unsigned long long* dropped) {
+  struct stat st;
+  int fd = usable_fd(&st);
+  if (fd < 0) {
+    int r = np_file_open(NULL); /* the kept directory, if it is still ours */
+    if (r != NP_FILE_OK) return r;
+    if ((fd = usable_fd(&st)) < 0) return NP_FILE_LOST;
+  }
+  if (g_over_files) { /* the first file past the file budget: the first line says so, instead */
+    write_budget_line(fd, src, "files", g_max_files, 0);
+    return NP_FILE_FILES;
+  }
+  unsigned long long k = __atomic_exchange_n(dropped, 0, __ATOMIC_RELAXED);
+  if (k) n = say_dropped(line, n, k);
+  if (g_torn) { /* the caller keeps line[-1] for this */
+    *--line = '\n';
+    n++;
+  }
+  if ((unsigned long long)st.st_size + n > g_max_bytes - NP_BUDGET_MARGIN) {
+    write_budget_line(fd, src, "bytes", g_max_bytes, k);
+    return NP_FILE_BYTES;
+  }
+  ssize_t w = write(fd, line, n); /* one write() a line: O_APPEND keeps concurrent writers apart */
+  if (w == (ssize_t)n) {
+    g_torn = 0;
+    return NP_FILE_OK;
+  }
+  if (w > 0) g_torn = 1; /* ENOSPC or RLIMIT_FSIZE part way: the rest of the line is lost */
+  __atomic_add_fetch(dropped, k + 1, __ATOMIC_RELAXED);
+  return NP_FILE_OK;
+}
+
+void np_file_close(void) {
+  struct stat st;
+  if (usable_fd(&st) >= 0) close(g_fd);
+  g_fd = -1;
+}
+
+int np_file_has_dir(void) { return __atomic_load_n(&g_dirfd, __ATOMIC_RELAXED) >= 0; }
+
+int np_file_refuse(const char* dir, const char* why) {
+  warn_once(dir, "use the directory for the", why);
+  return NP_FILE_REFUSED;
+}
+
+/* Fork child (async-signal-safe: fstat and close only). Its parent's file is closed only if the
+ * descriptor still is that file; the number may belong to the host now (a daemon's close-all and
+ * re-open, a pre-fork server's socket dup2()ed there), and then it stays the host's. The kept
+ * directory stays: the child opens its own file there, after checking it the same way. */
+void np_file_forget_in_child(void) {
+  struct stat st;
+  if (same_file(g_fd, g_dev, g_ino, &st)) close(g_fd);
+  g_fd = -1;
+  g_torn = 0;
+}
+
+int np_file_refused(void) { return g_refused; }

@@ -168,8 +168,6 @@ static void report_cycle(int api) {
 
 /* ---------------------------------------------------------------- event pieces */
 
-#define NP_LINE 16384
-
 static void jb_uid(np_jb* jb, const ncclUniqueId* ids, int n) {
   if (!ids || n <= 0) {
     np_jb_null(jb, "uid");
@@ -229,7 +227,8 @@ static void jb_int_array(np_jb* jb, const char* key, const int* v, int n) {
   size_t mark = jb->len;
   np_jb_key(jb, key);
   np_jb_raw(jb, "[", 1);
-  for (int i = 0; i < n && i < 64; i++) { /* at most 64 entries: a device list, a rank list */
+  if (n > 64) jb->truncated = 1; /* at most 64 entries of a device list, a rank list */
+  for (int i = 0; i < n && i < 64; i++) {
     char t[16];
     int l = snprintf(t, sizeof t, i ? ",%d" : "%d", v[i]);
     if (l > 0 && (size_t)l < sizeof t) np_jb_raw(jb, t, (size_t)l);
@@ -349,7 +348,7 @@ static void finish_comm(struct hook* h, void* fn, ncclResult_t rc, ncclComm_t co
 
 NP_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank) {
   PASS_THROUGH_IF_NESTED(API_INIT_RANK, ncclCommInitRank_fn, comm, nranks, commId, rank)
-  char buf[NP_LINE];
+  char buf[NP_LINE_MAX];
   struct hook h;
   hook_begin(&h, buf, sizeof buf, API_INIT_RANK);
   if (h.logging) jb_uid(&h.jb, &commId, 1);
@@ -363,7 +362,7 @@ NP_EXPORT ncclResult_t ncclCommInitRank(ncclComm_t* comm, int nranks, ncclUnique
 NP_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, ncclUniqueId commId, int rank,
                                               ncclConfig_t* config) {
   PASS_THROUGH_IF_NESTED(API_INIT_RANK_CONFIG, ncclCommInitRankConfig_fn, comm, nranks, commId, rank, config)
-  char buf[NP_LINE];
+  char buf[NP_LINE_MAX];
   struct hook h;
   hook_begin(&h, buf, sizeof buf, API_INIT_RANK_CONFIG);
   if (h.logging) {
@@ -379,7 +378,7 @@ NP_EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t* comm, int nranks, nccl
 
 NP_EXPORT ncclResult_t ncclCommInitAll(ncclComm_t* comm, int ndev, const int* devlist) {
   PASS_THROUGH_IF_NESTED(API_INIT_ALL, ncclCommInitAll_fn, comm, ndev, devlist)
-  char buf[NP_LINE];
+  char buf[NP_LINE_MAX];
   struct hook h;
   hook_begin(&h, buf, sizeof buf, API_INIT_ALL);
   if (h.logging) {
@@ -402,7 +401,7 @@ NP_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks,
                                                 ncclUniqueId* commIds, ncclConfig_t* config) {
   PASS_THROUGH_IF_NESTED(API_INIT_SCALABLE, ncclCommInitRankScalable_fn, newcomm, nranks, myrank, nId, commIds,
                          config)
-  char buf[NP_LINE];
+  char buf[NP_LINE_MAX];
   struct hook h;
   hook_begin(&h, buf, sizeof buf, API_INIT_SCALABLE);
   if (h.logging) {
@@ -419,7 +418,7 @@ NP_EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t* newcomm, int nranks,
 
 NP_EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config) {
   PASS_THROUGH_IF_NESTED(API_SPLIT, ncclCommSplit_fn, comm, color, key, newcomm, config)
-  char buf[NP_LINE];
+  char buf[NP_LINE_MAX];
   struct hook h;
   hook_begin(&h, buf, sizeof buf, API_SPLIT);
   if (h.logging) {
@@ -440,7 +439,7 @@ NP_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
                                       ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags) {
   PASS_THROUGH_IF_NESTED(API_SHRINK, ncclCommShrink_fn, comm, excludeRanksList, excludeRanksCount, newcomm, config,
                          shrinkFlags)
-  char buf[NP_LINE];
+  char buf[NP_LINE_MAX];
   struct hook h;
   hook_begin(&h, buf, sizeof buf, API_SHRINK);
   if (h.logging) {
@@ -459,7 +458,7 @@ NP_EXPORT ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, in
 NP_EXPORT ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank,
                                     ncclComm_t* newcomm, ncclConfig_t* config) {
   PASS_THROUGH_IF_NESTED(API_GROW, ncclCommGrow_fn, comm, nRanks, uniqueId, rank, newcomm, config)
-  char buf[NP_LINE];
+  char buf[NP_LINE_MAX];
   struct hook h;
   hook_begin(&h, buf, sizeof buf, API_GROW);
   if (h.logging) {

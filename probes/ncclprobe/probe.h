@@ -28,8 +28,9 @@ typedef struct {
   char* buf;
   size_t cap;
   size_t len;
-  int full;      /* an append did not fit */
-  int truncated; /* a string value was cut at NP_VALUE_MAX */
+  int full;        /* an append did not fit */
+  int truncated;   /* a string value was cut at NP_VALUE_MAX */
+  const char* src; /* the event's src (np_event_begin), a string literal */
 } np_jb;
 
 void np_jb_init(np_jb* jb, char* buf, size_t cap);
@@ -67,16 +68,44 @@ int np_watched(const char* name, size_t n);
 #define NP_ENV_RESERVE 3072
 void np_jb_env(np_jb* jb);
 
-/* ---------------------------------------------------------------- log file (log.c) */
-int np_log_enabled(void); /* NCCLPROBE_DIR set and the file usable (opens it on first use) */
-/* Starts a line: {"ev":..,"t":..,"host":..,"pid":..,"src":.. */
+/* ---------------------------------------------------------------- events (writer.c)
+ * Host threads build a line and queue it; one writer thread per process writes it (writer.c says
+ * why: a stalled filesystem must never block the host). */
+#define NP_LINE_MAX 16384    /* the largest line buffer of any event, and of the queue's entries */
+#define NP_DROPPED_ROOM 32   /* kept free in every line for the writer's ,"dropped":K */
+int np_log_enabled(void); /* NCCLPROBE_DIR set and the file usable (asks the writer to open it on first use) */
+int np_log_active(void);  /* the same without asking anything or waiting (the profiler's periodic paths) */
+/* Starts a line: {"ev":..,"t":..,"pid":..,"src":..,"host":.. (at most NCCLPROBE_MAX_LINE long) */
 void np_event_begin(np_jb* jb, const char* ev, const char* src);
-/* Closes the object and writes the line with one write(). */
+/* Closes the object and queues the line; waits (bounded) until it is written, unless np_tl_nowait. */
 void np_event_end(np_jb* jb);
+void np_event_queue(np_jb* jb); /* the same, never waiting */
+/* Closes the object (adds the newline); its length, 0 if the line could not be started. */
+size_t np_event_finish(np_jb* jb);
+/* Set on threads (and around calls) that must never wait for the writer: the collective path, the
+ * profiler's flusher, the writer itself. */
+extern __thread int np_tl_nowait;
 /* probe_error event: `part` is what went silent (at most once per `once` flag, which the caller
  * owns). */
 void np_probe_error(const char* src, const char* part, int* once, const char* message);
 uint64_t np_now_ns(void); /* CLOCK_MONOTONIC */
+
+/* ---------------------------------------------------------------- the log file (log.c)
+ * The writer thread's side: nothing here is called by a host thread but np_log_setup. */
+enum { NP_FILE_OK = 0, NP_FILE_LOST, NP_FILE_REFUSED, NP_FILE_FILES, NP_FILE_BYTES };
+extern size_t np_line_cap; /* NCCLPROBE_MAX_LINE - NP_DROPPED_ROOM */
+extern char np_hostq[600]; /* the host name, JSON-escaped */
+void np_log_setup(void);   /* the NCCLPROBE_MAX_* knobs and the host name, once per process */
+/* Opens this process's file in the kept directory, else in `dir` (NULL: none). NP_FILE_OK, LOST
+ * (no directory), REFUSED (warned once: silent for good) or FILES (past the file budget). */
+int np_file_open(const char* dir);
+int np_file_refuse(const char* dir, const char* why); /* warns once, NP_FILE_REFUSED */
+int np_file_has_dir(void);
+/* Writes one line of n bytes (line[-1] and NP_DROPPED_ROOM bytes after it are the caller's to
+ * lend), after checking the descriptor; *dropped is said in it and reset, or added to. */
+int np_file_write(char* line, size_t n, const char* src, unsigned long long* dropped);
+void np_file_close(void);
+void np_file_forget_in_child(void); /* async-signal-safe */
 
 /* ---------------------------------------------------------------- loaded NCCL libraries (libs.c) */
 typedef struct {
@@ -101,12 +130,13 @@ void* np_self_base(void);
 uint64_t np_fnv1a(const void* data, size_t n, uint64_t h);
 #define NP_FNV_OFFSET 0xcbf29ce484222325ull
 
-/* ---------------------------------------------------------------- fork safety (log.c)
- * Every lock of the probe, so that one pthread_atfork handler takes them all in one order before
- * fork() and releases them after it in parent and child: a child never inherits a lock held by a
- * thread it does not have (its exit flush would wait forever). Order: registry, resolve cache,
- * libraries, seen-table, then the log's own lock (the exit flush holds the registry while it
- * writes). None of them is ever held across I/O that can block, a dlopen or a foreign function. */
+/* ---------------------------------------------------------------- fork safety (writer.c)
+ * Every lock of the probe but the queue's, so that one pthread_atfork handler takes them all in
+ * one order before fork() and releases them after it in parent and child: a child never inherits
+ * a lock held by a thread it does not have (its exit flush would wait forever). Order: registry,
+ * resolve cache, libraries, seen-table; the queue's lock comes after all of them and is re-created
+ * in the child instead. None of them is ever held across I/O, a wait, a dlopen or a foreign
+ * function. */
 #include <pthread.h>
 extern pthread_mutex_t np_reg_lock;   /* profiler.c */
 extern pthread_mutex_t np_cache_lock; /* preload.c */

@@ -32,8 +32,9 @@
  * NP_SHAPES times per communicator), no I/O.
  *
  * Fork and exit: the registry lock is taken to add or remove a communicator, by the flusher and by
- * the exit flush; every probe lock is taken around fork() by log.c's atfork handler, and the exit
- * flush waits for it a bounded time, so a fork child's exit() never waits forever. A fork child
+ * the exit flush, which only queue lines (writer.c writes them); every probe lock is taken around
+ * fork() by writer.c's atfork handler, and the exit flush waits for it a bounded time, so a fork
+ * child's exit() never waits forever. A fork child
  * never writes its parent's counts (pid check) and starts its own flusher with its first
  * communicator. The library is never unloaded (-z nodelete), so the flusher never outlives its
  * code. */
@@ -406,10 +407,14 @@ static void jb_hist(np_jb* jb, uint32_t* hist) {
   np_jb_settle(jb, mark);
 }
 
+/* Queues the lines of a communicator's counts that moved. Never waits for the writer (writer.c):
+ * it runs on the collective path (NP_CHECK_EVERY), in the flusher under the registry lock that
+ * fork() takes, and at exit; finalize waits once, for all of them, after it. */
 static void flush(struct pctx* c, const char* reason) {
   if (__atomic_exchange_n(&c->flushing, 1, __ATOMIC_ACQUIRE)) return;
   c->last_flush_ns = np_now_ns();
-  if (c->pid == getpid() && np_log_enabled()) {
+  np_tl_nowait++;
+  if (c->pid == getpid() && np_log_active()) {
     int n = __atomic_load_n(&c->nshapes, __ATOMIC_ACQUIRE), moved = 0;
     for (int i = 0; i < n; i++) {
       struct shape* s = &c->shapes[i];
@@ -474,14 +479,16 @@ static void flush(struct pctx* c, const char* reason) {
       np_probe_error("profiler", "coll_summary", &c->dropped_reported, msg);
     }
   }
+  np_tl_nowait--;
   __atomic_store_n(&c->flushing, 0, __ATOMIC_RELEASE);
 }
 
 /* The flusher: every NCCLPROBE_FLUSH_S, the communicators whose counts moved. Signals blocked (they
- * are the host's), lowest priority; it only ever waits on the registry lock and writes with
- * non-blocking writes. */
+ * are the host's); it only ever waits on the registry lock, and only queues lines (the registry
+ * lock, which fork() takes, is never held across a write). */
 static void* flusher_main(void* arg) {
   pid_t me = (pid_t)(intptr_t)arg;
+  np_tl_nowait = 1;
   struct timespec ts = {(time_t)(g_flush_ns / 1000000000ull), (long)(g_flush_ns % 1000000000ull)};
   for (;;) {
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -536,7 +543,7 @@ __attribute__((destructor)) static void flush_at_exit(void) {
   for (int i = 0; i < NP_MAX_COMMS; i++)
     if (g_reg[i]) flush(g_reg[i], "exit"); /* a fork child skips its parent's (pid check) */
   pthread_mutex_unlock(&np_reg_lock);
-  errno = saved;
+  errno = saved; /* writer.c's exit destructor then waits (bounded) for the queued lines */
 }
 
 static void plugin_load(np_lib* lib, const char* plugin) {
@@ -572,7 +579,7 @@ static ncclResult_t init_impl(void** context, int* mask, const char* commName, u
   np_lib* lib = np_lib_of(caller);
   plugin_load(lib, plugin);
 
-  char buf[16384];
+  char buf[NP_LINE_MAX];
   np_jb jb;
   np_jb_init(&jb, buf, sizeof buf);
   np_event_begin(&jb, "comm_plugin_init", "profiler");

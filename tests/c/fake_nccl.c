@@ -4,7 +4,9 @@
  * (magic of ncclConfig_t, rank range), and, like NCCL, loads NCCL_PROFILER_PLUGIN and calls its
  * v5 init from inside comm init and startEvent/stopEvent per collective, so the tests can check
  * that a profiler init is joined to the hook whose real call it ran inside.
- * -DFAKE_SIMULATED also exports `ncclSimulated`, the marker of the simulated NCCL. */
+ * -DFAKE_SIMULATED also exports `ncclSimulated`, the marker of the simulated NCCL. -DFAKE_NO_GETENV
+ * reads no variable at comm init: a test racing setenv/unsetenv against the probe's environment walk
+ * then races only the probe (glibc's own getenv re-reads entries too, and may crash on such a host). */
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -64,7 +66,11 @@ static ncclResult_t make(ncclComm_t* out, int nranks, int rank, uint64_t hash, c
   c->dev = rank % 8;
   c->hash = hash;
   /* NCCL_PROTO is read again at every comm init (src/graph/tuning.cc). */
+#ifdef FAKE_NO_GETENV
+  const char* p = NULL;
+#else
   const char* p = getenv("NCCL_PROTO");
+#endif
   snprintf(c->proto, sizeof c->proto, "%s", p && *p ? p : "Simple");
   load_profiler();
   if (prof) prof->init(&c->prof_ctx, hash, &prof_mask, name, 1, nranks, rank, logger);

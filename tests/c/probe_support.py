@@ -57,13 +57,15 @@ def build_probe(out_dir: Path) -> Path:
     return out
 
 
-def build_fake_nccl(out_dir: Path, simulated: bool = False) -> Path:
-    """A fake libnccl.so.2 in out_dir (soname libnccl.so.2)."""
+def build_fake_nccl(out_dir: Path, simulated: bool = False, no_getenv: bool = False) -> Path:
+    """A fake libnccl.so.2 in out_dir (soname libnccl.so.2); no_getenv: it reads no variable at comm init."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     flags = [f"-DFAKE_VERSION={FAKE_VERSION}", "-Wl,-soname,libnccl.so.2", "-ldl"]
     if simulated:
         flags.append("-DFAKE_SIMULATED")
+    if no_getenv:
+        flags.append("-DFAKE_NO_GETENV")
     return cc(out_dir / "libnccl.so.2", [HERE / "fake_nccl.c"], *flags, shared=True)
 
 
@@ -118,6 +120,28 @@ def build_dl_driver(out_dir: Path) -> Path:
 
 def build_cfg_edge(out_dir: Path) -> Path:
     return cc(Path(out_dir) / "cfg_edge", [HERE / "cfg_edge.c"], "-ldl")
+
+
+def build_sim_nccl(out_dir: Path) -> Path:
+    """The simulated NCCL (probes/simnccl) alone, as probes/build.py builds it: out_dir/libnccl.so.2."""
+    build = _probes_build()
+    folder, extra = build.TARGETS["sim/libnccl.so.2"]
+    sources = sorted((ROOT / "probes" / folder).glob("*.c"))
+    out = Path(out_dir) / "libnccl.so.2"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([build.compiler(), *build.CFLAGS, f"-I{ROOT / 'probes' / folder}", "-o", str(out),
+                    *map(str, sources), *extra], check=True, capture_output=True, text=True)
+    return out
+
+
+def build_hostile_host(out_dir: Path, nccl_dir: Path | None = None) -> Path:
+    """hostile_host linked against the libnccl.so.2 in nccl_dir; by default the simulated NCCL, built in
+    out_dir/sim."""
+    out_dir = Path(out_dir)
+    if nccl_dir is None:
+        nccl_dir = build_sim_nccl(out_dir / "sim").parent
+    return cc(out_dir / "hostile_host", [HERE / "hostile_host.c"], f"-L{nccl_dir}", f"-Wl,-rpath,{nccl_dir}",
+              "-l:libnccl.so.2", "-lpthread")
 
 
 def probe_env(log_dir: Path | None, preload: Path | None = None, **extra: str) -> dict[str, str]:

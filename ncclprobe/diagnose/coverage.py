@@ -1,0 +1,50 @@
+"""Whether an expectation was checked at all. "Not checked" is never "fine": when no process that the
+rules check could be checked (every endpoint of the tree is a client whose workers run under another
+daemon, or no witness could read any of them), the verdict says so first and the command exits 3."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ncclprobe.model import Model
+from ncclprobe.model.clients import client_of
+
+
+@dataclass
+class Unchecked:
+    reason: str
+    hint: str
+    clients: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"reason": self.reason, "hint": self.hint, "clients": self.clients}
+
+
+def unchecked(m: Model, expect: dict[str, str]) -> Unchecked | None:
+    """Why the expectation was checked on no process, or None where one was checked."""
+    if not expect:
+        return None
+    from ncclprobe.diagnose.propagation import Knowledge
+    k = Knowledge(m)
+    endpoints = k.endpoints()
+    with_comm = {(c.host, c.pid) for c in m.comms if c.env is not None}
+    clients = [(p, client_of(p.argv, p.exe)) for p in endpoints]
+    checked = [p for p, client in clients
+               if p.key in with_comm or (client is None and k.timeline(p) is not None)]
+    if checked:
+        return None
+    named = [{"pid": p.pid, "host": p.host, "program": c.program, "runs_under": c.runs_under, "reach": c.reach}
+             for p, c in clients if c is not None]
+    if named:
+        first = named[0]
+        what = ", ".join(sorted({f"{c['program']} (pid {c['pid']})" for c in named}))
+        return Unchecked(f"not checked: the tree holds only {what}, a client; its workers run under "
+                         f"{first['runs_under']}, outside this tree, and no witness read them",
+                         first["reach"], named)
+    if not endpoints:
+        return Unchecked("not checked: the tree holds no process the expectation applies to",
+                         "inspect the workers' PIDs, or run the job under `ncclprobe run -- CMD`")
+    return Unchecked("not checked: no witness could read the environment of any worker "
+                     f"({len(endpoints)} process(es))",
+                     "see them from inside: `ncclprobe run -- CMD` (the boot probe records each Python process), "
+                     "or read their memory: `ncclprobe inspect --live PID`")
