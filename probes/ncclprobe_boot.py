@@ -743,9 +743,10 @@ def _fit(fields, room):
     argv_dropped), then the largest fields left out (null). A line that cannot be short has no fields."""
     room -= len(',"truncated":true')
     out = dict(fields or {})
-    text = _fields_json(_cut(out, room))
-    if len(text) <= room:  # (argv_dropped alone: it fits)
-        return text + ',"truncated":true'
+    if _chars(out) <= room:  # (argv_dropped alone): it may fit as it is
+        text = _fields_json(out)
+        if len(text) <= room:
+            return text + ',"truncated":true'
     cut = max(16, room // 16)
     for key, value in list(out.items()):
         short = _cut(value, cut) if type(value) is list else None
@@ -787,6 +788,17 @@ def _cut(value, cut):
     if type(value) in (list, tuple):
         return [_cut(v, cut) for v in value]
     return value
+
+
+def _chars(value):
+    """How many characters the strings of value hold (its JSON holds at least as many)."""
+    if type(value) is str:
+        return len(value)
+    if type(value) is dict:
+        return sum(len(str(k)) + _chars(v) for k, v in value.items())
+    if type(value) in (list, tuple):
+        return sum(map(_chars, value))
+    return 0
 
 
 def _fields_json(fields):
