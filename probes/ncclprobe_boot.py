@@ -189,11 +189,12 @@ def _emit(ev, fields):
             _busy_since = t0
         try:
             if _fd < 0:
-                size = _open_log(pid)
-                if _fd < 0 or time.monotonic() - t0 > _STALL_S:
-                    if _fd >= 0:  # made (or opened) at last, after a stall: this line is dropped too
-                        _rest()
-                        _stalled(t0, -1, 0, 0)
+                size = _open_log(pid, t0)
+                if time.monotonic() - t0 > _STALL_S:  # (made or opened at last, or not): this line is lost
+                    _rest()
+                    _stalled(t0, -1, 0, 0)
+                    return
+                if _fd < 0:
                     return
             given = fields
             if type(fields) is not str:
@@ -221,7 +222,9 @@ def _emit(ev, fields):
                 n = os.pwritev(_fd, (data,), 0, os.RWF_NOWAIT) if _nowait else os.write(_fd, data)
             except OSError as exc:
                 n = -1
-                if _nowait and exc.errno != 11:  # not EAGAIN: maybe RWF_NOWAIT refused (EOPNOTSUPP, EINVAL)
+                # not EAGAIN: maybe RWF_NOWAIT refused (EOPNOTSUPP, EINVAL), then a plain write; but not
+                # after a stall (a frozen filesystem makes pwritev2 wait before it refuses the flag)
+                if _nowait and exc.errno != 11 and time.monotonic() - t0 <= _STALL_S:
                     _nowait = False
                     try:
                         n = os.write(_fd, data)
@@ -284,14 +287,15 @@ def default_log_dir(where):
     return leaf
 
 
-def _open_log(pid):
+def _open_log(pid, t0):
     # Open <dir>/<host>-<pid>.jsonl under the log discipline of DESIGN.md §4 (log.c keeps the same):
     # the directory a private one of ours (the leaf created 0700 if missing, in a fit parent), the
     # file created new (O_EXCL; O_NONBLOCK: nothing we open can block the host) if the directory's
     # file budget allows, or an existing one re-opened only if it is a private regular file of ours;
     # then moved up to _FD_FLOOR. Returns the file's size, or -1: not opened. A full filesystem drops
     # (and counts) the line; anything else costs one line on stderr, then silence, for this process
-    # and its fork children. (One function, not several: every interpreter loads this part.)
+    # and its fork children. After a stall (since t0, _emit's), no further step: one stall a line.
+    # (One function, not several: every interpreter loads this part.)
     global _fd, _fd_pid, _fd_id, _dir, _full, _dropped, _alone
     dfd = -1
     try:
@@ -320,15 +324,17 @@ def _open_log(pid):
                     n = _max_files + 2
                 elif st.st_size > _max_files:
                     n = st.st_size + 1
-                else:
+                else:  # our byte's end (O_APPEND), whatever others appended since: our place
                     os.write(fd, b"\n")
-                    n = os.fstat(fd).st_size
+                    n = os.lseek(fd, 0, 1)
             finally:
                 os.close(fd)
             if n > _max_files:  # the one just past the budget is made to say so; after it, nothing
                 _full = "files"
                 if n > _max_files + 1:
                     return -1
+            if time.monotonic() - t0 > _STALL_S:
+                return -1
         name = "%s-%d.jsonl" % (host, pid)
         try:
             fd = os.open(name, _FILE_FLAGS, 0o600, dir_fd=dfd)
@@ -689,15 +695,16 @@ def _fail(part, exc):
 
 
 def _bounds(env):
-    """NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES of env (os.environ._data): positive decimal integers,
-    else the default; a line cap is at least 1 KiB (a record's own fields need that much)."""
+    """NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES of env (os.environ._data), as log.c reads them: decimal,
+    at least 1024 (a line must hold the common fields), 4096 (a file, a line and the budget line) and
+    1, at most 2**50; anything else is the default."""
     global _max_line, _max_bytes, _max_files
     given = []
-    for key, value in ((b"NCCLPROBE_MAX_LINE", _max_line), (b"NCCLPROBE_MAX_BYTES", _max_bytes),
-                       (b"NCCLPROBE_MAX_FILES", _max_files)):
+    for key, value, least in ((b"NCCLPROBE_MAX_LINE", _max_line, 1024), (b"NCCLPROBE_MAX_BYTES", _max_bytes, 4096),
+                              (b"NCCLPROBE_MAX_FILES", _max_files, 1)):
         text = env.get(key)
-        given.append(int(text) if text and text.isdigit() and 0 < int(text) < 1 << 62 else value)
-    _max_line, _max_bytes, _max_files = max(given[0], 1024), given[1], given[2]
+        given.append(int(text) if text and text.isdigit() and least <= int(text) <= 1 << 50 else value)
+    _max_line, _max_bytes, _max_files = given
 
 
 def _stalled(t0, n, length, carried):
@@ -741,9 +748,10 @@ def _fit(fields, room):
     argv_dropped), then the largest fields left out (null). A line that cannot be short has no fields."""
     room -= len(',"truncated":true')
     out = dict(fields or {})
-    text = _fields_json(_cut(out, room))
-    if len(text) <= room:  # (argv_dropped alone: it fits)
-        return text + ',"truncated":true'
+    if _chars(out) <= room:  # (argv_dropped alone): it may fit as it is
+        text = _fields_json(out)
+        if len(text) <= room:
+            return text + ',"truncated":true'
     cut = max(16, room // 16)
     for key, value in list(out.items()):
         short = _cut(value, cut) if type(value) is list else None
@@ -785,6 +793,17 @@ def _cut(value, cut):
     if type(value) in (list, tuple):
         return [_cut(v, cut) for v in value]
     return value
+
+
+def _chars(value):
+    """How many characters the strings of value hold (its JSON holds at least as many)."""
+    if type(value) is str:
+        return len(value)
+    if type(value) is dict:
+        return sum(len(str(k)) + _chars(v) for k, v in value.items())
+    if type(value) in (list, tuple):
+        return sum(map(_chars, value))
+    return 0
 
 
 def _fields_json(fields):

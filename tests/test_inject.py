@@ -211,6 +211,20 @@ def test_default_log_dir_is_never_a_place_others_can_write(tmp_path, monkeypatch
         assert _boot.default_log_dir("home") in (None, home + "/.ncclprobe-logs")
 
 
+def test_status_of_a_probe_installed_with_the_old_default_names_it(venv, tmp_path, monkeypatch):
+    """A probe installed by an older ncclprobe logs into /tmp/ncclprobe-<uid> (its own copy says so):
+    status says that directory, and that installing again moves it."""
+    py, sp = venv
+    monkeypatch.setenv("HOME", str(made_dir(tmp_path / "home", 0o700)))
+    inject.install(str(py))
+    module = sp / f"{inject.MODULE}.py"
+    module.write_text(module.read_text().replace(f"'default_log_dir': '{inject.DEFAULT_SCHEME}', ", ""))
+    res = inject.status(str(py))
+    assert res.data["log_dir"] == f"/tmp/ncclprobe-{os.geteuid()}"
+    assert "older ncclprobe" in " ".join(getattr(d, "text", "") for d in res.doc)
+    inject.uninstall(str(py))
+
+
 def test_a_user_without_the_default_directory_gets_no_output(venv, tmp_path, monkeypatch):
     """Another user of a shared interpreter (no runtime directory, no ~/.ncclprobe-logs): silence."""
     py, sp = venv
