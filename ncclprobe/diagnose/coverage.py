@@ -20,12 +20,14 @@ class Unchecked:
         return {"reason": self.reason, "hint": self.hint, "clients": self.clients}
 
 
-def unchecked(m: Model, expect: dict[str, str]) -> Unchecked | None:
-    """Why the expectation was checked on no process, or None where one was checked."""
+def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
+    """Why the expectation was checked on no process, or None where one was checked. k: the model's
+    propagation.Knowledge where the caller has one (its timelines are memoised)."""
     if not expect:
         return None
-    from ncclprobe.diagnose.propagation import Knowledge
-    k = Knowledge(m)
+    if k is None:
+        from ncclprobe.diagnose.propagation import Knowledge
+        k = Knowledge(m)
     endpoints = k.endpoints()
     with_comm = {(c.host, c.pid) for c in m.comms if c.env is not None}
     clients = [(p, client_of(p.argv, p.exe)) for p in endpoints]

@@ -245,19 +245,21 @@ def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
     with no communicator, over the processes the rules check (for_processes). Where the expectation could
     be checked on no process at all, it says so (coverage.unchecked)."""
     from ncclprobe.diagnose import coverage
-    v = _for_model(m, findings, expect, sets)
-    v.unchecked = coverage.unchecked(m, dict(expect))
+    from ncclprobe.diagnose.propagation import Knowledge
+    k = Knowledge(m)  # one set of timelines for the holders and the coverage check
+    v = _for_model(m, findings, expect, sets, k)
+    v.unchecked = coverage.unchecked(m, dict(expect), k)
     return v
 
 
 def _for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
-               sets: Mapping[str, str] | None = None) -> Verdict:
+               sets: Mapping[str, str] | None = None, k=None) -> Verdict:
     sets = dict(sets if sets is not None else _run_sets(m))
     comms = [c for c in m.comms if c.ok]
     names = variables(expect, sets, findings, [c.env for c in comms])
     witnesses = sorted({s for p in m.processes.values() for s in p.sources} | {s for c in m.comms for s in c.seen_by})
     if not comms:
-        v = for_processes(m, findings, expect, sets, witnesses)
+        v = for_processes(m, findings, expect, sets, witnesses, k)
         if set(witnesses) - {"proc", "live"}:  # probes ran and saw none (a /proc view alone never could)
             v.note = "no communicator was seen: the values are the processes' environments"
         return v
@@ -346,15 +348,15 @@ def _reference(var, expect, sets, root_env) -> tuple[str | None, str]:
 
 
 def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
-                  sets: Mapping[str, str] | None = None, witnesses: list[str] | None = None) -> Verdict:
+                  sets: Mapping[str, str] | None = None, witnesses: list[str] | None = None, k=None) -> Verdict:
     """The verdict over the processes the rules check (propagation's endpoints: the workers, not their
     launchers), where no communicator was seen: what each holds as far as the witnesses tell (the boot
     probe's record, the live read, else the exec-time block; unknown where that block is not its own), and
     where its environment lacks a value, what an nccl.conf file gives NCCL in a process that loads it."""
     from ncclprobe.diagnose.propagation import Knowledge
-    k = Knowledge(m)
-    sets = dict(sets if sets is not None else _run_sets(m))
     from ncclprobe.model.clients import client_of
+    k = k if k is not None else Knowledge(m)
+    sets = dict(sets if sets is not None else _run_sets(m))
     # a client (srun, ssh, docker) holds what its workers were meant to get, not what they got
     holders = sorted((p for p in k.endpoints() if client_of(p.argv, p.exe) is None), key=lambda p: (p.host, p.pid))
     index = _culprits(findings)
