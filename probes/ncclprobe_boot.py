@@ -36,6 +36,7 @@ reports) is a second file that _rest() runs on first use.
 import os
 import sys
 import time
+import _thread
 import _weakref
 
 # Same set as ncclprobe/model/watched.py (tests/test_boot_profile.py checks they agree); nothing else is
@@ -82,8 +83,8 @@ _FILE_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
 # `<host>.files`, the count of log files made in the directory (one byte each): shared, never O_EXCL
 _COUNT_FLAGS = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _FD_FLOOR = 200  # log.c's NP_FD_FLOOR: above the numbers hosts dup2() onto and close in loops
-# A log-filesystem operation this slow means the filesystem stalls (see _emit). Wall time also counts
-# waits for the GIL and the CPU: on a loaded machine those reach half a second, a stall not.
+# A log-filesystem operation this slow means the filesystem stalls (see _emit; NCCLPROBE_STALL_MS). Wall
+# time also counts waits for the GIL and the CPU: on a loaded machine those reach half a second.
 _STALL_S = 2.0
 
 _dir = None  # log directory (absolute), None = silent
@@ -97,21 +98,20 @@ _real_unsetenv = os.unsetenv
 _pins = {}   # name -> pinned value (None: pinned absent)
 _c_env = {}  # watched names last written through os.putenv/unsetenv (os.environ does not see them)
 _start = {}  # process_start fields shared with fork children (and the parts whose failure was logged)
-# Bounds (NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES; read once per process by start()) and the state of
-# the writer: lines lost since the last written one (said as "dropped" on the next), the budget reached
-# ("bytes": this process's file is full; "files": the directory's count is), until when the log
-# filesystem is left alone after it stalled, since when an operation on it is in flight, whether the
-# last write was short (the next line then starts on a line of its own), whether RWF_NOWAIT is worth
-# trying, and whether this process is known to have one thread (start, a fork child: see _open_log).
+# Bounds (NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES, _STALL_MS; read once per process by start()) and the
+# state of the writer: lines lost since the last written one (said as "dropped" on the next), the budget
+# reached ("bytes": this process's file is full; "files": the directory's count is), until when the log
+# filesystem is left alone after it stalled, which operation on it is in flight since when, whether the
+# last write was short (the next line then starts on a line of its own), and whether this process is
+# known to have one thread (start, a fork child: see _open_log).
 _max_line = 65536
 _max_bytes = 67108864
 _max_files = 4096
-_dropped = 0
+_drops = []  # see _drop
 _full = None
 _quiet_until = 0.0
-_busy_since = 0.0
-_torn = False
-_nowait = False
+_busy = None  # (since, pid, thread id) of an operation on the log filesystem in flight (see _emit)
+_tears = []  # a torn line before (see _emit)
 _alone = False
 
 # The fields of process_start, as _json in the rest writes them.
@@ -153,9 +153,12 @@ def _emit(ev, fields):
     # A stalled log filesystem costs the host one stall, not one per line: Linux puts a writer to a
     # frozen or hung filesystem to sleep uninterruptibly (creating a file, write(), pwritev2 with
     # RWF_NOWAIT too: fs/read_write.c waits in file_start_write before it looks at the flag), so once an
-    # operation on it took _STALL_S, or while one in another thread has taken that long already, lines
-    # are counted, not written, for a while (_stalled); the next written line says "dropped": K.
-    global _fd, _dropped, _busy_since, _nowait
+    # operation on it took _STALL_S, or while one in another thread has been asleep in the kernel (D)
+    # that long, lines are counted, not written, for a while (_stalled); the next written line says
+    # "dropped": K. Only the operation is timed, and another thread's only if /proc says it sleeps in
+    # the kernel: a process paused or starved of CPU (SIGSTOP, a frozen cgroup, a loaded machine) is no
+    # stall of the filesystem. Threads share the counts through _drops (see _drop), never a global +=.
+    global _fd, _busy
     try:
         if ev == "probe_error":
             part, exc = fields
@@ -166,9 +169,12 @@ def _emit(ev, fields):
         if _full is not None or (_fd < 0 and _dir is None):
             return
         t0 = time.monotonic()
-        if t0 < _quiet_until or (_busy_since and t0 - _busy_since > _STALL_S):
-            _dropped += 1
-            return
+        busy = _busy
+        if t0 < _quiet_until or (busy and t0 - busy[0] > _STALL_S):
+            _rest()
+            if t0 < _quiet_until or _asleep(busy[1], busy[2]):
+                _drop(1)
+                return
         pid = os.getpid()
         size = 0
         if _fd >= 0:  # still our file? A host may close any fd and reuse its number (closerange)
@@ -184,15 +190,17 @@ def _emit(ev, fields):
                 _fd = -1
             else:
                 size = st.st_size  # every writer of this process's file counts (the C probe's too)
-        busy = not _busy_since
-        if busy:
-            _busy_since = t0
+        # this thread's operations on the log filesystem, as another thread sees them (the oldest in flight)
+        owner = _busy is None
+        if owner:
+            tid = _thread.get_native_id()
+            _busy = (t0, pid, tid)
         try:
             if _fd < 0:
                 size = _open_log(pid, t0)
                 if time.monotonic() - t0 > _STALL_S:  # (made or opened at last, or not): this line is lost
                     _rest()
-                    _stalled(t0, -1, 0, 0)
+                    _stalled(t0, -1, 0, 0, False)
                     return
                 if _fd < 0:
                     return
@@ -211,33 +219,37 @@ def _emit(ev, fields):
                         v = _json(v)
                     parts.append('"%s":%s' % (k, v))
                 fields = ",".join(parts)
-            carried = _dropped
+            carried = 0
+            while _drops:  # the counts no other thread has taken (each pop is atomic)
+                try:
+                    carried += _drops.pop()
+                except IndexError:
+                    break
             head = '{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"' % (ev, time.time(), _jstr(_host), pid)
             line = head + fields + (',"dropped":%d}\n' % carried if carried else "}\n")
-            if _torn or _full is not None or len(line) > _max_line or size + len(line) > _max_bytes - 1024:
+            torn = False
+            if _tears:  # a torn line before: this one starts on a line of its own (one thread says so)
+                try:
+                    torn = _tears.pop()
+                except IndexError:
+                    pass
+            if torn or _full is not None or len(line) > _max_line or size + len(line) > _max_bytes - 1024:
                 _rest()  # the line cap, the byte and file budgets, a torn line before this one
-                line = _bounded(ev, head, fields, line[len(head) + len(fields):], given, size)
+                line = _bounded(ev, head, fields, line[len(head) + len(fields):], given, size, torn)
             data = line.encode("ascii")
-            try:  # one write per line: O_APPEND keeps it whole (Linux appends whatever pwritev's offset)
-                n = os.pwritev(_fd, (data,), 0, os.RWF_NOWAIT) if _nowait else os.write(_fd, data)
-            except OSError as exc:
+            t1 = time.monotonic()  # the write alone is timed (what came before it was the host's time)
+            if owner:
+                _busy = (t1, pid, tid)
+            try:  # one write per line: O_APPEND keeps it whole
+                n = os.write(_fd, data)
+            except OSError:
                 n = -1
-                # not EAGAIN: maybe RWF_NOWAIT refused (EOPNOTSUPP, EINVAL), then a plain write; but not
-                # after a stall (a frozen filesystem makes pwritev2 wait before it refuses the flag)
-                if _nowait and exc.errno != 11 and time.monotonic() - t0 <= _STALL_S:
-                    _nowait = False
-                    try:
-                        n = os.write(_fd, data)
-                    except OSError:
-                        pass
-            if n == len(data) and time.monotonic() - t0 <= _STALL_S:
-                _dropped -= carried
-            else:
+            if n != len(data) or time.monotonic() - t1 > _STALL_S:
                 _rest()
-                _stalled(t0, n, len(data), carried)
+                _stalled(t1, n, len(data), carried, torn)
         finally:
-            if busy:
-                _busy_since = 0.0
+            if owner:
+                _busy = None
     except Exception:
         if ev != "probe_error":
             raise
@@ -296,7 +308,7 @@ def _open_log(pid, t0):
     # (and counts) the line; anything else costs one line on stderr, then silence, for this process
     # and its fork children. After a stall (since t0, _emit's), no further step: one stall a line.
     # (One function, not several: every interpreter loads this part.)
-    global _fd, _fd_pid, _fd_id, _dir, _full, _dropped, _alone
+    global _fd, _fd_pid, _fd_id, _dir, _full, _alone
     dfd = -1
     try:
         try:
@@ -368,7 +380,8 @@ def _open_log(pid, t0):
         # EINTR, EIO, EAGAIN, ENFILE, EMFILE, ENOSPC, EDQUOT: this line is lost, the next may not be (a
         # string, not a tuple: a tuple constant costs every interpreter's start a tracked object)
         if isinstance(exc, OSError) and ",%s," % exc.errno in ",4,5,11,23,24,28,122,":
-            _dropped += 1
+            _rest()
+            _drop(1)
         else:
             d, _dir = _dir, None
             try:
@@ -388,14 +401,15 @@ def start():
     persistent, does nothing). Never raises."""
     # The common path (profile given at install, nothing secret-looking, plain strings) is inlined
     # here; anything else goes to the rest of the probe.
-    global _dir, _host, _alone, _nowait
+    global _dir, _host, _alone
     try:
         data, enc = os.environ._data, _fs_encoding
         if getattr(sys, "_ncclprobe_boot", None) or data.get(b"NCCLPROBE_BOOT") == b"off":
             return
         sys._ncclprobe_boot = __name__
         _host = os.uname().nodename
-        if b"NCCLPROBE_MAX_LINE" in data or b"NCCLPROBE_MAX_BYTES" in data or b"NCCLPROBE_MAX_FILES" in data:
+        if (b"NCCLPROBE_MAX_LINE" in data or b"NCCLPROBE_MAX_BYTES" in data or b"NCCLPROBE_MAX_FILES" in data
+                or b"NCCLPROBE_STALL_MS" in data):
             _rest()
             _bounds(data)
         pid = os.getpid()
@@ -554,9 +568,6 @@ def start():
                 text = _start_fields(_process_start({}, env, exec_env, before))
             _emit("process_start", text)
             _alone = False  # (if the line was not written: the next opening may not be alone)
-            # from the next line on (a start's own is written plainly: a process that writes no other
-            # line, most do not, never pays for the EOPNOTSUPP of ext4 or tmpfs)
-            _nowait = hasattr(os, "RWF_NOWAIT")
             try:  # a parent that is not Python (a C/C++ daemon, a shell) has no probe: record it from here
                 ppid = os.getppid()
                 if ppid > 1 and not os.readlink("/proc/%d/exe" % ppid).rsplit("/", 1)[-1].startswith("python"):
@@ -697,34 +708,64 @@ def _fail(part, exc):
 def _bounds(env):
     """NCCLPROBE_MAX_LINE, _MAX_BYTES, _MAX_FILES of env (os.environ._data), as log.c reads them: decimal,
     at least 1024 (a line must hold the common fields), 4096 (a file, a line and the budget line) and
-    1, at most 2**50; anything else is the default."""
-    global _max_line, _max_bytes, _max_files
+    1, at most 2**50; anything else is the default. And NCCLPROBE_STALL_MS (the boot probe's alone: the
+    C probe's writer thread keeps stalls off the host's threads), at least 100: how long one operation
+    on the log filesystem may take before the probe takes it for a stall (default 2000)."""
+    global _max_line, _max_bytes, _max_files, _STALL_S
     given = []
     for key, value, least in ((b"NCCLPROBE_MAX_LINE", _max_line, 1024), (b"NCCLPROBE_MAX_BYTES", _max_bytes, 4096),
-                              (b"NCCLPROBE_MAX_FILES", _max_files, 1)):
+                              (b"NCCLPROBE_MAX_FILES", _max_files, 1), (b"NCCLPROBE_STALL_MS", _STALL_S * 1000, 100)):
         text = env.get(key)
         given.append(int(text) if text and text.isdigit() and least <= int(text) <= 1 << 50 else value)
-    _max_line, _max_bytes, _max_files = given
+    _max_line, _max_bytes, _max_files = given[:3]
+    _STALL_S = given[3] / 1000
 
 
-def _stalled(t0, n, length, carried):
+def _drop(k):
+    # k more lines lost, said as "dropped" on the next written line. Threads share the count as numbers
+    # in _drops that each takes or puts back whole: list.pop and list.append are atomic (with the GIL
+    # or without it), a global's += is not (two threads that both wrote a line said one count twice).
+    try:
+        k += _drops.pop()
+    except IndexError:
+        pass
+    _drops.append(k)
+
+
+def _asleep(pid, tid):
+    """Whether thread tid of process pid sleeps uninterruptibly in the kernel (state D: in a log
+    filesystem that stalls), as /proc says: not if that thread has ended; yes where /proc cannot say (no
+    second thread then joins what may be a stall)."""
+    try:
+        fd = os.open("/proc/%d/task/%d/stat" % (pid, tid), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return data[data.rfind(b")") + 2:][:1] == b"D"
+
+
+def _stalled(t0, n, length, carried, torn):
     """A line begun at t0 (time.monotonic) that was not written whole (n of its length bytes; -1: none)
     or whose writing took _STALL_S: it is counted as dropped (a part written is a torn line: the next one
     starts on a line of its own), and after a stall the log filesystem is left alone for ten times as
     long (5 s to 10 min), so that a host on a stalling filesystem spends at most about a tenth of its
     time in the probe's writes."""
-    global _dropped, _torn, _quiet_until
-    if n == length:
-        _dropped -= carried
-    else:
-        _dropped += 1
-        _torn = _torn or n > 0
+    global _quiet_until
+    if n != length:
+        _drop(carried + 1)  # the counts this line carried are still to be said
+        if (torn or n > 0) and not _tears:  # the tear it was to end, or its own
+            _tears.append(True)
     now = time.monotonic()
     if now - t0 > _STALL_S:
         _quiet_until = now + min(600.0, max(5.0, 10 * (now - t0)))
 
 
-def _bounded(ev, head, text, tail, given, size):
+def _bounded(ev, head, text, tail, given, size, torn):
     """The line of _emit (head, its fields' JSON text, tail; the fields as given) as it may be written:
     "\n" first after a torn line; the fields shortened to the line cap (_fit); a log_budget line
     instead where this process's byte budget or the directory's file budget is reached (the last)."""
@@ -736,7 +777,7 @@ def _bounded(ev, head, text, tail, given, size):
     if _full is not None:
         head = head.replace('"ev":"%s"' % ev, '"ev":"log_budget"', 1)
         text = ',"reached":"%s","limit":%d' % (_full, _max_files if _full == "files" else _max_bytes)
-    return ("\n" if _torn else "") + head + text + tail
+    return ("\n" if torn else "") + head + text + tail
 
 
 # ---------------------------------------------------------------------------- the line cap
@@ -1686,15 +1727,16 @@ def _parent_seen(ppid):
 
 def _forked():
     """process_start of a fork child (os.register_at_fork, through _rest)."""
-    global _dropped, _torn, _alone, _full, _busy_since, _quiet_until
-    _dropped = 0  # its own file, its own counts; one thread; a stall in flight at the fork is its too
-    _torn = False
+    global _alone, _full, _busy, _quiet_until
+    del _drops[:]  # its own file, its own counts; one thread; a stall in flight at the fork is its too
+    del _tears[:]
     _alone = True
     if _full == "bytes":
         _full = None
-    if _busy_since and time.monotonic() - _busy_since > _STALL_S:
+    busy = _busy
+    if busy and time.monotonic() - busy[0] > _STALL_S and _asleep(busy[1], busy[2]):  # (the parent's thread)
         _quiet_until = max(_quiet_until, time.monotonic() + 5.0)
-    _busy_since = 0.0
+    _busy = None
     _writes.clear()
     parent = _start.get("pid")
     _start["pid"] = os.getpid()

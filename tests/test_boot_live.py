@@ -9,6 +9,7 @@ import pytest
 
 from ncclprobe.commands import profile
 from ncclprobe.commands.inject import ephemeral_env
+from ncclprobe.witnesses.events import read_dirs
 from boot_support import PYTHON, clean_env, events, make_venv, raw_log_text, run, site_packages, starts_by_pid
 
 FRAMEWORK = """\
@@ -228,12 +229,55 @@ def test_many_processes_one_log_dir(wired, tmp_path):
             os.waitpid(pid, 0)
         """))
     env, log = wired()
+    # What is tested here is many writers, not stalls: a loaded machine may leave a process without the
+    # CPU for seconds, which the probe may take for a stalled log filesystem (and then drop lines).
+    env["NCCLPROBE_STALL_MS"] = str(10 ** 7)
     import subprocess
     procs = [subprocess.Popen([PYTHON, str(script)] + (["x"] if i % 2 else []), env=env) for i in range(8)]
     assert all(p.wait(timeout=120) == 0 for p in procs)
     writes = events(log, "env_write")  # events() fails on any torn or malformed line
     assert len(writes) == 8 * 4 * 150 + 4 * 150
     assert len(starts_by_pid(log)) == 8 + 4
+    assert not [e for e in writes if "dropped" in e]
+
+
+def test_threads_that_lose_lines_count_each_once(wired, tmp_path):
+    """Four threads write while the log file cannot grow (RLIMIT_FSIZE: each write fails), then on together
+    once it can: every line is written or counted as dropped, exactly once, whatever the interleaving (a
+    count shared with += between threads was said by two lines at once, then as negative numbers)."""
+    script = tmp_path / "limited.py"
+    script.write_text(textwrap.dedent("""\
+        import os, resource, signal, sys, threading
+        os.environ["NCCL_PROTO"] = "first"  # the log file is made (and this line written)
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails (EFBIG) instead
+        soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), hard))
+        limited, lifted = threading.Barrier(5), threading.Barrier(5)
+        def work(t):
+            for i in range(400):
+                os.environ["NCCL_T%d" % t] = "limited-%d" % i
+            limited.wait(); lifted.wait()
+            for i in range(300):
+                os.environ["NCCL_T%d" % t] = "lifted-%d" % i
+        ts = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+        [t.start() for t in ts]
+        limited.wait()
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        lifted.wait()
+        [t.join() for t in ts]
+        os.environ["NCCL_PROTO"] = "last"
+        """))
+    env, log = wired()
+    res = run([PYTHON, str(script), "8192"], env)
+    assert res.returncode == 0, res.stderr
+    read = read_dirs([log])
+    assert read.skipped_total <= 1  # the write that reached the limit, cut there: torn, on a line of its own
+    writes = [e for e in read.events if e["ev"] == "env_write"]
+    assert writes[0]["new"] == "first" and writes[-1]["new"] == "last"
+    assert all(e.get("dropped", 1) > 0 for e in writes)  # never a count of zero or less
+    lost = 2 + 4 * 700 - len(writes)
+    assert lost >= 4 * 300 and sum(e.get("dropped", 0) for e in writes) == lost
+    assert len([e for e in writes if e["new"].startswith("lifted-")]) == 4 * 300  # none lost once it could grow
 
 
 def test_unwritable_log_dir_is_one_line_then_silence(tmp_path):
