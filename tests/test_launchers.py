@@ -38,8 +38,10 @@ TORCHRUN = (PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node
 VAR, WANT = "NCCL_PROTO", "LL"
 EXPECT = f"{VAR}={WANT}"
 
-RECORD_WAIT_S = 30.0  # every worker has recorded by then (torchrun imports torch in three processes)
-WITNESS_WAIT_S = 5.0  # run drive: how long held workers wait for a witness of theirs in run's log dir
+RECORD_WAIT_S = 120.0  # every worker has recorded by then (torchrun imports torch in three processes; a
+# bound on a polled condition, reached only when something is wrong: a loaded CI machine needed over 30 s)
+WITNESS_WAIT_S = 30.0  # run drive: how long held workers wait for a witness of theirs in run's log dir
+# (a polled bound: on a loaded machine 5 s passed before a witness was written, and the worker, released, was missed)
 EXIT_WAIT_S = 30.0  # a released tree (or `run` after it) has exited by then
 LEFTOVER_WAIT_S = 5.0  # what a case's session still holds after that is killed, and reported
 

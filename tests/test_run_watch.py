@@ -309,7 +309,13 @@ def test_both_readers_see_the_same_and_a_fork_child_is_recorded_once_as_its_pare
         for reader in ("native", "python"):
             sc = Scanner(root, b"k" * 16, native=True if reader == "native" else None)
             assert sc.reader == reader
-            got = sc.scan() + sc.scan(final=True)  # a fork child is held for one walk
+            t0 = time.time()
+            first = sc.scan()
+            between = time.time()
+            got = first + sc.scan(final=True)  # a fork child is held for one walk
+            # each is dated when it was read: B, held back, at the first scan (not when it was written:
+            # a fork child that exec'ed Python since would look like an exec after its boot record)
+            assert all(t0 <= s.t <= between for s in got if s.pid != root) and len(got) > len(first)
             views[reader] = sorted((s.pid, s.ppid, tuple(s.argv), s.exe, tuple(sorted((s.exec_env or {}).items())),
                                     s.env_reason, s.env_hash, s.execs) for s in got)
     assert views["native"] == views["python"]

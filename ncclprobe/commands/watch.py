@@ -207,7 +207,7 @@ class Watch:
         fields["argv"] = argv
         fields["exec_env"], cut_env = _cut_env(fields["exec_env"])
         cut = cut or cut_env
-        event = {"ev": "proc_seen", "t": time.time(), "host": self.host, "pid": s.pid, "src": "proc", **fields}
+        event = {"ev": "proc_seen", "t": s.t or time.time(), "host": self.host, "pid": s.pid, "src": "proc", **fields}
         if cut:
             event["truncated"] = True
         return (json.dumps(event, separators=(",", ":")) + "\n").encode("ascii")

@@ -61,6 +61,8 @@ class Sighting:
     env_reason: str | None
     env_hash: str | None  # keyed hash of the raw block; None where it was not read
     execs: int = 0
+    t: float = 0.0  # when it was read (unix seconds, the read's start): a fork child held back until the
+    # next scan (will it exec?) is written later, and what it was, was so at the read, not at the writing
 
     def fields(self) -> dict:
         """The proc_seen event's own fields (witnesses/events.py)."""
@@ -81,6 +83,7 @@ class _Raw:
     cmdline: bytes | OSError = b""
     exe: str | None = None
     environ: bytes | OSError | None = None  # None: not read (a known process)
+    t: float = 0.0  # the read's start (unix seconds)
 
 
 class Scanner:
@@ -312,7 +315,7 @@ class Scanner:
         argv = [] if isinstance(r.cmdline, OSError) else _argv(r.cmdline)
         return Sighting(r.pid, r.ppid, r.start_ticks,
                         None if self.boot is None else round(self.boot + r.start_ticks / self.clk_tck, 3),
-                        redact_argv(argv), r.exe, env, reason, digest, execs)
+                        redact_argv(argv), r.exe, env, reason, digest, execs, r.t)
 
     def _environ(self, r: _Raw) -> tuple[dict[str, str] | None, str | None, str | None]:
         raw = r.environ
@@ -337,12 +340,18 @@ class Scanner:
 
     # -- reading -------------------------------------------------------------------------------
     def _read(self, roots: list[int], known: set[int]) -> list[_Raw]:
+        t = time.time()
+        raws = None
         if self.native is not None:
             try:
-                return self._read_native(roots, known)
+                raws = self._read_native(roots, known)
             except (OSError, MemoryError):
                 pass  # a file of more than a GiB, out of memory: the Python reads below
-        return self._read_python(roots, known)
+        if raws is None:
+            raws = self._read_python(roots, known)
+        for r in raws:
+            r.t = t
+        return raws
 
     def _read_native(self, roots: list[int], known: set[int]) -> list[_Raw]:
         P = procread
