@@ -40,8 +40,13 @@ def _fill(unit: str, n: int = ARG) -> str:
     return (unit * (n // len(unit) + 1))[:n]
 
 
+# A case named "... by a shell" starts python from /bin/sh (not exec'd: sh stays its parent), as most
+# are started: the probe then records its parent, not Python, as well. Its wall time counts sh's own
+# start on both sides; its instruction count is the interpreter's alone.
+SHELL = " by a shell"
 ARGVS = {
     "none": [],
+    "none" + SHELL: [],
     "tiny, a secret": ["--model", "m", "--api-key", "sk-12345", "--db", "postgres://u:pw@db/x"],
     "2 MB, scheme run then @": [_fill("a")[:-1] + "@"] * 15,
     "2 MB, dense places": [_fill("key: 'KEY'] = \"x\" TOKEN=a:b@ ")] * 15,
@@ -54,10 +59,20 @@ def _venv(path: Path) -> str:
     return str(path / "bin" / "python")
 
 
-def _time_once(python: str, argv: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall, cpu) seconds of one `python -c pass ARGV...`."""
+def _command(python: str, argv: list[str], shell: bool) -> list[str]:
+    """`python -c pass ARGV...`, or `python -c pass` started by /bin/sh if shell (its command line holds no
+    hint of a secret, such as the '@' of "$@": the probe would redact it)."""
+    if shell:
+        assert not argv
+        return ["/bin/sh", "-c", '"$0" -c pass; exit $?', python]
+    return [python, "-c", "pass", *argv]
+
+
+def _time_once(python: str, argv: list[str], env: dict[str, str], shell: bool = False) -> tuple[float, float]:
+    """(wall, cpu) seconds of one `python -c pass ARGV...` (and its sh, if shell)."""
     t0 = time.perf_counter()
-    pid = os.posix_spawn(python, [python, "-c", "pass", *argv], env)
+    cmd = _command(python, argv, shell)
+    pid = os.posix_spawn(cmd[0], cmd, env)
     _, status, usage = os.wait4(pid, 0)
     wall = time.perf_counter() - t0
     if os.waitstatus_to_exitcode(status) != 0:
@@ -65,14 +80,15 @@ def _time_once(python: str, argv: list[str], env: dict[str, str]) -> tuple[float
     return wall, usage.ru_utime + usage.ru_stime
 
 
-def _instructions(python: str, argv: list[str], env: dict[str, str], tmp: Path) -> int | None:
-    """User-space instructions of one `python -c pass ARGV...` under callgrind (hash seed fixed: repeatable)."""
+def _instructions(python: str, argv: list[str], env: dict[str, str], tmp: Path, shell: bool = False) -> int | None:
+    """User-space instructions of one `python -c pass ARGV...` under callgrind (hash seed fixed: repeatable);
+    with shell, started by sh (which callgrind does not count)."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         return None
-    out = subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={tmp / 'callgrind.out'}",
-                          python, "-c", "pass", *argv], env={**env, "PYTHONHASHSEED": "0"},
-                         capture_output=True, text=True)
+    tool = [valgrind, "--tool=callgrind", f"--callgrind-out-file={tmp / 'callgrind.out'}"]
+    cmd = ["/bin/sh", "-c", " ".join(tool) + ' "$0" -c pass; exit $?', python] if shell else [*tool, *_command(python, argv, False)]
+    out = subprocess.run(cmd, env={**env, "PYTHONHASHSEED": "0"}, capture_output=True, text=True)
     m = re.search(r"Collected : (\d+)", out.stderr)
     return int(m.group(1)) if out.returncode == 0 and m else None
 
@@ -82,11 +98,11 @@ def _measure(interpreters: dict[str, tuple[str, dict]], argvs: dict[str, list[st
     times = {a: {i: [] for i in interpreters} for a in argvs}
     for a, argv in argvs.items():  # warm-up: page cache, .pyc files
         for py, env in interpreters.values():
-            _time_once(py, argv, env)
+            _time_once(py, argv, env, a.endswith(SHELL))
     for _ in range(runs):
         for a, argv in argvs.items():
             for i, (py, env) in interpreters.items():
-                times[a][i].append(_time_once(py, argv, env))
+                times[a][i].append(_time_once(py, argv, env, a.endswith(SHELL)))
     return times
 
 
@@ -120,7 +136,7 @@ def main() -> int:
         interpreters = {"bare": (plain, base_env), "persistent": (probed, base_env), "ephemeral": (plain, eph_env)}
         summary = _summary(_measure(interpreters, argvs, args.runs))
         for a, argv in argvs.items() if args.instructions else ():
-            instr = {i: _instructions(py, argv, env, tmp) for i, (py, env) in interpreters.items()}
+            instr = {i: _instructions(py, argv, env, tmp, a.endswith(SHELL)) for i, (py, env) in interpreters.items()}
             summary[a]["instructions"] = instr
             if instr["bare"] and None not in instr.values():
                 summary[a]["instructions_ratio"] = {i: round(v / instr["bare"], 4) for i, v in instr.items()}

@@ -436,17 +436,7 @@ def start():
         if len(argv) > 512:  # a start must stay cheap; the line cap may drop more
             _start["argv_dropped"] = len(argv) - 512
             del argv[512:]
-        joined = "\0".join(argv)
-        if len(joined) > 4096:  # redact_argv reads at most ARGV_SCAN characters: cheaper than ~50 searches
-            _rest()
-            argv = redact_argv(argv)
-        else:
-            upper = joined.upper()
-            for marker in _ARGV_HINTS:
-                if marker in upper:  # something looks like a secret: redact_argv
-                    _rest()
-                    argv = redact_argv(argv)
-                    break
+        argv = _scrub(argv)
         _start.update(pid=pid, mode="persistent" if INSTALLED else "ephemeral", argv=argv)
         found = []  # watched part of os.environ (before the profile) and of /proc/self/environ
         if d is not None:  # silent: nothing to find
@@ -466,24 +456,8 @@ def start():
                     os.close(fd)
             except OSError:
                 raw = None
-            for block in (b"\0" + b"\0".join(map(b"=".join, data.items())) + b"\0", raw):
-                if block is None:
-                    found.append(None)
-                    continue
-                hits = []
-                for key in _FIND if b"NCCL" in block else _FIND[3:]:
-                    i = block.find(key)
-                    while i >= 0:
-                        j = block.find(b"\0", i + 1)
-                        hits.append((i, block[i + 1:j]))
-                        i = block.find(key, j)
-                hits.sort()  # block order
-                env = {}
-                for _, entry in hits:
-                    name, sep, value = entry.partition(b"=")
-                    if sep:
-                        env[name.decode(enc, "surrogateescape")] = value.decode(enc, "surrogateescape")
-                found.append(env)
+            found.append(_find_watched(b"\0" + b"\0".join(map(b"=".join, data.items())) + b"\0"))
+            found.append(None if raw is None else _find_watched(raw))
         # the profile: the installed one (parsed at install time), then the file NCCLPROBE_PROFILE names
         entries = INSTALLED.get("entries") if INSTALLED else None
         if (entries is None and INSTALLED and INSTALLED.get("profile")) or data.get(b"NCCLPROBE_PROFILE"):
@@ -570,9 +544,9 @@ def start():
             _alone = False  # (if the line was not written: the next opening may not be alone)
             try:  # a parent that is not Python (a C/C++ daemon, a shell) has no probe: record it from here
                 ppid = os.getppid()
-                if ppid > 1 and not os.readlink("/proc/%d/exe" % ppid).rsplit("/", 1)[-1].startswith("python"):
-                    _rest()
-                    _parent_seen(ppid)
+                exe = os.readlink("/proc/%d/exe" % ppid) if ppid > 1 else "python"
+                if not exe.rsplit("/", 1)[-1].startswith("python"):
+                    _parent_seen(ppid, exe)
             except Exception:
                 pass
     except Exception as exc:
@@ -593,6 +567,79 @@ def start():
             _fork_hook.__code__, {"_ref": _weakref.ref(_rest)}))
     except Exception as exc:
         _emit("probe_error", ("fork", exc))
+
+
+def _scrub(argv):
+    """argv as a log may hold it: through redact_argv (the rest) where it may hold a secret (a hint of
+    one, or more than a cheap look reads), else as it is."""
+    joined = "\0".join(argv)
+    if len(joined) <= 4096:  # redact_argv reads at most ARGV_SCAN characters: cheaper than ~50 searches
+        upper = joined.upper()
+        for marker in _ARGV_HINTS:
+            if marker in upper:  # something looks like a secret
+                break
+        else:
+            return argv
+    _rest()
+    return redact_argv(argv)
+
+
+def _find_watched(block):
+    """The watched part of an environment block (NUL first, NAME=VALUE entries NUL-separated, NUL
+    last), in block order."""
+    found = []
+    for key in _FIND if b"NCCL" in block else _FIND[3:]:
+        i = block.find(key)
+        while i >= 0:
+            j = block.find(b"\0", i + 1)
+            found.append((i, block[i + 1:j]))
+            i = block.find(key, j)
+    found.sort()
+    env = {}
+    for _, entry in found:
+        name, sep, value = entry.partition(b"=")
+        if sep:
+            env[name.decode(_fs_encoding, "surrogateescape")] = value.decode(_fs_encoding, "surrogateescape")
+    return env
+
+
+def _parent_seen(ppid, exe):
+    """parent_seen: this process's parent (pid ppid, running exe), not Python, as /proc shows it now
+    (its start, command line and watched exec-time environment). It may be gone before a scan of run's
+    watch sees it (a daemon that forks its workers and exits); the child saw it start them. Here, not in
+    the rest: most interpreters started from a shell write one."""
+    try:
+        base = "/proc/%d/" % ppid
+        with open(base + "stat", "rb") as f:
+            st = f.read()
+        st = st[st.rindex(b")") + 2:].split()
+        start = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + int(st[19]) / os.sysconf("SC_CLK_TCK")
+        with open(base + "cmdline", "rb") as f:
+            argv = [os.fsdecode(a) for a in f.read(1 << 20).split(b"\0")[:-1]][:512]
+        env, reason, script = None, None, None
+        try:
+            with open(base + "environ", "rb") as f:
+                env = _find_watched(b"\0" + f.read(1 << 22) + b"\0")
+        except OSError as exc:
+            reason = "permission" if isinstance(exc, PermissionError) else "unreadable"
+        if env is not None and not env and not argv:
+            reason, env = "empty", None  # a zombie: nothing left to read
+        if exe.rsplit("/", 1)[-1] in ("bash", "sh", "dash", "zsh", "ksh", "ash"):
+            try:  # bash keeps the script it runs open on fd 255: its path, whatever cwd it was named from
+                script = os.readlink(base + "fd/255")
+            except OSError:
+                pass
+        argv, q = _scrub(argv), _jstr
+        fields = ',"of":%d,"ppid":%d,"start":%.3f,"argv":[%s],"exe":%s,"exec_env":%s,"env_reason":%s,"script":%s' % (
+            ppid, int(st[1]), start, ",".join(map(q, argv)), q(exe),
+            "null" if env is None else "{%s}" % ",".join([q(k) + ":" + q(v) for k, v in env.items()]),
+            "null" if reason is None else q(reason), "null" if script is None else q(script))
+        if len(fields) > _max_line - 512:  # as fields the line cap can shorten (_fit, in the rest)
+            fields = {"of": ppid, "ppid": int(st[1]), "start": round(start, 3), "argv": argv, "exe": exe,
+                      "exec_env": env, "env_reason": reason, "script": script}
+        _emit("parent_seen", fields)
+    except Exception as exc:
+        _emit("probe_error", ("parent", exc))
 
 
 # ---------------------------------------------------------------------------- environ guard
@@ -992,25 +1039,6 @@ def _json(v):
 
 # ---------------------------------------------------------------------------- process facts
 # (start() finds them inlined; these serve fork children)
-
-def _find_watched(block):
-    """The watched part of an environment block (NUL first, NAME=VALUE entries NUL-separated, NUL
-    last), in block order."""
-    found = []
-    for key in _FIND if b"NCCL" in block else _FIND[3:]:
-        i = block.find(key)
-        while i >= 0:
-            j = block.find(b"\0", i + 1)
-            found.append((i, block[i + 1:j]))
-            i = block.find(key, j)
-    found.sort()
-    env = {}
-    for _, entry in found:
-        name, sep, value = entry.partition(b"=")
-        if sep:
-            env[name.decode(_fs_encoding, "surrogateescape")] = value.decode(_fs_encoding, "surrogateescape")
-    return env
-
 
 def _watched_now():
     """Watched part of os.environ, in its order."""
@@ -1687,42 +1715,6 @@ def _start_fields(fields):
     if sum(map(len, fields.get("argv") or ())) + len(fields) < _max_line // 2 and "argv_dropped" not in fields:
         return fields
     return _fit(fields, _max_line - 256)
-
-
-def _parent_seen(ppid):
-    """parent_seen: this process's parent, not Python, as /proc shows it now (its start, command line,
-    executable and watched exec-time environment). It may be gone before a scan of run's watch sees it
-    (a daemon that forks its workers and exits); the child saw it start them."""
-    try:
-        base = "/proc/%d/" % ppid
-        with open(base + "stat", "rb") as f:
-            st = f.read()
-        rest = st[st.rindex(b")") + 2:].split()
-        start = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) + int(rest[19]) / os.sysconf("SC_CLK_TCK")
-        with open(base + "cmdline", "rb") as f:
-            argv = [os.fsdecode(a) for a in f.read(1 << 20).split(b"\0")[:-1]][:512]
-        try:
-            exe = os.readlink(base + "exe")
-        except OSError:
-            exe = None
-        env, reason = None, None
-        try:
-            with open(base + "environ", "rb") as f:
-                env = _find_watched(b"\0" + f.read(1 << 22) + b"\0")
-        except OSError as exc:
-            reason = "permission" if isinstance(exc, PermissionError) else "unreadable"
-        if env is not None and not env and not argv:
-            reason, env = "empty", None  # a zombie: nothing left to read
-        script = None
-        if exe and exe.rsplit("/", 1)[-1] in ("bash", "sh", "dash", "zsh", "ksh", "ash"):
-            try:  # bash keeps the script it runs open on fd 255: its path, whatever cwd it was named from
-                script = os.readlink(base + "fd/255")
-            except OSError:
-                pass
-        _emit("parent_seen", {"of": ppid, "ppid": int(rest[1]), "start": round(start, 3), "argv": redact_argv(argv),
-                              "exe": exe, "exec_env": env, "env_reason": reason, "script": script})
-    except Exception as exc:
-        _fail("parent", exc)
 
 
 def _forked():

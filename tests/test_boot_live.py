@@ -212,6 +212,31 @@ def test_venv_sitecustomize_chained_in_isolated_venv(wired, tmp_path):
     assert mark == "venv" and starts_by_pid(log)[int(pid)]["prefix"] == str(tmp_path / "venv")
 
 
+def test_a_shell_parent_is_recorded_from_the_probes_first_part(wired, tmp_path):
+    """A Python started by a shell records the shell (parent_seen: its command line, executable, script
+    and exec-time environment) without loading the rest of the probe, unless the shell's command line
+    holds something secret-looking: then it is redacted."""
+    script = tmp_path / "launch.sh"
+    script.write_text('unset NCCL_PROTO\n"$PY" -c "import os, sys; m = sys.modules[sys._ncclprobe_boot]; '
+                      'print(os.getpid(), \'_guarded_write\' in vars(m))"\n')
+    env, log = wired(NCCL_PROTO="LL", PY=PYTHON)
+    for extra in ([], ["--api-key", "sk-live-0123456789abcdef"]):
+        res = run(["bash", str(script), *extra], env)
+        assert res.returncode == 0, res.stderr
+        pid, rest_loaded = res.stdout.split()
+        seen = [e for e in events(log, "parent_seen") if e["pid"] == int(pid)]
+        assert len(seen) == 1
+        parent = seen[0]
+        assert parent["of"] == starts_by_pid(log)[int(pid)]["ppid"] and parent["ppid"] == os.getpid()
+        assert parent["exe"].endswith("/bash") and parent["script"] == str(script)
+        assert parent["exec_env"]["NCCL_PROTO"] == "LL" and parent["env_reason"] is None
+        if extra:
+            assert parent["argv"][:3] == ["bash", str(script), "--api-key"] and "sk-live" not in str(parent["argv"])
+            assert rest_loaded == "True"  # the redaction's rules are in the rest
+        else:
+            assert parent["argv"] == ["bash", str(script)] and rest_loaded == "False"
+
+
 def test_many_processes_one_log_dir(wired, tmp_path):
     script = tmp_path / "hammer.py"
     script.write_text(textwrap.dedent("""\
