@@ -1,7 +1,11 @@
 /* json.c - bounded JSON line building, the watched variable set, and the environment snapshot.
  * No allocation: every line is built in the caller's stack buffer. */
+#include <errno.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
 
 #include "probe.h"
 
@@ -210,13 +214,143 @@ int np_watched(const char* name, size_t n) {
   return 0;
 }
 
-/* Each environ entry is read once, into a local: a host thread's unsetenv() shifts the entries
- * down meanwhile (glibc moves them one by one, the last becoming NULL), so a second read of the
- * same slot can be NULL or another variable. glibc never frees a string setenv() made, so the one
- * read stays readable. What stays the host's race, as for its own getenv(): setenv() may move the
- * array itself (realloc) under the walk. (A racing host is undefined behaviour already; the probe
- * must not turn it into a certain crash.) */
-static const char* env_entry(char** env, size_t i) { return __atomic_load_n(&env[i], __ATOMIC_RELAXED); }
+/* The walk of environ races the host's own setenv()/unsetenv() in other threads (a racing host is
+ * undefined behaviour already, as for its own getenv(); the probe must not turn it into a crash):
+ *  - unsetenv() shifts the entries down one by one (the last becoming NULL): each entry is read once,
+ *    into a local, never a slot twice;
+ *  - setenv() may move the array (realloc frees the old one, then environ names the new): a batch of
+ *    entries is used only if environ still names its array after the batch was read, else the walk
+ *    starts again on the new array (NP_ENV_WALKS times at most; then what was read is kept and the
+ *    record says "truncated");
+ *  - between that free and the new environ, a slot read may be freed memory, which malloc reuses at
+ *    once (its first words: a mangled pointer, a random key), so a pointer read from it is any value:
+ *    the strings are read through process_vm_readv on this process, which gives a short count for
+ *    memory that is not mapped instead of SIGSEGV (one call for a batch's first bytes, most watched
+ *    values whole). glibc never frees a string setenv() made: a string once named stays readable.
+ * Where process_vm_readv is refused (seccomp, an old kernel) the reads are plain ones, and that last
+ * window (a few stores inside setenv) stays the host's race. */
+#define NP_ENV_WALKS 8
+#define NP_ENV_BATCH 64 /* entries read per call */
+#define NP_ENV_HEAD 96  /* bytes of an entry read first: whether it is watched (the longest watched name and '='
+                         * are 24), and most watched ones whole (a longer one is read again, whole) */
+#define NP_ENTRY_MAX (NP_NAME_MAX + 1 + NP_VALUE_MAX)
+
+static int np_vmread = 1; /* process_vm_readv works here (0 once refused) */
+
+/* Bytes from p to the end of its page (4 KiB: a multiple divides every page size): a remote range
+ * within one page is readable whole or not at all. */
+static size_t page_room(const void* p) { return 4096 - ((uintptr_t)p & 4095); }
+
+/* n iovec pairs read with process_vm_readv; returns the bytes read (a short count stops at the first
+ * range that is not mapped), or -1 where the call itself is refused (then np_vmread is 0). */
+static ssize_t vm_read(pid_t pid, struct iovec* loc, struct iovec* rem, size_t n) {
+  ssize_t r = process_vm_readv(pid, loc, n, rem, n, 0);
+  if (r < 0 && errno != EFAULT && errno != ESRCH) {
+    __atomic_store_n(&np_vmread, 0, __ATOMIC_RELAXED);
+    return -1;
+  }
+  return r < 0 ? 0 : r;
+}
+
+/* n bytes at s (within one page) into buf: n, or 0 where that page is not readable. */
+static size_t read_chunk(pid_t pid, const char* s, char* buf, size_t n) {
+  if (np_vmread) {
+    struct iovec loc = {buf, n}, rem = {(void*)s, n};
+    ssize_t r = vm_read(pid, &loc, &rem, 1);
+    if (r >= 0) return (size_t)r == n ? n : 0;
+  }
+  memcpy(buf, s, n); /* refused (np_vmread is 0 now): plainly */
+  return n;
+}
+
+/* The entry at s as "name=value" in entry (the name cut at NP_NAME_MAX, the value at NP_VALUE_MAX;
+ * *cut says so), NUL-terminated, read a page at a time, NP_ENTRY_SCAN bytes of it at most. Returns the
+ * name's length (entry[it] is '='), or -1: no '=' there (or not readable). */
+#define NP_ENTRY_SCAN (1u << 20)
+static ssize_t read_entry(pid_t pid, const char* s, char* entry, int* cut) {
+  char page[4096];
+  size_t off = 0, out = 0, value = 0;
+  ssize_t name = -1;
+  *cut = 0;
+  while (off < NP_ENTRY_SCAN) {
+    size_t got = read_chunk(pid, s + off, page, page_room(s + off));
+    for (size_t j = 0; j < got; j++) {
+      char c = page[j];
+      if (c == 0) goto done;
+      if (name < 0 && c == '=') {
+        name = (ssize_t)out;
+        entry[out++] = '=';
+      } else if (name < 0 ? out < NP_NAME_MAX : value < NP_VALUE_MAX) {
+        entry[out++] = c;
+        value += name >= 0;
+      } else {
+        *cut = 1;
+        if (name >= 0) goto done; /* the rest of the value is not wanted */
+      }
+    }
+    if (!got) break;
+    off += got;
+  }
+  *cut = 1; /* not read to its end */
+done:
+  entry[out] = 0;
+  return name;
+}
+
+/* Up to NP_ENV_BATCH entries of env from i on, read once: into ptrs, and the first bytes of each
+ * (to the end of its page, NP_ENV_HEAD at most) into heads (hlen[k] bytes; 0: not readable).
+ * Returns how many entries were read; *end is set where the array's NULL was among them. */
+static size_t read_batch(pid_t pid, char** env, size_t i, const char** ptrs, char heads[][NP_ENV_HEAD],
+                         size_t* hlen, int* end) {
+  size_t n = NP_ENV_BATCH;
+  /* The pointers by plain loads, each once: a freed array is still mapped memory (malloc unmaps only a
+   * chunk of 128 KiB or more, an environment of over 16,000 variables); its strings are read below
+   * through process_vm_readv, whatever value a slot held. */
+  for (size_t k = 0; k < n; k++)
+    if ((ptrs[k] = __atomic_load_n(&env[i + k], __ATOMIC_ACQUIRE)) == NULL) {
+      n = k + 1;
+      break;
+    }
+  *end = 0;
+  for (size_t k = 0; k < n; k++)
+    if (!ptrs[k]) {
+      *end = 1;
+      n = k;
+      break;
+    }
+  struct iovec loc[NP_ENV_BATCH], rem[NP_ENV_BATCH];
+  for (size_t k = 0; k < n; k++) {
+    size_t want = page_room(ptrs[k]);
+    hlen[k] = want < NP_ENV_HEAD ? want : NP_ENV_HEAD;
+    loc[k].iov_base = heads[k];
+    loc[k].iov_len = hlen[k];
+    rem[k].iov_base = (void*)ptrs[k];
+    rem[k].iov_len = hlen[k];
+  }
+  for (size_t k = 0; k < n && np_vmread;) { /* a short count: that entry is not readable, on after it */
+    ssize_t r = vm_read(pid, loc + k, rem + k, n - k);
+    if (r < 0) break;
+    size_t done = (size_t)r;
+    while (k < n && done >= hlen[k]) done -= hlen[k++];
+    if (k < n) hlen[k++] = 0;
+  }
+  if (!np_vmread)
+    for (size_t k = 0; k < n; k++) { /* with its NUL where it ends within */
+      size_t l = strnlen(ptrs[k], hlen[k]);
+      memcpy(heads[k], ptrs[k], hlen[k] = l < hlen[k] ? l + 1 : l);
+    }
+  return n;
+}
+
+/* Whether the entry whose first hl bytes are head may be watched: its name is, or more of it must be
+ * read to know (the page ended before the '=' within the longest watched name). */
+static int maybe_watched(const char* head, size_t hl) {
+  const char* eq = memchr(head, '=', hl);
+  if (eq) return np_watched(head, (size_t)(eq - head));
+  const char* nul = memchr(head, 0, hl);
+  if (nul) return 0; /* no '=': not a variable */
+  return hl < NP_ENV_HEAD || np_watched(head, hl); /* a prefix matches whatever follows */
+}
 
 /* One "name":"value" member from the entry s (whose '=' is at eq); 0 if it does not fit. */
 static int env_member(np_jb* jb, const char* s, const char* eq, int first) {
@@ -249,19 +383,53 @@ void np_jb_env(np_jb* jb) {
   np_jb_key(jb, "env");
   put(jb, '{');
   int first = 1;
+  size_t open = jb->len;
+  pid_t pid = getpid();
   char** env = __atomic_load_n(&environ, __ATOMIC_ACQUIRE);
-  const char* s;
-  for (size_t i = 0; env && !jb->full && (s = env_entry(env, i)) != NULL; i++) {
-    const char* eq = strchr(s, '=');
-    if (!eq || !np_watched(s, (size_t)(eq - s))) continue;
-    size_t before = jb->len;
-    if (!env_member(jb, s, eq, first)) { /* drop this variable, keep the ones before and after it, and say so */
-      jb->len = before;
-      jb->full = 0;
-      jb->truncated = 1;
+  const char* ptrs[NP_ENV_BATCH];
+  char heads[NP_ENV_BATCH][NP_ENV_HEAD];
+  size_t hlen[NP_ENV_BATCH];
+  char entry[NP_ENTRY_MAX + 1];
+  for (size_t i = 0, walks = 1; env && !jb->full;) {
+    int end;
+    size_t n = read_batch(pid, env, i, ptrs, heads, hlen, &end);
+    char** now = __atomic_load_n(&environ, __ATOMIC_ACQUIRE);
+    if (now != env) { /* the array moved under the walk: what was read of it may be freed memory */
+      if (walks++ == NP_ENV_WALKS || !now) {
+        jb->truncated = 1;
+        break;
+      }
+      env = now;
+      jb->len = open;
+      first = 1;
+      i = 0;
       continue;
     }
-    first = 0;
+    for (size_t k = 0; k < n && !jb->full; k++) {
+      if (!hlen[k] || !maybe_watched(heads[k], hlen[k])) continue;
+      size_t len = strnlen(heads[k], hlen[k]);
+      const char* eq;
+      if (len < hlen[k]) { /* whole within its head (the common case: no more reading) */
+        memcpy(entry, heads[k], len + 1);
+        eq = memchr(entry, '=', len);
+      } else {
+        int cut;
+        ssize_t at = read_entry(pid, ptrs[k], entry, &cut);
+        eq = at < 0 ? NULL : entry + at;
+        if (eq && cut) jb->truncated = 1;
+      }
+      if (!eq || !np_watched(entry, (size_t)(eq - entry))) continue;
+      size_t before = jb->len;
+      if (!env_member(jb, entry, eq, first)) { /* drop this variable, keep the ones before and after it, and say so */
+        jb->len = before;
+        jb->full = 0;
+        jb->truncated = 1;
+        continue;
+      }
+      first = 0;
+    }
+    if (end) break;
+    i += n;
   }
   put(jb, '}');
   np_jb_settle(jb, mark);
