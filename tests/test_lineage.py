@@ -27,13 +27,13 @@ if child == 0:
         os.close(r)
         os.write(w, f"{os.getpid()} {os.getppid()}\n".encode())
         os.close(w)
-        print("leaf", os.getpid(), os.getppid(), flush=True)
+        os.write(1, f"leaf {os.getpid()} {os.getppid()}\n".encode())
         sys.stdin.read()
         os._exit(0)
     os._exit(0)
 os.close(w)
 os.waitpid(child, 0)
-print("daemon", os.read(r, 100).decode().split()[0], "intermediate", child, flush=True)
+os.write(1, f"daemon {os.read(r, 100).decode().split()[0]} intermediate {child}\n".encode())
 sys.stdin.read()
 """
 DAEMON_C = r"""

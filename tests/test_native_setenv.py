@@ -27,7 +27,7 @@ int vendor_version(void) { return 1; }
 WORKER = r"""
 import ctypes, os, sys
 ctypes.CDLL(sys.argv[1])
-print("leaf", os.getpid(), os.getppid(), "os.environ says", os.environ.get("NCCL_PROTO"), flush=True)
+os.write(1, f"leaf {os.getpid()} {os.getppid()} os.environ says {os.environ.get('NCCL_PROTO')}\n".encode())  # one write: no interleaving
 sys.stdin.read()
 """
 

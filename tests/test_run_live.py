@@ -31,7 +31,7 @@ FAST = {"NCCLPROBE_WATCH_S": "0.05", "NCCLPROBE_LIVE_S": "0.1"}
 # (NCCL_X=1 in its own environment), b (starts B with its environment less NCCL_X), end.
 PARENT = r"""
 import os, subprocess, sys
-leaf = "import os, sys; print('leaf', os.getpid(), flush=True); sys.stdin.read()"
+leaf = "import os, sys; os.write(1, b'leaf %d\\n' % os.getpid()); sys.stdin.read()"
 kids = []
 def start(name, env=None):
     p = subprocess.Popen([sys.executable, "-S", "-c", leaf], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -27,7 +27,7 @@ from ncclprobe import model
 NCCLPROBE = [sys.executable, "-m", "ncclprobe"]
 WAIT_S = 60  # generous: a loaded 2-core machine is slow; nothing waits for it to pass
 # prints its pid and parent's, then holds until stdin ends
-LEAF = "import os, sys; print('leaf', os.getpid(), os.getppid(), flush=True); sys.stdin.read()"
+LEAF = "import os, sys; os.write(1, b'leaf %d %d\\n' % (os.getpid(), os.getppid())); sys.stdin.read()"
 
 
 def records(d: Path) -> list[dict]:
