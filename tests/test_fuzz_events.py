@@ -516,3 +516,10 @@ def test_adversarial_nccl_log_lines_never_traceback_and_each_case_is_bounded(tmp
             schemas.validate(json.loads(r.stdout))
         _bounded(failures, name, case)
     finish(failures, len(cases))
+
+
+def test_every_event_kind_enters_the_model_through_its_one_handler():
+    """model/build.py is the one door: each kind the readers accept has its handler there (watch_summary is
+    run's own, about no process of the job), and a handler for a kind no reader accepts would never run."""
+    from ncclprobe.model.build import HANDLERS
+    assert set(HANDLERS) == set(events.FIELDS) - {"watch_summary"}

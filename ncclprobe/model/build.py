@@ -1,0 +1,354 @@
+"""The one door into the model: every witness's observations enter here. The probes' event log through
+build() (one handler per event kind, the table HANDLERS), inspect's /proc records through add_records,
+and another model's /proc view (a live inspect of the same job) through add_proc_view. A new witness is
+one module in witnesses/ and one handler here; model/__init__.py holds the types."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ncclprobe.model import CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead, ProcessView, _env, _id
+from ncclprobe.model.tuning import canonical
+from ncclprobe.model.watched import is_watched, redact_argv
+
+if TYPE_CHECKING:
+    from ncclprobe.witnesses.events import EventLog
+
+
+class _Build:
+    """What one build keeps between events: the model, and the communicators by the ids later events
+    name them by (the preload's call number and pointer, the profiler's hash)."""
+
+    def __init__(self, m: Model):
+        self.m = m
+        self.by_call: dict[tuple[str, int, int], CommView] = {}
+        self.by_ptr: dict[tuple[str, int, str], CommView] = {}
+        self.by_hash: dict[tuple[str, int, str], CommView] = {}
+
+    def hashed(self, host: str, pid: int, t: float, e: dict[str, Any], **extra: Any) -> CommView:
+        """The communicator a profiler event names by its hash (made on first sight)."""
+        h = _id(e.get("comm_hash"))
+        c = self.by_hash.get((host, pid, h))
+        if c is None:
+            c = CommView(host, pid, t, comm_hash=h, env_source=None, **extra)
+            c.seen_by.add("profiler")
+            self.m.comms.append(c)
+            self.by_hash[(host, pid, h)] = c
+        return c
+
+
+Handler = Callable[[_Build, ProcessView, dict[str, Any], float], None]
+
+
+def _process_start(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    # the process that started it, not a subreaper that adopted it before the record was written
+    # (a double fork's intermediate may exit before its child's interpreter starts)
+    forked, ppid = e.get("forked_from"), e.get("ppid")
+    proc.ppid = forked if isinstance(forked, int) and forked > 0 else ppid
+    proc.adopted_by = ppid if proc.ppid != ppid else None
+    argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None  # older probes: raw
+    if proc.argv and argv and proc.argv != argv:  # the watch saw this pid run another program before
+        proc.images.append(proc.argv)
+    proc.argv = argv
+    proc.exe = e.get("exe")
+    proc.start_env = _env(e.get("env"))
+    proc.exec_env = _env(e.get("exec_env"))
+    proc.exec_env_differs = e.get("exec_env_differs")
+    proc.forked_from = e.get("forked_from")
+    proc.t_start = t
+    proc.mode = e.get("mode")
+    if isinstance(e.get("start"), (int, float)) and not isinstance(e.get("start"), bool):
+        proc.proc_start = float(e["start"])  # the kernel's start (the fork), to the clock tick
+    for entry in e.get("profile") or ():  # what the boot probe applied itself (--enforce, a profile)
+        if isinstance(entry, dict) and entry.get("applied") and is_watched(str(entry.get("var"))):
+            proc.injected[str(entry["var"])] = str(entry.get("value"))
+
+
+def _parent_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    # a boot probe's record of its parent, not Python: /proc at the child's start
+    q = b.m.process(proc.host, e["of"])
+    q.sources.add("proc")
+    if q.proc_start is None:  # the watch's own sighting, where it had one, stays
+        q.proc_exec_env, q.proc_env_reason = _env(e.get("exec_env")), e.get("env_reason")
+        q.proc_start = e.get("start")
+    q.ppid = q.ppid if q.ppid is not None else e.get("ppid")
+    q.exe = q.exe or e.get("exe")
+    q.argv = q.argv or (redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None)
+    q.script = q.script or (e.get("script") if isinstance(e.get("script"), str) else None)
+
+
+def _proc_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    # run's watch: a later sighting is the same process after an exec, and replaces the earlier
+    if proc.live_readings and proc.live_readings[-1].execs != (e.get("execs") or 0):
+        _forget_live(proc)  # what the live witness read was the earlier image's
+    proc.proc_exec_env = _env(e.get("exec_env"))
+    proc.proc_start, proc.proc_env_reason = e.get("start"), e.get("env_reason")
+    proc.proc_env_hash = e.get("env_hash")
+    argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None
+    if proc.t_start is None:  # no process_start (yet): /proc's ancestry and command line
+        if proc.argv and argv and proc.argv != argv:  # it exec'd another program since
+            proc.images.append(proc.argv)
+        proc.ppid, proc.exe, proc.argv = e.get("ppid"), e.get("exe"), argv
+    elif _exec_since_boot(proc, e, t):  # a new image: the boot probe's record was the one before it
+        proc.images.append(proc.argv or [])
+        proc.exe, proc.argv, proc.exec_after_boot = e.get("exe"), argv, True
+        proc.start_env = proc.exec_env = None  # its environment is the one it exec'd with (/proc's)
+    else:  # the boot probe's, where it had them
+        proc.ppid = proc.ppid if proc.ppid is not None else e.get("ppid")
+        proc.exe, proc.argv = proc.exe or e.get("exe"), proc.argv if proc.argv is not None else argv
+
+
+def _live_env(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    # run --live: the environment the process holds, where it changed
+    execs = e.get("execs") or 0
+    if proc.live_readings and proc.live_readings[-1].execs != execs:
+        _forget_live(proc)
+    env = _env(e.get("env"))
+    if env is None:
+        proc.live_reason = None if proc.live_readings else str(e.get("reason") or "not read")
+        return
+    since = e.get("since")
+    since = float(since) if since is not None and since < t else None
+    proc.live_readings.append(LiveReading(env, t, since, execs))
+    proc.live_env, proc.live_t, proc.live_since, proc.live_reason = env, t, since, None
+    proc.sources.add("live")
+
+
+def _env_write(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    proc.writes.append(EnvWrite(str(e.get("var")), e.get("old"), e.get("new"), str(e.get("where", "?")),
+                                str(e.get("op", "set")), bool(e.get("blocked")), t))
+
+
+def _log_budget(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    # the writer's last line: nothing after it was recorded
+    b.m.reading.budget.setdefault((proc.host, proc.pid), (e["reached"], e.get("limit")))
+
+
+def _probe_error(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    proc.errors.append(str(e.get("message", "")))
+
+
+def _plugin_load(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    proc.plugins.append(e)
+    if e.get("lib"):
+        proc.libs.add(e["lib"])
+
+
+def _nccl_getenv(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    lib, var = str(e.get("lib") or "?"), str(e.get("var"))
+    if lib != "?":
+        proc.libs.add(lib)
+    key = (lib, var, e.get("value"))
+    if key not in proc.reads:
+        proc.reads[key] = NcclRead(var, e.get("value"), lib, t, "envplugin")
+
+
+def _comm_init(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    host, pid = proc.host, proc.pid
+    c = CommView(host, pid, t, api=e.get("api"), comm=_id(e.get("comm")), call=e.get("call"),
+                 rank=e.get("rank"), nranks=e.get("nranks"), parent=_id(e.get("parent")),
+                 color=e.get("color"), key=e.get("key"), uid=_id(e.get("uid")), config=e.get("config"),
+                 env=_env(e.get("env")), env_source="preload", rc=e.get("rc"), lib=e.get("lib"),
+                 version=e.get("version"), simulated=bool(e.get("simulated")), ms=e.get("ms"),
+                 dev=e.get("dev"))
+    c.seen_by.add("preload")
+    if c.lib:
+        proc.libs.add(c.lib)
+    b.m.comms.append(c)
+    if c.call is not None:
+        b.by_call[(host, pid, c.call)] = c
+    if c.comm:
+        b.by_ptr[(host, pid, c.comm)] = c
+
+
+def _comm_plugin_init(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    host, pid, call = proc.host, proc.pid, e.get("call")
+    c = b.by_call.get((host, pid, call)) if call is not None else None
+    if c is None or c.comm_hash is not None:
+        c = CommView(host, pid, t, env=_env(e.get("env")), env_source="profiler")
+        b.m.comms.append(c)
+    c.seen_by.add("profiler")
+    c.comm_hash = _id(e.get("comm_hash"))
+    c.comm_name = e.get("comm_name")
+    c.nranks = c.nranks if c.nranks is not None else e.get("nranks")
+    c.rank = c.rank if c.rank is not None else e.get("rank")
+    c.lib = c.lib or e.get("lib")
+    c.version = c.version or e.get("version")
+    c.simulated = c.simulated or bool(e.get("simulated"))
+    if e.get("lib"):
+        proc.libs.add(e["lib"])
+    if c.env is None:
+        c.env, c.env_source = _env(e.get("env")), "profiler"
+    if c.comm_hash:
+        b.by_hash[(host, pid, c.comm_hash)] = c
+
+
+def _coll_summary(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    _add_coll(b.hashed(proc.host, proc.pid, t, e), e)
+
+
+def _comm_activity(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    c = b.hashed(proc.host, proc.pid, t, e, rank=e.get("rank"), nranks=e.get("nranks"))
+    if c.activity is None:
+        from ncclprobe.model.timing import Activity
+        c.activity = Activity()
+    c.activity.add(e)
+
+
+def _comm_end(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    host, pid = proc.host, proc.pid
+    c = b.by_ptr.get((host, pid, _id(e.get("comm")))) or b.by_hash.get((host, pid, _id(e.get("comm_hash"))))
+    if c is not None:
+        c.destroyed = True
+
+
+# Every event kind of witnesses/events.py.FIELDS that says something of a process (watch_summary is run's
+# own, no process of the job: build() keeps it apart).
+HANDLERS: dict[str, Handler] = {
+    "process_start": _process_start, "parent_seen": _parent_seen, "proc_seen": _proc_seen,
+    "live_env": _live_env, "env_write": _env_write, "log_budget": _log_budget, "probe_error": _probe_error,
+    "plugin_load": _plugin_load, "nccl_getenv": _nccl_getenv, "comm_init": _comm_init,
+    "comm_plugin_init": _comm_plugin_init, "coll_summary": _coll_summary, "comm_activity": _comm_activity,
+    "comm_destroy": _comm_end, "comm_plugin_finalize": _comm_end,
+}
+
+
+def build(log: EventLog) -> Model:
+    """The model of one event log, iterating its events once, in time order (events.stream_dirs gives
+    them as an iterator, checked against events.FIELDS). Every id (comm, parent, uid, comm_hash) is read
+    in comm_id's spelling (_id), so witnesses join whatever spelling wrote them (older probes dropped
+    leading zeros)."""
+    m = Model(runs=list(log.runs), files=len(log.files))
+    b = _Build(m)
+    for e in log.events:
+        host, pid, kind, t = e.get("host", "?"), e["pid"], e["ev"], float(e["t"])
+        if e.get("dropped"):  # lines this writer lost before this one
+            m.reading.dropped[(host, pid)] = m.reading.dropped.get((host, pid), 0) + e["dropped"]
+        if kind == "watch_summary":  # its pid is run's, no process of the job
+            m.watch[host] = {k: v for k, v in e.items() if k not in ("ev", "host", "pid", "src")}
+            continue
+        proc = m.process(host, pid)
+        proc.sources.add(e["src"])
+        handler = HANDLERS.get(kind)
+        if handler is not None:
+            handler(b, proc, e, t)
+    for host, w in m.watch.items():  # Python processes the watch missed: their boot probe says they ran
+        unseen = sorted(p.pid for p in m.processes.values()
+                        if p.host == host and p.t_start is not None and "proc" not in p.sources)
+        w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
+    # a stream's counts are complete only once it has been consumed
+    m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}, **log.skipped_files}
+    m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
+    _label_simulated(m)
+    return m
+
+
+def _exec_since_boot(p: ProcessView, e: dict[str, Any], t: float) -> bool:
+    """Whether a sighting shows the process running another program than the one its boot probe recorded:
+    seen after that record with another executable (a fork of a Python driver that exec'd raylet). The same
+    executable with another command line may be setproctitle, not an exec: that keeps the record."""
+    exe = e.get("exe")
+    if p.exec_after_boot or not isinstance(exe, str) or not p.exe or t < (p.t_start or t):
+        return False
+    # the boot probe names its interpreter as sys.executable (often a venv's symlink), /proc by its target;
+    # another interpreter is the Python image's own re-exec, which writes its own start record
+    if exe.rsplit("/", 1)[-1].startswith(("python", "pypy")) or exe == p.exe:
+        return False
+    start = e.get("start")
+    return start is None or p.proc_start is None or abs(float(start) - p.proc_start) < 0.05
+
+
+def _forget_live(p: ProcessView) -> None:
+    p.live_readings = []
+    p.live_env = p.live_t = p.live_since = p.live_reason = None
+    p.sources.discard("live")
+
+
+def _label_simulated(m: Model) -> None:
+    """A communicator only the profiler saw runs on the same library copy as one the preload saw:
+    carry over what that copy is (version, simulated)."""
+    known = {c.lib: (c.version, c.simulated) for c in m.comms if c.lib and c.version}
+    for c in m.comms:
+        if c.lib in known and c.version is None:
+            c.version, c.simulated = known[c.lib][0], c.simulated or known[c.lib][1]
+
+
+def _add_coll(c: CommView, e: dict[str, Any]) -> None:
+    """Merge one flush. A flush carries counts, bytes, GPU times and bins since the previous one for the
+    same key (sizes min/max since the start)."""
+    try:
+        mode = e.get("mode") if e.get("mode") in ("eager", "captured", "replayed") else None
+        size_log2 = e.get("size_log2") if type(e.get("size_log2")) is int else None
+        key = (str(e.get("func")), canonical(str(e.get("algo"))), canonical(str(e.get("proto"))),
+               int(e.get("nchannels") or 0), mode, size_log2)
+        bmin, bmax, count = int(e.get("bytes_min", 0)), int(e.get("bytes_max", 0)), int(e.get("count", 0))
+        bytes_sum = int(e.get("bytes_sum") or 0)
+        gpu_count, gpu_ns, untimed = (int(e.get(k) or 0) for k in ("gpu_count", "gpu_ns", "untimed"))
+        hist = [(int(b), int(n)) for b, n in (e.get("gpu_hist") or [])]
+    except (TypeError, ValueError):
+        return
+    s = c.colls.get(key)
+    if s is None:
+        s = c.colls[key] = CollStat(*key[:4], bmin, bmax, 0, mode, size_log2)
+    s.bytes_min, s.bytes_max, s.count = min(s.bytes_min, bmin), max(s.bytes_max, bmax), s.count + count
+    s.bytes_sum += bytes_sum
+    s.gpu_count, s.gpu_ns, s.untimed = s.gpu_count + gpu_count, s.gpu_ns + gpu_ns, s.untimed + untimed
+    for b, n in hist:
+        s.gpu_hist[b] = s.gpu_hist.get(b, 0) + n
+
+
+def add_records(m: Model, recs, host: str) -> Model:
+    """Feed inspect's /proc records (commands/inspection: the private `_` keys still on them) into the
+    model as the /proc witness of each process; the in-process witnesses of the same pids stay."""
+    for r in recs:
+        p = m.process(host, r["pid"])
+        p.sources.add("proc")
+        p.ppid = p.ppid if p.ppid is not None else r.get("ppid")
+        p.argv = p.argv or r.get("cmdline") or None
+        p.exe = p.exe or r.get("exe")
+        readable = r.get("env_source") == "exec"
+        # shared with the records of processes started alike (never modified): the rules do them once
+        p.proc_exec_env = (r.get("_watched") or {}) if readable else None
+        p.proc_expected = (r.get("_exp") or {}) if readable else None
+        # the boot probe's and the watch's start are to the tick: a /proc snapshot never replaces them
+        p.proc_start = p.proc_start if p.proc_start is not None else r.get("_start")
+        p.proc_env_reason = None if readable else (r.get("env_reason") or r.get("env_source"))
+        p.proc_stale = r.get("stale")
+        p.proc_env_hash = r.get("_hash")
+        p.nccl_user = bool(r.get("nccl_libs") or r.get("gpus"))
+        p.in_scope = r.get("in_scope")
+        p.proc_env_source, p.proc_denied_by, p.proc_user = r.get("env_source"), r.get("env_denied_by"), r.get("user")
+        p.nccl_libs = r.get("nccl_libs") or []
+        p.conf_files = r.get("conf_files")
+        if "live_reason" in r:  # inspect --live: one reading, now (after any a run --live log holds)
+            p.live_env, p.live_expected = r.get("_live_watched"), r.get("_live_exp")
+            if p.live_env is not None:
+                p.sources.add("live")
+            p.live_t, p.live_reason, p.live_since = r.get("live_t"), r.get("live_reason"), None
+            if p.live_readings and p.live_env is not None and p.live_t is not None:
+                p.live_readings = [*p.live_readings, LiveReading(p.live_env, p.live_t, None, p.live_readings[-1].execs)]
+    return m
+
+
+def add_proc_view(m: Model, other: Model) -> Model:
+    """The /proc witness of another model of the same job (a live inspect of it) joined into m."""
+    for key, q in other.processes.items():
+        if "proc" not in q.sources:
+            continue
+        p = m.process(*key)
+        p.sources.add("proc")
+        for name in ("proc_exec_env", "proc_expected", "proc_env_reason", "proc_stale", "proc_env_hash", "nccl_user",
+                     "in_scope", "proc_env_source", "proc_denied_by", "proc_user", "nccl_libs", "conf_files"):
+            setattr(p, name, getattr(q, name))
+        if q.live_env is not None or q.live_reason is not None:  # it was read live: its reading is the latest
+            if q.live_env is not None and p.live_readings and not q.live_readings and q.live_t is not None:
+                p.live_readings = [*p.live_readings, LiveReading(q.live_env, q.live_t, None, p.live_readings[-1].execs)]
+            elif q.live_readings:
+                p.live_readings = list(q.live_readings)
+            for name in ("live_env", "live_expected", "live_t", "live_reason", "live_since"):
+                setattr(p, name, getattr(q, name))
+        p.proc_start = p.proc_start if p.proc_start is not None else q.proc_start
+        p.ppid = p.ppid if p.ppid is not None else q.ppid
+        p.argv, p.exe = p.argv or q.argv, p.exe or q.exe
+    m.shell_pitfalls = [*m.shell_pitfalls, *other.shell_pitfalls]
+    return m
