@@ -685,3 +685,14 @@ def test_gunicorn_workers_get_the_masters_env(tmp_path, variant):
     argv = [PY, "-m", "gunicorn", *env, "-w", "1", "-b", "127.0.0.1:0", "--chdir", str(tmp_path), "app:app"]
     o = drive(tmp_path, argv, 1, stop=lambda recs: [os.kill(r["ppid"], signal.SIGTERM) for r in recs.values()])
     check(o, None) if variant == "ok" else check(o, "not_in_root", "gunicorn", ("gunicorn --env NCCL_PROTO=LL",))
+
+
+def test_a_client_is_a_launcher_of_the_one_table():
+    """srun, ssh, docker... are launchers (recognised, with their remedies) whose workers run under another
+    daemon: one table says both, and a client is named by its program's path or its executable."""
+    assert {"srun", "sbatch", "ssh", "docker", "kubectl", "systemd-run"} <= set(launchers.CLIENTS)
+    for program, client in launchers.CLIENTS.items():
+        la = launchers.BY_NAME[client.launcher]
+        assert program in la.programs and launchers.identify([program, "x"]) is la
+        assert launchers.client_of([f"/usr/bin/{program}", "x"]) is client is launchers.client_of(None, program)
+    assert launchers.client_of(["slurmstepd", "[12.0]"]) is None  # the daemon itself runs the workers

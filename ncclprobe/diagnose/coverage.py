@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ncclprobe.model import Model
-from ncclprobe.model.clients import client_of
+from ncclprobe.model.launchers import client_of
 
 
 @dataclass

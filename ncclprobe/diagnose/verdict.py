@@ -354,7 +354,7 @@ def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
     probe's record, the live read, else the exec-time block; unknown where that block is not its own), and
     where its environment lacks a value, what an nccl.conf file gives NCCL in a process that loads it."""
     from ncclprobe.diagnose.propagation import Knowledge
-    from ncclprobe.model.clients import client_of
+    from ncclprobe.model.launchers import client_of
     k = k if k is not None else Knowledge(m)
     sets = dict(sets if sets is not None else _run_sets(m))
     # a client (srun, ssh, docker) holds what its workers were meant to get, not what they got

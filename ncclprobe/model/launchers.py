@@ -22,7 +22,8 @@ global environment is copied once, at server start; set-environment -g, new-wind
 (setenv), supervisord (environment= in [supervisord] or [program:x]), systemd (clean environment;
 Environment=, EnvironmentFile=, set-environment, systemd-run --setenv), GNU parallel (--env), ssh
 (SendEnv/AcceptEnv only), GNU make (only environment, command-line and `export`ed variables reach
-recipes), env -i, docker/podman (-e/--env/--env-file) and DeepSpeed's runner (`.deepspeed_env`).
+recipes), env -i, docker/podman (-e/--env/--env-file), Kubernetes (a container's env:/envFrom: in the
+pod spec; kubectl set env, kubectl run --env) and DeepSpeed's runner (`.deepspeed_env`).
 """
 from __future__ import annotations
 
@@ -49,6 +50,9 @@ class Launcher:
     forks: bool = False                    # its workers are forks of it: their command line is its own
     transport: bool = False                # a remote shell: the launcher that runs it is the one to fix
     remedies: Mapping[str, str] = field(default_factory=dict)
+    # its clients: programs that hand the job to a daemon (srun, ssh, docker), so the workers run outside
+    # the tree of the process that started them; program -> (what they run under, how to reach them)
+    clients: Mapping[str, tuple[str, str]] = field(default_factory=dict)
 
     def remedy(self, kind: str) -> str | None:
         return self.remedies.get(kind)
@@ -89,6 +93,14 @@ _DEEPSPEED = ("the deepspeed runner starts the ranks of a multi-node job (over p
               "lines of `.deepspeed_env` (DS_ENV_FILE names another) in the home directory or the working "
               "directory of the `deepspeed` command, read when it starts a multi-node job (a single-node "
               "job inherits its environment and reads no file): add `{value}` there")
+
+_SLURM_CLIENT = ("Slurm's slurmstepd on the allocated nodes",
+                 "run ncclprobe inside the step on each node: `srun … ncclprobe run --dir LOGS/$(hostname) -- CMD`, "
+                 "or `ncclprobe inspect PID` of the step's processes on a node (`scontrol listpids`)")
+_CONTAINER_CLIENT = ("the container runtime's shim (containerd-shim, conmon), not under this client",
+                     "inspect the container's processes from the host: `ncclprobe inspect $(docker inspect -f "
+                     "'{{.State.Pid}}' CONTAINER)`, or run ncclprobe inside the container (`ncclprobe inject "
+                     "install` in its image, then `ncclprobe report` of its log directory)")
 
 LAUNCHERS: tuple[Launcher, ...] = (
     Launcher("env -i", programs=frozenset({"env"}), flags=frozenset({"-i", "-", "--ignore-environment"}),
@@ -155,7 +167,11 @@ LAUNCHERS: tuple[Launcher, ...] = (
     Launcher("mpich hydra", programs=frozenset({"mpiexec.hydra", "hydra_pmi_proxy", "pmi_proxy"}),
              remedies=_all("name it for every rank: `mpiexec {genv_flags}` (Hydra passes the launching "
                            "environment unless told otherwise; -genv sets a variable for all ranks)")),
-    Launcher("slurm", programs=frozenset({"slurmstepd", "srun", "sbatch", "salloc"}), remedies=_all(_SLURM)),
+    Launcher("slurm", programs=frozenset({"slurmstepd", "srun", "sbatch", "salloc"}), remedies=_all(_SLURM),
+             clients={"srun": _SLURM_CLIENT, "salloc": _SLURM_CLIENT,
+                      "sbatch": ("a batch job Slurm starts later under slurmstepd",
+                                 "put `ncclprobe run --dir LOGS/$(hostname) -- …` around the command inside the batch "
+                                 "script (or around srun's CMD there)")}),
     Launcher("sudo", programs=frozenset({"sudo"}), remedies=_all(
         "sudo resets the environment of the command it runs (env_reset) but for a short list: run `sudo "
         "--preserve-env={csv} …`, or add `Defaults env_keep += \"{names}\"` to sudoers (visudo)")),
@@ -171,20 +187,45 @@ LAUNCHERS: tuple[Launcher, ...] = (
         "curated_env", "dropped_by_intermediate", "not_in_root", "set_after_start")),
     Launcher("supervisord", programs=frozenset({"supervisord"}), scripts=frozenset({"supervisord"}),
              modules=("supervisor",), remedies=_all(_SUPERVISORD)),
-    Launcher("systemd", programs=frozenset({"systemd", "systemd-run"}), remedies=_all(_SYSTEMD)),
+    Launcher("systemd", programs=frozenset({"systemd", "systemd-run"}), remedies=_all(_SYSTEMD),
+             clients={"systemd-run": ("systemd (PID 1), in a transient unit",
+                                      "`systemd-run … ncclprobe run -- CMD`, or `ncclprobe inspect` the unit's main "
+                                      "PID (`systemctl show -p MainPID UNIT`)")}),
     Launcher("gnu parallel", programs=frozenset({"parallel"}), scripts=frozenset({"parallel"}), remedies=_all(
         "GNU parallel copies a variable to jobs on other hosts only when it is named: `parallel --env {name1}` "
         "(`--env _` for all exported ones, env_parallel for unexported ones); local jobs get parallel's own "
         "environment: export it before parallel")),
-    Launcher("ssh", programs=frozenset({"ssh", "sshd", "pdsh"}), transport=True, remedies=_all(_SSH)),
+    Launcher("ssh", programs=frozenset({"ssh", "sshd", "pdsh"}), transport=True, remedies=_all(_SSH),
+             clients={"ssh": ("sshd on the remote host", "run ncclprobe on the remote host: `ssh HOST ncclprobe run -- CMD`"),
+                      "pdsh": ("sshd (or rsh) on each remote host",
+                               "run ncclprobe on each host: `pdsh -w HOSTS ncclprobe run --dir LOGS/%h -- CMD`")}),
     Launcher("make", programs=frozenset({"make", "gmake"}), remedies=_all(_MAKE)),
-    Launcher("container", programs=frozenset({"docker", "podman", "conmon", "containerd-shim",
+    Launcher("container", programs=frozenset({"docker", "podman", "nerdctl", "conmon", "containerd-shim",
                                               "containerd-shim-runc-v2", "runc", "crun"}),
-             remedies=_all(_CONTAINER)),
+             remedies=_all(_CONTAINER), clients=dict.fromkeys(("docker", "podman", "nerdctl"), _CONTAINER_CLIENT)),
+    Launcher("kubernetes", programs=frozenset({"kubectl"}), remedies=_all(
+        "a pod's containers start with the environment of the pod spec (their `env:` and `envFrom:`), never "
+        "kubectl's own: add `- name: {name1}` with `value: \"{value1}\"` under the container's `env:`, or run "
+        "`kubectl set env deployment/NAME {value}` (`kubectl run --env={pair1}` for one pod)"),
+             clients={"kubectl": ("the kubelet's container runtime on the pod's node",
+                                  "run ncclprobe in the pod (`kubectl exec POD -- ncclprobe inspect 1`, or "
+                                  "`kubectl debug --target`)")}),
     Launcher("deepspeed", programs=frozenset({"deepspeed"}), scripts=frozenset({"deepspeed"}),
              modules=("deepspeed.launcher",), remedies=_all(_DEEPSPEED)),
 )
 BY_NAME = {la.name: la for la in LAUNCHERS}
+
+
+@dataclass(frozen=True)
+class Client:
+    """A launcher's client program: what its workers run under, and how to put ncclprobe where they are."""
+    program: str
+    launcher: str
+    runs_under: str
+    reach: str
+
+
+CLIENTS = {p: Client(p, la.name, *where) for la in LAUNCHERS for p, where in la.clients.items()}
 _BY_PROGRAM = {p: la for la in LAUNCHERS for p in la.programs}
 _BY_SCRIPT = {s: la for la in LAUNCHERS for s in la.scripts}
 _BY_MARK = tuple((mark, la) for la in LAUNCHERS for mark in la.marks)
@@ -316,3 +357,12 @@ def remedy(name: str | None, kind: str, fields: Mapping[str, str]) -> str | None
     la = BY_NAME.get(name or "")
     template = la.remedy(kind) if la is not None else None
     return template.format(**fields) if template is not None else None
+
+
+def client_of(argv: Sequence[str] | None, exe: str | None = None) -> Client | None:
+    """The client a command line runs (by its program's name: argv[0] or the executable's), or None. A tree
+    whose only endpoints are clients holds no worker to check (diagnose/coverage.py)."""
+    for name in ((argv or [""])[0], exe or ""):
+        if _base(name) in CLIENTS:
+            return CLIENTS[_base(name)]
+    return None
