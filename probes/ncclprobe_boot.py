@@ -73,6 +73,9 @@ SAID_VAR = "NCCLPROBE_REFUSED"     # the refused directory, once said: the proce
 
 # `ncclprobe inject install` rewrites this line in its copy: {"log_dir": str|None, "profile": str, ...}
 INSTALLED = None
+# `ncclprobe run`'s log directory, set by its sitecustomize (the directory above the probe's own): where a
+# process it wired records when its environment lost NCCLPROBE_DIR
+RUN_DIR = None
 
 MAX_STR = 65536  # bound on any logged string, so a line stays far below the readers' 1 MiB limit
 
@@ -416,8 +419,8 @@ def start():
         d = data.get(b"NCCLPROBE_DIR")
         if d:
             d = d.decode(enc, "surrogateescape")
-        elif not INSTALLED:
-            d = None
+        elif not INSTALLED:  # `run`'s wiring (its sitecustomize sets RUN_DIR): PYTHONPATH reached this
+            d = RUN_DIR  # process, NCCLPROBE_DIR did not (an env= allow-list): it is still run's to record
         elif INSTALLED.get("log_dir"):
             d = INSTALLED["log_dir"]
         else:  # per user, private; None where this user has none (not made by `inject install`)

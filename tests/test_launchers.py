@@ -435,3 +435,41 @@ def test_case_leaves_nothing_running(case, drive, outcome):
     """Released and reaped: nothing of the case's session outlives it."""
     o = outcome(case, drive)
     assert o.leftover == [], o.why()
+
+
+# -- as the README types it ---------------------------------------------------------------------------
+def _readme_command(example: str) -> str:
+    """The `ncclprobe run` line of an example's README, as a user would paste it."""
+    text = (EXAMPLES / example / "README.md").read_text()
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    (line,) = [w for w in block.splitlines() if "ncclprobe run" in w]
+    return line
+
+
+@pytest.mark.parametrize("variant, rc", [("fail", 1), ("ok", 0)])
+def test_subprocess_env_typed_as_its_readme_gives_it(tmp_path, variant, rc):
+    """No --hold: the workers live a few milliseconds, less than a /proc scan. The curated worker kept
+    PYTHONPATH (so run's boot probe) but lost NCCLPROBE_DIR: it still records into run's log directory,
+    and the verdict names it, with exit 1; the healthy variant exits 0."""
+    bin_dir = tmp_path / "bin"  # `python` and `ncclprobe` as the README names them: this interpreter's
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(PY)
+    shim = bin_dir / "ncclprobe"
+    shim.write_text(f'#!/bin/sh\nexec "{PY}" -m ncclprobe "$@"\n')
+    shim.chmod(0o755)
+    command = (_readme_command("subprocess_env").replace("main.py fail", f"main.py {variant}")
+               .replace("ncclprobe run", "ncclprobe run --json"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "NCCLPROBE_"))}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    res = subprocess.run(["bash", "-c", command], cwd=EXAMPLES.parent, env=env, capture_output=True,
+                         text=True, timeout=120)
+    truth = {}  # the workers' own word: "[worker pid P, parent Q] NCCL_PROTO=V"
+    for line in res.stderr.splitlines() + res.stdout.splitlines():
+        if line.startswith("[worker pid "):
+            words = line.replace(",", " ").replace("]", " ").split()
+            truth[int(words[2])] = line.rsplit("=", 1)[1]
+    assert len(truth) == 2, res.stdout[-2000:] + res.stderr[-2000:]
+    assert res.returncode == rc, res.stderr[-3000:]
+    doc = _json(res.stdout[res.stdout.index("{"):], "run --json")
+    bad = {pid for pid, value in truth.items() if value != WANT}
+    assert flagged(doc) == bad, summary(doc)

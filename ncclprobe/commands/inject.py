@@ -62,6 +62,7 @@ def _ncclprobe_boot_and_chain():
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         import ncclprobe_boot
+        ncclprobe_boot.RUN_DIR = os.path.dirname(here)  # the probe's directory is made in run's log directory
         ncclprobe_boot.start()
     except Exception:
         pass  # the probe never stops the interpreter
