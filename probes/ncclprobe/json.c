@@ -224,9 +224,9 @@ int np_watched(const char* name, size_t n) {
  *    record says "truncated");
  *  - between that free and the new environ, a slot read may be freed memory, which malloc reuses at
  *    once (its first words: a mangled pointer, a random key), so a pointer read from it is any value:
- *    the strings are read through process_vm_readv on this process, which gives a short count for
- *    memory that is not mapped instead of SIGSEGV (one call for a batch's first bytes, most watched
- *    values whole). glibc never frees a string setenv() made: a string once named stays readable.
+ *    the array and the strings are read through process_vm_readv on this process, which gives a short
+ *    count for memory that is not mapped instead of SIGSEGV (one call for a batch of pointers, one for
+ *    their strings' first bytes, most watched values whole). glibc never frees a string setenv() made.
  * Where process_vm_readv is refused (seccomp, an old kernel) the reads are plain ones, and that last
  * window (a few stores inside setenv) stays the host's race. */
 #define NP_ENV_WALKS 8
@@ -303,14 +303,22 @@ done:
 static size_t read_batch(pid_t pid, char** env, size_t i, const char** ptrs, char heads[][NP_ENV_HEAD],
                          size_t* hlen, int* end) {
   size_t n = NP_ENV_BATCH;
-  /* The pointers by plain loads, each once: a freed array is still mapped memory (malloc unmaps only a
-   * chunk of 128 KiB or more, an environment of over 16,000 variables); its strings are read below
-   * through process_vm_readv, whatever value a slot held. */
-  for (size_t k = 0; k < n; k++)
-    if ((ptrs[k] = __atomic_load_n(&env[i + k], __ATOMIC_ACQUIRE)) == NULL) {
-      n = k + 1;
-      break;
-    }
+  /* The pointers too through process_vm_readv: an array freed (or shrunk) under the walk may end where a
+   * thread arena's mapped part ends, and reading on to its NULL would fault there. */
+  if (np_vmread) { /* cut at the page end: the next page is read as a range of its own (a short count) */
+    size_t bytes = n * sizeof *ptrs, first = page_room(env + i);
+    if (first > bytes) first = bytes;
+    struct iovec loc[2] = {{(void*)ptrs, first}, {(char*)ptrs + first, bytes - first}};
+    struct iovec rem[2] = {{(void*)(env + i), first}, {(char*)(env + i) + first, bytes - first}};
+    ssize_t r = vm_read(pid, loc, rem, bytes > first ? 2 : 1);
+    if (r >= 0) n = (size_t)r / sizeof *ptrs; /* the readable part */
+  }
+  if (!np_vmread)
+    for (size_t k = 0; k < n; k++)
+      if ((ptrs[k] = __atomic_load_n(&env[i + k], __ATOMIC_ACQUIRE)) == NULL) {
+        n = k + 1;
+        break;
+      }
   *end = 0;
   for (size_t k = 0; k < n; k++)
     if (!ptrs[k]) {
@@ -318,6 +326,7 @@ static size_t read_batch(pid_t pid, char** env, size_t i, const char** ptrs, cha
       n = k;
       break;
     }
+  if (n == 0) *end = 1; /* nothing readable there: the walk ends */
   struct iovec loc[NP_ENV_BATCH], rem[NP_ENV_BATCH];
   for (size_t k = 0; k < n; k++) {
     size_t want = page_room(ptrs[k]);
