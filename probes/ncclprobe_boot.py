@@ -95,6 +95,9 @@ _fd = -1     # log file of process _fd_pid, whose (st_dev, st_ino) is _fd_id
 _fd_pid = 0
 _fd_id = None
 _host = ""
+# (os.getpid() it was made for, the pid a line names, the line's identity fields): see _identity
+_ident = (0, 0, "")
+_INIT_PIDNS = "pid:[4026531836]"  # the kernel's initial pid namespace (PROC_PID_INIT_INO): its pids are the host's
 _fs_encoding = sys.getfilesystemencoding()
 _real_putenv = os.putenv
 _real_unsetenv = os.unsetenv
@@ -228,7 +231,9 @@ def _emit(ev, fields):
                     carried += _drops.pop()
                 except IndexError:
                     break
-            head = '{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"' % (ev, time.time(), _jstr(_host), pid)
+            ident = _ident if _ident[0] == pid else _identity(pid)
+            head = '{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"%s' % (
+                ev, time.time(), _jstr(_host), ident[1], ident[2])
             line = head + fields + (',"dropped":%d}\n' % carried if carried else "}\n")
             torn = False
             if _tears:  # a torn line before: this one starts on a line of its own (one thread says so)
@@ -440,7 +445,8 @@ def start():
             _start["argv_dropped"] = len(argv) - 512
             del argv[512:]
         argv = _scrub(argv)
-        _start.update(pid=pid, mode="persistent" if INSTALLED else "ephemeral", argv=argv)
+        # (the pid a fork child names as forked_from: as its lines name this process, see _identity)
+        _start.update(pid=_identity(pid)[1], mode="persistent" if INSTALLED else "ephemeral", argv=argv)
         found = []  # watched part of os.environ (before the profile) and of /proc/self/environ
         if d is not None:  # silent: nothing to find
             try:
@@ -526,15 +532,16 @@ def start():
                 finally:
                     os.close(fd)
                 b = b[b.rindex(b")") + 2:].split()
+                ppid = int(b[1])  # as this /proc shows it (os.getppid() in a pid namespace: the pid in there)
                 _alone = b[17] == b"1"  # num_threads: the log fd can be moved up without fcntl (_open_log)
                 kstart = "%.3f" % (time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
                                    + int(b[19]) / os.sysconf("SC_CLK_TCK"))
             except Exception:
-                kstart = "null"
+                kstart, ppid = "null", os.getppid()
             text = None  # a record too long already (a huge command line): shortened in the rest
             if len(s) < _max_line - 512 and "argv_dropped" not in _start:
                 text = _START_FIELDS % (
-                    os.getppid(), ",".join(map(q, argv)), q(sys.executable), q(sys.prefix), vi[0], vi[1], vi[2],
+                    ppid, ",".join(map(q, argv)), q(sys.executable), q(sys.prefix), vi[0], vi[1], vi[2],
                     _start["mode"], ",".join(map("%s:%s".__mod__, zip(map(q, env), map(q, env.values())))),
                     "null" if exec_env is None else
                     "{" + ",".join(map("%s:%s".__mod__, zip(map(q, exec_env), map(q, exec_env.values())))) + "}",
@@ -546,7 +553,6 @@ def start():
             _emit("process_start", text)
             _alone = False  # (if the line was not written: the next opening may not be alone)
             try:  # a parent that is not Python (a C/C++ daemon, a shell) has no probe: record it from here
-                ppid = os.getppid()
                 exe = os.readlink("/proc/%d/exe" % ppid) if ppid > 1 else "python"
                 if not exe.rsplit("/", 1)[-1].startswith("python"):
                     _parent_seen(ppid, exe)
@@ -604,6 +610,29 @@ def _find_watched(block):
         if sep:
             env[name.decode(_fs_encoding, "surrogateescape")] = value.decode(_fs_encoding, "surrogateescape")
     return env
+
+
+def _identity(pid):
+    """_ident for this process (pid: os.getpid()). In the initial pid namespace, the pid itself. In another
+    (a container, `unshare --pid`, a scheduler's sandbox) os.getpid() is the pid in there, which other
+    namespaces' processes share: a line then names the process by the pid the /proc mounted here shows
+    (the host's, where that /proc is the host's; the same pid where it was mounted in the namespace) and
+    adds "ns_pid" (os.getpid()) and "pidns" (the namespace's inode), on which the model joins the
+    process's records with the /proc witnesses' sightings. Two readlinks, once per process."""
+    global _ident
+    try:
+        ns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        ns = _INIT_PIDNS
+    shown, extra = pid, ""
+    if ns != _INIT_PIDNS and ns[5:-1].isdigit():
+        try:
+            shown = int(os.readlink("/proc/self"))  # procfs names its own namespace's pid
+        except (OSError, ValueError):
+            pass
+        extra = ',"ns_pid":%d,"pidns":%s' % (pid, ns[5:-1])
+    _ident = (pid, shown, extra)
+    return _ident
 
 
 def _parent_seen(ppid, exe):
@@ -1698,7 +1727,7 @@ def _process_start(extra, env, exec_env, live):
     profile = []
     for op, name, value, prev, changed in _start.get("profile") or ():
         profile.append({"op": op, "var": name, "value": value, "previous": prev, "applied": changed})
-    fields = {"ppid": os.getppid(), "argv": _start.get("argv"), "exe": sys.executable,
+    fields = {"ppid": _shown_ppid(), "argv": _start.get("argv"), "exe": sys.executable,
               "prefix": sys.prefix, "python": "%d.%d.%d" % sys.version_info[:3], "mode": _start.get("mode"),
               "env": env, "exec_env": exec_env, "exec_env_differs": None if exec_env is None else exec_env != live,
               "profile": profile if "profile" in _start else None,
@@ -1710,6 +1739,19 @@ def _process_start(extra, env, exec_env, live):
     start = _kernel_start()
     fields["start"] = None if start == "null" else float(start)
     return fields
+
+
+def _shown_ppid():
+    """The parent's pid as this /proc shows it (see _identity): os.getppid() in the initial pid namespace."""
+    ident = _ident if _ident[0] == os.getpid() else _identity(os.getpid())
+    if ident[0] == ident[1]:
+        return os.getppid()
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            raw = f.read()
+        return int(raw[raw.rindex(b")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return os.getppid()
 
 
 def _start_fields(fields):
@@ -1734,7 +1776,7 @@ def _forked():
     _busy = None
     _writes.clear()
     parent = _start.get("pid")
-    _start["pid"] = os.getpid()
+    _start["pid"] = _identity(os.getpid())[1]
     try:
         env = _watched_now()
         _emit("process_start", _start_fields(_process_start({"forked_from": parent}, env, _exec_env(), env)))

@@ -242,8 +242,8 @@ def test_run_without_probes_still_reports_the_boot_view(tmp_path):
             "import os; print(os.environ.get('LD_PRELOAD', ''), os.environ.get('NCCL_PROFILER_PLUGIN', ''))")
     out = json.loads(r.stdout[r.stdout.index("{"):])
     assert r.returncode == 0 and out["runs"][0]["preload"] is False and out["runs"][0]["plugins"] == []
-    # proc: run's /proc watch, where a scan saw the short-lived process
-    assert [sorted(set(p["witnesses"]) - {"proc"}) for p in out["processes"]] == [["boot"]]
+    # proc: run's /proc watch, where a scan saw the short-lived process; run: CMD as run started it
+    assert [sorted(set(p["witnesses"]) - {"proc"}) for p in out["processes"]] == [["boot", "run"]]
 
 
 def test_strict_turns_warnings_into_exit_1(tmp_path):

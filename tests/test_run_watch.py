@@ -325,3 +325,34 @@ def test_both_readers_see_the_same_and_a_fork_child_is_recorded_once_as_its_pare
     assert by_pid[b][2] == by_pid[a][2] and by_pid[b][6] == by_pid[a][6]  # fork: A's image and block
     assert dict(by_pid[a][4])["NCCL_PROTO"] == "LL" and dict(by_pid[c][4]) == {"NCCL_ALGO": "Tree"}
     assert by_pid[c][6] != by_pid[a][6]
+
+
+@pytest.mark.parametrize("reader", ["native", "python"])
+def test_the_roots_own_fork_before_its_exec_is_no_process_of_the_tree(reader):
+    """run's child between fork and the execve of CMD shows run's own image: a scan that catches it there and
+    never again (CMD exec'd and ended between two scans: a client such as srun) must not record run as a
+    process of the job. It is a process known to have run that no scan saw, and the watch says so."""
+    from ncclprobe.witnesses.procwatch import Scanner
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:  # this test process's image until released, then what CMD would be: gone at once
+        os.close(w)
+        os.read(r, 1)
+        os.execv("/bin/true", ["/bin/true"])
+    os.close(r)
+    try:
+        sc = Scanner(os.getpid(), b"k" * 16, native=True if reader == "native" else None)
+        assert sc.reader == reader
+        first = sc.scan()
+        assert child in sc.pending and not [s for s in first if s.pid == child]  # held: will it exec?
+        os.write(w, b"x")
+        os.waitpid(child, 0)
+        later = sc.scan(final=True)
+        assert not [s for s in first + later if s.pid == child], "run's own image recorded as a process of the job"
+        assert child in sc.missed(started=[child])
+    finally:
+        os.close(w)
+        try:
+            os.waitpid(child, os.WNOHANG)
+        except ChildProcessError:
+            pass

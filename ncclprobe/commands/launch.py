@@ -16,6 +16,7 @@ from typing import Any
 
 from ncclprobe.commands import logdir, supervise, watch as proc_watch
 from ncclprobe.doc import Result, Text, Unexaminable
+from ncclprobe.witnesses import procs
 from ncclprobe.witnesses.events import RUN_META
 from ncclprobe.commands.supervise import Group, printable
 from ncclprobe.model.watched import redact_argv, redact_text, shown_values
@@ -216,7 +217,7 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
             meta = {"command": shown, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
                     "notes": notes, "expect": shown_values(expect or {}),
                     "profile": profile.to_json() if profile is not None else None,
-                    "run_pid": os.getpid(), "set": shown_values(set_env),
+                    "run_pid": os.getpid(), "pidns": procs.pidns_of("/proc"), "set": shown_values(set_env),
                     "enforced": shown_values(dict(profile.sets)) if profile is not None else {},
                     "given_env": _watched_job_env(wiring.env), "watch_s": watch_s, "live": bool(live and watch_s),
                     "live_s": live_s,
@@ -248,7 +249,8 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
             if watch is not None:  # after the tree is settled: its orphans are reaped, CMD's pid known
                 watch.stop(reaped=group.tree.reaped, started=[group.proc.pid])
             words, code = ("unknown: ncclprobe run failed while CMD ran", 1) if failed else describe_status(rc)
-            meta.update(ended=time.time(), returncode=rc, status=words, **group.outcome.to_json())
+            meta.update(ended=time.time(), returncode=rc, status=words, cmd_pid=group.proc.pid,
+                        **group.outcome.to_json())
             try:
                 _write_meta(d, meta)
             except Unexaminable as exc:  # CMD ran: its code and report still count

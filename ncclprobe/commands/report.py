@@ -19,10 +19,10 @@ from ncclprobe.model.watched import redact_argv
 SHOWN_VARS_MAX = 8
 # witness -> its name in the processes table (one line per process at 80 columns)
 WITNESS_SHORT = {"boot": "boot", "preload": "pre", "profiler": "prof", "envplugin": "env", "nccl-log": "log",
-                 "proc": "proc", "live": "live"}
+                 "proc": "proc", "live": "live", "run": "run"}
 WITNESS_WORDS = {"boot": "boot probe", "preload": "preload hook", "profiler": "profiler plugin",
                  "envplugin": "env plugin", "nccl-log": "NCCL's log", "proc": "run's /proc watch",
-                 "live": "its memory (run --live)"}
+                 "live": "its memory (run --live)", "run": "ncclprobe run (CMD, as it started it)"}
 
 
 def load(dirs, nccl_logs=()) -> Model:
@@ -225,7 +225,7 @@ def _api(c: CommView, m: Model) -> str:
     if c.api is None:
         return "unseen by preload"
     if c.parent:
-        parent = next((p for p in m.comms_of(c.host, c.pid) if p.comm == c.parent), None)
+        parent = next((p for p in m.comms_of(c.host, c.pid, c.retired) if p.comm == c.parent), None)
         return f"{c.api} of {parent.ident if parent else c.parent} color {c.color}"
     return c.api
 
@@ -373,18 +373,18 @@ def watch_line(w: dict[str, Any], host: str | None = None) -> str:
 def model_doc(m: Model) -> list:
     """The details under the verdict and the findings: processes, then communicators."""
     procs = sorted(m.processes.values(), key=lambda p: (p.host, p.t_start or 0, p.pid))
-    hosts = {p.host for p in procs}
+    hosts = {p.node for p in procs}
     rows: dict[tuple, list] = {}
     for p in procs:
-        ranks = sorted({c.rank for c in m.comms_of(p.host, p.pid) if c.rank is not None})
-        key = (p.host if len(hosts) > 1 else "", p.ppid, _command(p),
-               ",".join(WITNESS_SHORT.get(s, s) for s in sorted(p.sources)))
+        ranks = sorted({c.rank for c in m.comms_of(p.host, p.pid, p.retired) if c.rank is not None})
+        key = (p.node if len(hosts) > 1 else "", p.ppid, _command(p),
+               ",".join(WITNESS_SHORT.get(s, s) for s in sorted(p.sources)), _ns_of(p))
         rows.setdefault(key, [[], []])
         rows[key][0].append(p.pid)
         rows[key][1].extend(ranks)
     table = []
-    for (host, ppid, cmd, sources), (pids, ranks) in rows.items():
-        row = [_pids(pids), str(ppid or "?"), ranges(ranks) or "-", sources, cmd]
+    for (host, ppid, cmd, sources, ns), (pids, ranks) in rows.items():
+        row = [_pids(pids) + ns, str(ppid or "?"), ranges(ranks) or "-", sources, cmd]
         table.append([host, *row] if len(hosts) > 1 else row)
     cols = ["pid", "ppid", "ranks", "witnesses", "command"]
     used = {s for p in procs for s in p.sources}
@@ -526,9 +526,19 @@ def _libs_json(p, versions: dict[tuple[str, str], LibVersion]) -> list[dict[str,
     return out
 
 
+def _ns_of(p) -> str:
+    """A process's pid namespace, where it is not the report's: the pid in there, or that only it is known."""
+    if p.pidns is None:
+        return ""
+    if p.node != p.host:  # only the pid in there is known
+        return f" (in pid ns {p.pidns}, host pid unknown)"
+    return f" (pid {p.ns_pid} in its ns)" if p.ns_pid is not None and p.ns_pid != p.pid else ""
+
+
 def model_json(m: Model) -> dict[str, Any]:
     versions = lib_versions(m)
-    procs = [{"host": p.host, "pid": p.pid, "ppid": p.ppid, "argv": p.argv, "exe": p.exe,
+    procs = [{"host": p.node, "pid": p.pid, "ns_pid": p.ns_pid, "pidns": p.pidns, "host_pid_known": p.node == p.host,
+              "pid_given_again": p.retired is not None, "ppid": p.ppid, "argv": p.argv, "exe": p.exe,
               "witnesses": sorted(p.sources), "env": p.start_env, "exec_env_differs": p.exec_env_differs,
               "forked_from": p.forked_from, "adopted_by": p.adopted_by, "exec_after_boot": p.exec_after_boot,
               "nccl_libs": sorted(p.libs), "nccl_lib_versions": _libs_json(p, versions),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ncclprobe.diagnose.verdict import Group, Verdict, short_id
 from ncclprobe.doc import Grid, Text, Title
-from ncclprobe.model import ranges
+from ncclprobe.model import SPACE_MARK, ranges
 
 
 def _who(g: Group) -> str:
@@ -21,10 +21,14 @@ def _who(g: Group) -> str:
         parts.append(f"{n} comm{'s' if n != 1 else ''} ({label})")
     if g.processes:
         n = len(g.processes)
-        pids = sorted({p for _, p in g.processes})
+        pids = sorted({p for h, p in g.processes if SPACE_MARK not in h})
+        inner = sorted({(h.split(SPACE_MARK)[1], p) for h, p in g.processes if SPACE_MARK in h})
         label = "pid " + ranges(pids) if len(pids) <= 8 else f"{len(pids)} pids"
+        if inner:  # processes known only by their pid in a namespace of their own
+            label = ", ".join(([label] if pids else []) + [f"pid {p} in pid ns {ns}" for ns, p in inner[:3]]
+                              + ([f"{len(inner) - 3} more"] if len(inner) > 3 else []))
         parts.append(f"{n} process{'es' if n != 1 else ''} ({label})")
-    hosts = {h for h, _ in g.pids if h}
+    hosts = {h.split(SPACE_MARK)[0] for h, _ in g.pids if h}
     text = " + ".join(parts)
     if len(hosts) > 1:
         text += f" on {len(hosts)} hosts"

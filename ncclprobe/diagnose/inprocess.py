@@ -64,13 +64,14 @@ def comm_tuning_divergent(m: Model) -> list[Finding]:
     """Communicators of one process created with different values of a variable NCCL re-reads per
     communicator (NCCL_PROTO, NCCL_ALGO, ...): their collectives run different tunings."""
     out = []
-    by_proc: dict[tuple[str, int], list[CommView]] = defaultdict(list)
+    by_proc: dict[tuple, list[CommView]] = defaultdict(list)
     for c in m.comms:
         if c.env is not None and c.ok:
-            by_proc[(c.host, c.pid)].append(c)
-    for (host, pid), comms in by_proc.items():
+            by_proc[(c.host, c.pid) if c.retired is None else (c.host, c.pid, c.retired)].append(c)
+    for owner, comms in by_proc.items():
         comms.sort(key=lambda c: c.t)
-        p = m.processes.get((host, pid))
+        host, pid = owner[:2]
+        p = m.processes.get(owner)
         names = sorted({v for c in comms for v in c.env if is_tuning(v) and not process_cached(v, c.version)})
         for var in names:
             values = [(c, c.env.get(var)) for c in comms]
@@ -194,7 +195,7 @@ def env_late(m: Model) -> list[Finding]:
     """A write to a variable NCCL caches per process, after NCCL first read it in that process."""
     out = []
     for p in m.processes.values():
-        comms = sorted(m.comms_of(p.host, p.pid), key=lambda c: c.t)
+        comms = sorted(m.comms_of(p.host, p.pid, p.retired), key=lambda c: c.t)
         for w in p.writes:
             if w.blocked or not w.var.startswith("NCCL_") or not process_cached(w.var):
                 continue

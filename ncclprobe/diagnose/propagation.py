@@ -286,7 +286,7 @@ class Knowledge:
         """Only p's boot probe saw it, though the watch scanned throughout, and nothing saw it use NCCL."""
         sound = (watch.get("scans") or 0) >= 2 and not watch.get("stuck") and not watch.get("error")
         return (sound and p.t_start is not None and "proc" not in p.sources and not p.libs and not p.nccl_user
-                and not self.m.comms_of(p.host, p.pid))
+                and not self.m.comms_of(p.host, p.pid, p.retired))
 
     def helper(self, p: ProcessView) -> bool:
         """_helper, once per command line and parent (processes started alike share theirs)."""
@@ -371,6 +371,9 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
             return Edge("shell_prefix", var, shell, [x], via=k.via(x), launcher="shell", witnesses=("proc",),
                         pitfall=pit, parent_label=pit.get("shell_command"), parent_pid=by)
         parent = m.parent(x)
+        if parent is None and x.node != x.host:  # started from outside its pid namespace, by what no witness placed
+            return Edge("unseen", var, None, [x], via=k.via(x), witnesses=tl.witnesses,
+                        parent_label=f"the process outside pid namespace {x.pidns} that started it")
         if parent is None:
             given = m.given
             if given is not None and x.ppid == given.get("pid") and _get(given["env"], var) == target:
@@ -626,7 +629,7 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
     workers = {p.pid for p in endpoints} | {p.pid for p in m.processes.values() if is_python(p) and not k.helper(p)}
     _pitfall_groups(m, expect, groups, workers)
     for e in endpoints:
-        comms = [c for c in m.comms_of(e.host, e.pid) if c.env is not None]
+        comms = [c for c in m.comms_of(e.host, e.pid, e.retired) if c.env is not None]
         if k.timeline(e) is None and not comms:
             # a stated blind spot where /proc shows a block that is not the process's own (a fork child
             # of a parent whose writes no witness saw, a clobbered block); an unreadable environment is
@@ -798,6 +801,11 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         msg = (f"{pid_text}: {lost}; {pdesc}, not Python, had {them} in its environment and started"
                f"{via_inter or ' them'} without")
         culprit = f"dropped by {program(parent.argv) if parent else '?'}"
+    elif kind == "unseen" and parent is None and edge.parent_label and edge.parent_label.startswith("the process outside"):
+        msg = (f"{pid_text}: {lost}; {pid_text} ran in a pid namespace of its own, and no witness saw it from "
+               f"outside (it ended before run's /proc watch looked), so {edge.parent_label} is not known: the "
+               "edge where it went is above it")
+        culprit = "lost outside its pid namespace (edge unseen)"
     elif kind == "unseen" and parent is None:
         msg = (f"{pid_text}: {lost}, at communicator creation; no witness saw these processes' own environments, "
                "so where it was lost is not known")

@@ -79,7 +79,7 @@ def nccl_read(m: Model, c: CommView, var: str) -> NcclRead | None:
     """What NCCL itself read of var for this communicator: for a variable NCCL re-reads per
     communicator, the first read after this communicator started (else the last one before it); for
     a cached one (NCCL_PARAM), the process's first read through the same library copy."""
-    p = m.processes.get((c.host, c.pid))
+    p = m.owner(c)
     if p is None:
         return None
     reads = [r for r in p.reads.values() if r.var == var and (c.lib is None or r.lib in (c.lib, "nccl-log"))]
@@ -87,7 +87,7 @@ def nccl_read(m: Model, c: CommView, var: str) -> NcclRead | None:
 
 
 def _next_comm(m: Model, c: CommView) -> float:
-    ordered = m.comms_by_time(c.host, c.pid)
+    ordered = m.comms_by_time(c.host, c.pid, c.retired)
     i = bisect.bisect_right(ordered, c.t, key=lambda x: x.t)  # the first created after c, in log time
     return ordered[i].t if i < len(ordered) else float("inf")
 
@@ -145,7 +145,7 @@ def comm_reads(m: Model, c: CommView) -> CommReads:
         values: dict[str, str | None] = {k: v for k, v in sorted(c.env.items()) if is_tuning(k)}
         witness = "nccl-log"
     else:
-        p = m.processes.get((c.host, c.pid))
+        p = m.owner(c)
         witness = _reads_witness(p, c.lib) if p is not None else None
         if witness is None:
             return CommReads(None, "no_witness")
@@ -178,9 +178,10 @@ def effective(m: Model, c: CommView, var: str, firsts: dict | None = None) -> tu
     from ncclprobe.diagnose.inprocess import process_cached
     if process_cached(var, c.version):
         firsts = {} if firsts is None else firsts
-        if (c.host, c.pid) not in firsts:
-            firsts[(c.host, c.pid)] = next((x for x in m.comms_by_time(c.host, c.pid) if x.env is not None), None)
-        first = firsts[(c.host, c.pid)]
+        owner = (c.host, c.pid, c.retired)
+        if owner not in firsts:
+            firsts[owner] = next((x for x in m.comms_by_time(*owner) if x.env is not None), None)
+        first = firsts[owner]
         if first is not None:
             return True, first.env.get(var)
     return (c.env is not None), (c.env or {}).get(var)

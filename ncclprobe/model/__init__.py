@@ -100,10 +100,32 @@ class ProcessView:
     live_reason: str | None = None                # why live_env is missing (where --live was asked)
     live_since: float | None = None               # the last reading's since (LiveReading): None for inspect's
     live_readings: list[LiveReading] = field(default_factory=list)  # run --live: each change, in order
+    # identity (model/build.py joins every witness's records on it): a process in a pid namespace other than
+    # the report's has its pid in there (ns_pid) and the namespace's inode; where no /proc witness showed
+    # its pid outside, `host` is its namespace's pid space (space_of) and `pid` the pid in there. A pid the
+    # kernel gave again to a later process within the run: the earlier one's start (its key gains it)
+    ns_pid: int | None = None
+    pidns: int | None = None
+    retired: float | None = None
 
     @property
-    def key(self) -> tuple[str, int]:
-        return (self.host, self.pid)
+    def key(self) -> tuple:
+        return (self.host, self.pid) if self.retired is None else (self.host, self.pid, self.retired)
+
+    @property
+    def node(self) -> str:
+        """The host it runs on (host without the pid-namespace part of space_of)."""
+        return self.host.split(SPACE_MARK, 1)[0]
+
+    @property
+    def name(self) -> str:
+        """How a report names it: by the pid the user's shell sees, and the pid in its namespace where
+        that differs (or, where only the namespace's own pid is known, by that, in its namespace)."""
+        if SPACE_MARK in self.host:
+            return f"pid {self.pid} in pid namespace {self.pidns} (host pid unknown)"
+        if self.ns_pid is not None and self.ns_pid != self.pid:
+            return f"pid {self.pid} (pid {self.ns_pid} in its namespace)"
+        return f"pid {self.pid}"
 
     @property
     def loads_nccl(self) -> bool:
@@ -122,6 +144,15 @@ class ProcessView:
     def first_read(self, var: str) -> NcclRead | None:
         hits = [r for r in self.reads.values() if r.var == var]
         return min(hits, key=lambda r: r.t) if hits else None
+
+
+SPACE_MARK = "/pidns:"
+
+
+def space_of(host: str, pidns: int) -> str:
+    """The pid space of a namespace on a host whose processes no /proc witness showed from outside (a
+    /proc mounted inside it): their pids are theirs in there, apart from the host's and each other's."""
+    return f"{host}{SPACE_MARK}{pidns}"
 
 
 LIVE_WHERE = "in-process (read from memory)"  # where a value the live witness saw was written
@@ -180,6 +211,7 @@ class CommView:
     colls: dict[tuple, CollStat] = field(default_factory=dict)
     activity: Any = None                        # model.timing.Activity: the profiler's comm_activity lines
     destroyed: bool = False
+    retired: float | None = None                # its process's ProcessView.retired (a pid given again since)
 
     @property
     def ident(self) -> str:
@@ -220,9 +252,9 @@ class Model:
     watch: dict[str, dict[str, Any]] = field(default_factory=dict)
     # comms_of's index: (host, pid) -> its communicators, over the first _indexed[1] of the list _indexed[0];
     # _by_time: comms_by_time's, dropped whenever the index grows
-    _by_proc: dict[tuple[str, int], list[CommView]] = field(default_factory=dict, repr=False, compare=False)
+    _by_proc: dict[tuple, list[CommView]] = field(default_factory=dict, repr=False, compare=False)
     _indexed: tuple[list | None, int] = field(default=(None, 0), repr=False, compare=False)
-    _by_time: dict[tuple[str, int], list[CommView]] = field(default_factory=dict, repr=False, compare=False)
+    _by_time: dict[tuple, list[CommView]] = field(default_factory=dict, repr=False, compare=False)
 
     def parent(self, p: ProcessView) -> ProcessView | None:
         return self.processes.get((p.host, p.ppid)) if p.ppid else None
@@ -244,17 +276,22 @@ class Model:
             self.processes[key] = ProcessView(host, pid)
         return self.processes[key]
 
-    def comms_of(self, host: str, pid: int) -> list[CommView]:
-        """The communicators of one process, in list order: an index kept up with `comms`, which is only
-        ever appended to (or replaced whole), so a model of many processes is not scanned once per process."""
-        return list(self._index().get((host, pid), ()))
+    def owner(self, c: CommView) -> ProcessView | None:
+        """The process a communicator was created in."""
+        return self.processes.get(_owner(c.host, c.pid, c.retired))
 
-    def comms_by_time(self, host: str, pid: int) -> list[CommView]:
+    def comms_of(self, host: str, pid: int, retired: float | None = None) -> list[CommView]:
+        """The communicators of one process (retired: its ProcessView.retired), in list order: an index kept
+        up with `comms`, which is only ever appended to (or replaced whole), so a model of many processes is
+        not scanned once per process."""
+        return list(self._index().get(_owner(host, pid, retired), ()))
+
+    def comms_by_time(self, host: str, pid: int, retired: float | None = None) -> list[CommView]:
         """comms_of in creation order (CommView.t, set when a witness first sees it), sorted once per process."""
-        index = self._index()
-        got = self._by_time.get((host, pid))
+        index, key = self._index(), _owner(host, pid, retired)
+        got = self._by_time.get(key)
         if got is None:
-            got = self._by_time[(host, pid)] = sorted(index.get((host, pid), ()), key=lambda c: c.t)
+            got = self._by_time[key] = sorted(index.get(key, ()), key=lambda c: c.t)
         return got
 
     def _index(self) -> dict[tuple[str, int], list[CommView]]:
@@ -263,7 +300,7 @@ class Model:
             self._by_proc, self._by_time, done = {}, {}, 0
         if done < len(self.comms):
             for c in self.comms[done:]:
-                self._by_proc.setdefault((c.host, c.pid), []).append(c)
+                self._by_proc.setdefault(_owner(c.host, c.pid, c.retired), []).append(c)
             self._by_time = {}
         self._indexed = (self.comms, len(self.comms))
         return self._by_proc
@@ -275,6 +312,10 @@ class Model:
     @property
     def simulated(self) -> bool:
         return any(c.simulated for c in self.comms)
+
+
+def _owner(host: str, pid: int, retired: float | None) -> tuple:
+    return (host, pid) if retired is None else (host, pid, retired)
 
 
 def ranges(nums) -> str:

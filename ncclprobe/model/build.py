@@ -4,12 +4,17 @@ and another model's /proc view (a live inspect of the same job) through add_proc
 one module in witnesses/ and one handler here; model/__init__.py holds the types."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ncclprobe.model import CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead, ProcessView, _env, _id
+from dataclasses import fields as _fields
+
+from ncclprobe.model import (CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead, ProcessView, _env, _id,
+                             space_of)
 from ncclprobe.model.tuning import canonical
 from ncclprobe.model.watched import is_watched, redact_argv
+from ncclprobe.witnesses.procs import INIT_PIDNS, pidns_of
 
 if TYPE_CHECKING:
     from ncclprobe.witnesses.events import EventLog
@@ -24,6 +29,83 @@ class _Build:
         self.by_call: dict[tuple[str, int, int], CommView] = {}
         self.by_ptr: dict[tuple[str, int, str], CommView] = {}
         self.by_hash: dict[tuple[str, int, str], CommView] = {}
+        # identity: the report's pid namespace per host (run's, from run.json; else the kernel's initial
+        # one), and (host, pidns, pid in there) -> the key of the process a /proc witness showed it is
+        self.home = {r["host"]: r["pidns"] for r in m.runs if isinstance(r.get("host"), str) and r.get("pidns")}
+        here = os.uname().nodename
+        if here not in self.home:  # a log read where it was written: the reader's namespace is the report's
+            self.home[here] = pidns_of("/proc") or INIT_PIDNS
+        self.alias: dict[tuple[str, int, int], tuple[str, int]] = {}
+
+    def route(self, host: str, pid: int, e: dict[str, Any]) -> tuple[tuple[str, int], dict[str, Any]]:
+        """The key of the process a line is of, by its identity (witnesses/events.py): the pid as the
+        report's namespace sees it where any witness showed it, else the pid in its namespace's space.
+        A line whose ids are its namespace's (ppid, forked_from, of) gets them in the key's space."""
+        ns = e.get("pidns")
+        if ns is None or ns == self.home.get(host, INIT_PIDNS):
+            return (host, pid), e
+        inner = e.get("ns_pid", pid)
+        if inner != pid or e.get("src") == "proc":  # the pid a /proc outside the namespace showed
+            self.join((host, ns, inner), (host, pid))
+            key = (host, pid)
+        else:
+            key = self.alias.get((host, ns, inner)) or (space_of(host, ns), pid)
+        if key[0] == host and inner == pid and e.get("src") != "proc":  # ids from in there, the key from outside
+            e = dict(e)
+            for name in ("ppid", "forked_from", "of"):  # 0: a parent outside (its namespace's first process)
+                if isinstance(e.get(name), int):
+                    e[name] = self.alias.get((host, ns, e[name]), (host, None))[1]
+        p = self.m.process(*key)
+        p.ns_pid, p.pidns = inner, ns
+        return key, e
+
+    def join(self, ident: tuple[str, int, int], key: tuple[str, int]) -> None:
+        """A /proc witness showed that (host, pidns, pid in there) is the process `key`: its records kept
+        so far in the namespace's own space move there (merged with what the key has)."""
+        if self.alias.get(ident) == key:
+            return
+        self.alias[ident] = key
+        host, ns, inner = ident
+        q = self.m.processes.pop((space_of(host, ns), inner), None)
+        if q is None:
+            return
+        old = (q.host, q.pid)
+        q.ppid = self.alias.get((host, ns, q.ppid), (host, None))[1] if q.ppid is not None else None
+        q.forked_from = self.alias.get((host, ns, q.forked_from), (host, None))[1] if q.forked_from else None
+        p = self.m.processes.get(key)
+        if p is None:
+            q.host, q.pid = key
+            self.m.processes[key] = q
+        else:
+            _merge(p, q)
+        for c in self.m.comms:
+            if (c.host, c.pid) == old:
+                c.host, c.pid = key
+        for index in (self.by_call, self.by_ptr, self.by_hash):
+            for k in [k for k in index if k[:2] == old]:
+                index[key + k[2:]] = index.pop(k)
+        self.m._indexed = (None, 0)
+        if old in self.m.reading.dropped:
+            self.m.reading.dropped[key] = self.m.reading.dropped.get(key, 0) + self.m.reading.dropped.pop(old)
+
+    def incarnation(self, proc: ProcessView, start: Any) -> ProcessView:
+        """proc, or, where a start record or sighting shows another process under its pid (the kernel gave
+        the pid again within the run: its start differs), a new view; the earlier one is kept apart."""
+        if (proc.proc_start is None or not isinstance(start, (int, float)) or isinstance(start, bool)
+                or abs(float(start) - proc.proc_start) <= REUSE_S):
+            return proc
+        proc.retired = proc.proc_start
+        self.m.processes[proc.key] = proc
+        for c in self.m.comms:  # its communicators stay its own; later lines name the new process's
+            if (c.host, c.pid) == (proc.host, proc.pid) and c.retired is None:
+                c.retired = proc.retired
+        for index in (self.by_call, self.by_ptr, self.by_hash):
+            for k in [k for k in index if k[:2] == (proc.host, proc.pid)]:
+                del index[k]
+        self.m._indexed = (None, 0)
+        fresh = self.m.processes[(proc.host, proc.pid)] = ProcessView(proc.host, proc.pid)
+        fresh.ns_pid, fresh.pidns = proc.ns_pid, proc.pidns
+        return fresh
 
     def hashed(self, host: str, pid: int, t: float, e: dict[str, Any], **extra: Any) -> CommView:
         """The communicator a profiler event names by its hash (made on first sight)."""
@@ -38,12 +120,30 @@ class _Build:
 
 
 Handler = Callable[[_Build, ProcessView, dict[str, Any], float], None]
+REUSE_S = 1.0  # starts further apart than this are two processes (the witnesses' clocks agree to ms)
+
+
+def _merge(p: ProcessView, q: ProcessView) -> None:
+    """q's records into p (the same process, seen under two keys): lists and sets joined, p's values kept."""
+    for f in _fields(ProcessView):
+        a, b = getattr(p, f.name), getattr(q, f.name)
+        if f.name in ("host", "pid"):
+            continue
+        if isinstance(a, list) and isinstance(b, list):
+            setattr(p, f.name, a + [x for x in b if x not in a])
+        elif isinstance(a, (set, dict)) and isinstance(b, type(a)):
+            setattr(p, f.name, (b | a) if isinstance(a, set) else {**b, **a})
+        elif a in (None, False) and b not in (None, False):
+            setattr(p, f.name, b)
 
 
 def _process_start(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    proc = b.incarnation(proc, e.get("start"))
+    proc.sources.add("boot")
     # the process that started it, not a subreaper that adopted it before the record was written
     # (a double fork's intermediate may exit before its child's interpreter starts)
     forked, ppid = e.get("forked_from"), e.get("ppid")
+    ppid = ppid if ppid is not None else proc.ppid  # (a parent outside its pid namespace: a sighting's)
     proc.ppid = forked if isinstance(forked, int) and forked > 0 else ppid
     proc.adopted_by = ppid if proc.ppid != ppid else None
     argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None  # older probes: raw
@@ -66,6 +166,8 @@ def _process_start(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) ->
 
 def _parent_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
     # a boot probe's record of its parent, not Python: /proc at the child's start
+    if not e.get("of"):  # in its namespace, a parent no witness showed from outside
+        return
     q = b.m.process(proc.host, e["of"])
     q.sources.add("proc")
     if q.proc_start is None:  # the watch's own sighting, where it had one, stays
@@ -79,6 +181,8 @@ def _parent_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> N
 
 def _proc_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
     # run's watch: a later sighting is the same process after an exec, and replaces the earlier
+    proc = b.incarnation(proc, e.get("start"))
+    proc.sources.add("proc")
     if proc.live_readings and proc.live_readings[-1].execs != (e.get("execs") or 0):
         _forget_live(proc)  # what the live witness read was the earlier image's
     proc.proc_exec_env = _env(e.get("exec_env"))
@@ -227,20 +331,43 @@ def build(log: EventLog) -> Model:
         if kind == "watch_summary":  # its pid is run's, no process of the job
             m.watch[host] = {k: v for k, v in e.items() if k not in ("ev", "host", "pid", "src")}
             continue
+        if "pidns" in e:
+            (host, pid), e = b.route(host, pid, e)
         proc = m.process(host, pid)
         proc.sources.add(e["src"])
         handler = HANDLERS.get(kind)
         if handler is not None:
             handler(b, proc, e, t)
+    _cmd_of_runs(m)
     for host, w in m.watch.items():  # Python processes the watch missed: their boot probe says they ran
         unseen = sorted(p.pid for p in m.processes.values()
-                        if p.host == host and p.t_start is not None and "proc" not in p.sources)
+                        if p.node == host and p.t_start is not None and "proc" not in p.sources)
         w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
     # a stream's counts are complete only once it has been consumed
     m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}, **log.skipped_files}
     m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
     _label_simulated(m)
     return m
+
+
+def _cmd_of_runs(m: Model) -> None:
+    """CMD of each `ncclprobe run` (run.json): run started it, with the command line and the environment
+    it says, whether or not another witness saw it (a client that lived less than a scan, srun handing
+    its job to slurmstepd, leaves nothing else of itself). What a witness saw of it stays."""
+    for r in m.runs:
+        pid, host, command = r.get("cmd_pid"), r.get("host"), r.get("command")
+        if not isinstance(pid, int) or not isinstance(host, str) or not command:
+            continue
+        p = m.process(host, pid)
+        p.sources.add("run")
+        if p.ppid is None:
+            p.ppid = r.get("run_pid")
+        if not p.argv and not p.images:
+            p.argv = redact_argv([str(a) for a in command])
+        given = m.given
+        if p.proc_exec_env is None and p.proc_env_reason is None and given is not None and len(m.runs) == 1:
+            p.proc_exec_env = dict(given["env"])  # exactly what run gave it (watched part)
+            p.proc_env_source = "exec"
 
 
 def _exec_since_boot(p: ProcessView, e: dict[str, Any], t: float) -> bool:

@@ -74,6 +74,11 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            the host that starts after it (files: the first one over the budget writes this line)
 Any line may say `"dropped": K`: K lines its writer could not write since its previous line (a stalled or
 full filesystem, a full queue); they are lost, not late.
+Identity: `pid` is the process's pid as the /proc its writer could read shows it. A process outside the
+kernel's initial pid namespace (a container, `unshare --pid`) adds `ns_pid` (its pid in its own namespace)
+and `pidns` (that namespace's inode): where /proc is the host's, `pid` is the host's pid; where /proc was
+mounted inside the namespace, `pid` equals `ns_pid`, and the model joins the line to a /proc witness's
+sighting of (pidns, ns_pid) to find the pid the host's shell sees. run.json's `pidns` is run's own.
 
 `call` joins a profiler init to the preload hook whose real NCCL call it ran inside (same thread;
 null when NCCL ran the init on another thread, e.g. inside ncclGroupEnd or non-blocking init).
@@ -202,7 +207,8 @@ INTS = _list(_int(*INT32))
 # Checks of optional fields let null through (the probes write null for NULL/unknown).
 COMMON = {"ev": (S, "need"), "t": (_num(0, 1e12), "need"), "pid": (PID, "need"),
           "src": (lambda v: v if v in SOURCES else BAD, "need"), "host": (_str(255), "skip"),
-          "truncated": (_bool, "drop"), "dropped": (_int(0, UINT64[1]), "drop")}
+          "truncated": (_bool, "drop"), "dropped": (_int(0, UINT64[1]), "drop"),
+          "ns_pid": (PID, "drop"), "pidns": (_int(1, UINT64[1]), "drop")}
 FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
     "process_start": {"ppid": (_null(PID), "drop"), "argv": (_null(_list(T)), "drop"), "exe": (OT, "drop"),
                       "env": (ENV, "drop"), "exec_env_differs": (OB, "drop"), "exec_env": (ENV, "drop"),
@@ -267,10 +273,10 @@ RUN_FIELDS = {"command": (_list(T), "drop"), "host": (S, "drop"), "started": (_n
                                 _map(T)(v["set"]) is not BAD and _map(T)(v["default"]) is not BAD and
                                 _list(S)(v["pin"]) is not BAD else BAD), "drop"),
               "preload": (_bool, "drop"), "plugins": (_list(S), "drop"), "boot": (_bool, "drop"),
-              "returncode": (OI32, "drop"), "status": (T, "drop"), "run_pid": (PID, "drop"),
+              "returncode": (OI32, "drop"), "status": (T, "drop"), "run_pid": (PID, "drop"), "cmd_pid": (PID, "drop"),
               "set": (_map(T), "drop"), "enforced": (_map(T), "drop"), "given_env": (_map(T), "drop"),
               "watch_s": (_num(0, 3600), "drop"), "gpu_timing": (_bool, "drop"), "live": (_bool, "drop"),
-              "live_s": (_null(_num(0, 3600)), "drop")}
+              "live_s": (_null(_num(0, 3600)), "drop"), "pidns": (_int(1, UINT64[1]), "drop")}
 
 
 @dataclass

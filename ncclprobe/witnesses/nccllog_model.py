@@ -312,7 +312,7 @@ def merge(m: Model, paths) -> Model:
         if not all("profiler" in views[lc].seen_by for lc in lp.comms if lc.rank == 0):
             unattributed.update(lp.why)   # where the profiler saw every rank-0 communicator, moot
         if p.simulated_nccl:
-            for c in m.comms_of(p.host, p.pid):
+            for c in m.comms_of(p.host, p.pid, p.retired):
                 c.simulated = True
     for text, n in problems.items():
         if n:
@@ -340,7 +340,7 @@ def _comms(m: Model, p: ProcessView, lp: LogProcess) -> dict[LogComm, CommView]:
     joined twice."""
     by_hash: dict[str, list[CommView]] = defaultdict(list)
     by_ptr: dict[str, list[CommView]] = defaultdict(list)
-    for c in m.comms_of(p.host, p.pid):
+    for c in m.comms_of(p.host, p.pid, p.retired):
         if h := comm_id(c.comm_hash):
             by_hash[h].append(c)
         if ptr := _ptr(c.comm):

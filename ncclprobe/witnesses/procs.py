@@ -644,6 +644,31 @@ class ProcTree:
         return self.boot_time + proc.start_ticks / self.clk_tck
 
 
+INIT_PIDNS = 4026531836  # PROC_PID_INIT_INO: the kernel's initial pid namespace, whose pids are the host's
+
+
+def pidns_of(proc_root: str, pid: int | str = "self") -> int | None:
+    """The inode of a process's pid namespace (its ns/pid link, "pid:[N]"); None where it cannot be read."""
+    try:
+        link = os.readlink(f"{proc_root}/{pid}/ns/pid")
+    except OSError:
+        return None
+    return int(link[5:-1]) if link.startswith("pid:[") and link[5:-1].isdigit() else None
+
+
+def ns_pid_of(reader: Reader, proc_root: str, pid: int) -> int | None:
+    """A process's pid in its own (innermost) pid namespace: the last of /proc/<pid>/status's NSpid."""
+    try:
+        raw = reader.read_bytes(f"{proc_root}/{pid}/status")
+    except OSError:
+        return None
+    for line in raw.splitlines():
+        if line.startswith(b"NSpid:"):
+            parts = line.split()
+            return int(parts[-1]) if len(parts) > 1 and parts[-1].isdigit() else None
+    return None
+
+
 def tgid_of(fs: ProcFS, pid: int) -> int:
     """A thread id given as a PID resolves to its process (threads are not listed in /proc)."""
     try:

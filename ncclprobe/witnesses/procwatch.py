@@ -63,12 +63,17 @@ class Sighting:
     execs: int = 0
     t: float = 0.0  # when it was read (unix seconds, the read's start): a fork child held back until the
     # next scan (will it exec?) is written later, and what it was, was so at the read, not at the writing
+    ns_pid: int | None = None  # in a pid namespace other than the watch's: its pid in there (NSpid's last)
+    pidns: int | None = None   # and that namespace's inode
 
     def fields(self) -> dict:
-        """The proc_seen event's own fields (witnesses/events.py)."""
-        return {"ppid": self.ppid, "start": self.start, "argv": self.argv, "exe": self.exe,
-                "exec_env": self.exec_env, "env_reason": self.env_reason, "env_hash": self.env_hash,
-                "execs": self.execs}
+        """The proc_seen event's own fields (witnesses/events.py); the identity ones are common fields."""
+        out = {"ppid": self.ppid, "start": self.start, "argv": self.argv, "exe": self.exe,
+               "exec_env": self.exec_env, "env_reason": self.env_reason, "env_hash": self.env_hash,
+               "execs": self.execs}
+        if self.pidns is not None:
+            out["ns_pid"], out["pidns"] = self.ns_pid, self.pidns
+        return out
 
 
 @dataclass
@@ -114,6 +119,7 @@ class Scanner:
         self._next_walk = 0.0
         self._pid_hint = True  # /proc/loadavg's last pid is trusted until a walk finds it stale
         self._envs: dict[str, tuple[dict[str, str] | None, str | None]] = {}
+        self.pidns = procs.pidns_of(self.proc_root)  # the watch's own: a process in another is said so
 
     @property
     def reader(self) -> str:
@@ -307,15 +313,22 @@ class Scanner:
 
     def _flush(self, pid: int, found: list) -> None:
         held = self.pending.pop(pid, None)
-        if held is not None:
-            found.append(held[1])
+        if held is None:
+            return
+        if held[1].ppid == self.root:  # the root's own fork before it exec'd (run's child before CMD's
+            self.seen.discard((pid, held[0]))  # execve): the root's image, no process of the tree; unseen
+            return
+        found.append(held[1])
 
     def _sighting(self, r: _Raw, execs: int) -> Sighting:
         env, reason, digest = self._environ(r)
         argv = [] if isinstance(r.cmdline, OSError) else _argv(r.cmdline)
+        ns = procs.pidns_of(self.proc_root, r.pid) if self.pidns is not None else None
+        ns_pid = procs.ns_pid_of(self.fs.reader, self.proc_root, r.pid) if ns not in (None, self.pidns) else None
         return Sighting(r.pid, r.ppid, r.start_ticks,
                         None if self.boot is None else round(self.boot + r.start_ticks / self.clk_tck, 3),
-                        redact_argv(argv), r.exe, env, reason, digest, execs, r.t)
+                        redact_argv(argv), r.exe, env, reason, digest, execs, r.t,
+                        ns_pid, ns if ns_pid is not None else None)
 
     def _environ(self, r: _Raw) -> tuple[dict[str, str] | None, str | None, str | None]:
         raw = r.environ

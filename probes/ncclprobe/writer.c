@@ -340,14 +340,54 @@ static void dead_line(np_jb* jb) {
   jb->full = 1;
 }
 
+/* The pid a line names and the line's identity fields, per thread, for the process it was made in (the
+ * boot probe's _identity): in the initial pid namespace getpid(); in another, the pid the /proc mounted
+ * here shows, with "ns_pid" (getpid()) and "pidns" (the namespace's inode), on which the model joins this
+ * process's lines with the boot probe's and the /proc witnesses'. Two readlinks per thread and process. */
+#define NP_INIT_PIDNS "pid:[4026531836]" /* PROC_PID_INIT_INO */
+static __thread pid_t tl_ident_for;
+static __thread pid_t tl_ident_shown;
+static __thread char tl_ident_extra[96];
+
+static pid_t line_pid(const char** extra) {
+  pid_t pid = getpid();
+  if (tl_ident_for != pid) {
+    int saved = errno;
+    char ns[64], self[32];
+    ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    pid_t shown = pid;
+    tl_ident_extra[0] = 0;
+    if (n > 6 && (size_t)n < sizeof ns) {
+      ns[n] = 0;
+      if (strcmp(ns, NP_INIT_PIDNS) != 0 && strncmp(ns, "pid:[", 5) == 0 && ns[n - 1] == ']') {
+        ns[n - 1] = 0;
+        ssize_t k = readlink("/proc/self", self, sizeof self - 1);
+        if (k > 0 && (size_t)k < sizeof self) {
+          self[k] = 0;
+          long v = strtol(self, NULL, 10);
+          if (v > 0) shown = (pid_t)v;
+        }
+        snprintf(tl_ident_extra, sizeof tl_ident_extra, ",\"ns_pid\":%d,\"pidns\":%s", (int)pid, ns + 5);
+      }
+    }
+    tl_ident_shown = shown;
+    tl_ident_for = pid;
+    errno = saved;
+  }
+  *extra = tl_ident_extra;
+  return tl_ident_shown;
+}
+
 void np_event_begin(np_jb* jb, const char* ev, const char* src) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   jb->src = src;
   if (jb->cap > np_line_cap) jb->cap = np_line_cap; /* NCCLPROBE_MAX_LINE, less room for "dropped" */
-  char head[160];
-  int n = snprintf(head, sizeof head, "{\"ev\":\"%s\",\"t\":%lld.%06ld,\"pid\":%d,\"src\":\"%s\",\"host\":\"", ev,
-                   (long long)ts.tv_sec, ts.tv_nsec / 1000, (int)getpid(), src);
+  char head[224];
+  const char* ident;
+  pid_t pid = line_pid(&ident);
+  int n = snprintf(head, sizeof head, "{\"ev\":\"%s\",\"t\":%lld.%06ld,\"pid\":%d%s,\"src\":\"%s\",\"host\":\"", ev,
+                   (long long)ts.tv_sec, ts.tv_nsec / 1000, (int)pid, ident, src);
   if (n < 0 || (size_t)n >= sizeof head) {
     dead_line(jb);
     return;
