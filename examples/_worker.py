@@ -25,7 +25,10 @@ def record(out: str | None, role: str = "worker") -> dict:
     """Write this process's record (atomically: a reader never sees half a file) and say it on stderr."""
     rec = {"pid": os.getpid(), "ppid": os.getppid(), VAR: os.environ.get(VAR), "role": role}
     shown = rec[VAR] if rec[VAR] is not None else "(unset)"
-    print(f"[{role} pid {rec['pid']}, parent {rec['ppid']}] {VAR}={shown}", file=sys.stderr, flush=True)
+    # one write for the whole line: workers share stderr, and print() makes two (text, then newline) where
+    # stderr is unbuffered (PYTHONUNBUFFERED=1): two workers' lines would interleave
+    sys.stderr.flush()
+    os.write(2, f"[{role} pid {rec['pid']}, parent {rec['ppid']}] {VAR}={shown}\n".encode(errors="replace"))
     if out:
         final = Path(out) / f"{role}-{rec['pid']}.json"
         tmp = final.with_name(f".{final.name}.tmp")

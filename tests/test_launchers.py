@@ -446,18 +446,40 @@ def _readme_command(example: str) -> str:
     return line
 
 
-@pytest.mark.parametrize("variant, rc", [("fail", 1), ("ok", 0)])
-def test_subprocess_env_typed_as_its_readme_gives_it(tmp_path, variant, rc):
-    """No --hold: the workers live a few milliseconds, less than a /proc scan. The curated worker kept
-    PYTHONPATH (so run's boot probe) but lost NCCLPROBE_DIR: it still records into run's log directory,
-    and the verdict names it, with exit 1; the healthy variant exits 0."""
+def _kernel_events() -> str | None:
+    """Why run's watch cannot follow the kernel's process events here (None: it can)."""
+    from ncclprobe.witnesses.kernelevents import Listener
+    lst = Listener()
+    lst.close()
+    return lst.refused
+
+
+# (example, variant as main.py takes it, exit code, the edge the README promises, needs the kernel's events)
+TYPED = [
+    ("subprocess_env", "fail", 1, None, False),  # the curated worker kept PYTHONPATH: run's boot probe records it
+    ("subprocess_env", "ok", 0, None, False),
+    ("subprocess_env", "fail-nopythonpath", 1, None, True),  # no probe inside: only a read at its exec sees it
+    ("c_daemon", "fail", 1, "dropped_by_intermediate", True),
+    ("c_daemon", "ok", 0, None, True),
+]
+
+
+@pytest.mark.parametrize("example, variant, rc, edge, kernel", TYPED,
+                         ids=[f"{e}-{v}" for e, v, *_ in TYPED])
+def test_examples_typed_as_their_readme_gives_them(tmp_path, example, variant, rc, edge, kernel):
+    """No --hold: the workers live a few milliseconds, less than a /proc scan. Where no probe runs inside
+    them (an allow-list dropped PYTHONPATH), run's watch reads each at its exec from the kernel's process
+    events; the verdict names exactly the workers that lack the value, with the README's edge, and the
+    exit code says so. The healthy variants exit 0."""
+    if kernel and _kernel_events() is not None:
+        pytest.skip(f"the kernel's process events: {_kernel_events()}")
     bin_dir = tmp_path / "bin"  # `python` and `ncclprobe` as the README names them: this interpreter's
     bin_dir.mkdir()
     (bin_dir / "python").symlink_to(PY)
     shim = bin_dir / "ncclprobe"
     shim.write_text(f'#!/bin/sh\nexec "{PY}" -m ncclprobe "$@"\n')
     shim.chmod(0o755)
-    command = (_readme_command("subprocess_env").replace("main.py fail", f"main.py {variant}")
+    command = (_readme_command(example).replace("main.py fail", f"main.py {variant}")
                .replace("ncclprobe run", "ncclprobe run --json"))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "NCCLPROBE_"))}
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
@@ -469,7 +491,11 @@ def test_subprocess_env_typed_as_its_readme_gives_it(tmp_path, variant, rc):
             words = line.replace(",", " ").replace("]", " ").split()
             truth[int(words[2])] = line.rsplit("=", 1)[1]
     assert len(truth) == 2, res.stdout[-2000:] + res.stderr[-2000:]
-    assert res.returncode == rc, res.stderr[-3000:]
     doc = _json(res.stdout[res.stdout.index("{"):], "run --json")
+    assert res.returncode == rc, summary(doc) + res.stderr[-3000:]
     bad = {pid for pid, value in truth.items() if value != WANT}
     assert flagged(doc) == bad, summary(doc)
+    if edge is not None:
+        assert {f["edge"]["kind"] for f in errors_on_var(doc)} == {edge}, summary(doc)
+    if kernel:
+        assert [w.get("mode") for w in doc["watch"].values()] == ["kernel"], doc["watch"]

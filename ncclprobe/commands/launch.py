@@ -223,10 +223,15 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
                     "live_s": live_s,
                     **wiring.meta}
             _write_meta(d, meta)
+            # before CMD starts: the kernel's process events are followed from CMD's own fork on
+            watch, watch_notes = proc_watch.prepare(d, os.environ, live=live)
+            notes += watch_notes
             try:
                 group = Group(cmd, wiring.env, stdout=sys.stderr if stdout_to_stderr else None,
                               grace=grace, label="ncclprobe run")
             except OSError as exc:
+                if watch is not None:
+                    watch.stop()
                 err = launch_error(cmd[0], exc, None if fresh else d)
                 if not fresh:
                     meta.update(ended=time.time(), returncode=None, status=f"not started: {err}",
@@ -237,10 +242,9 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
         finally:
             if fresh and not started:  # nothing ran: leave nothing behind
                 shutil.rmtree(d, ignore_errors=True)
-        rc, failed, watch = None, True, None
+        rc, failed = None, True
         try:
-            watch, watch_notes = proc_watch.start(d, group, os.environ, live=live)
-            notes += watch_notes
+            notes += proc_watch.begin(watch, group)
             rc = group.wait()
             failed = False
         finally:

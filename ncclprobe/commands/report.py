@@ -355,11 +355,19 @@ def _watch_json(m: Model) -> dict[str, Any]:
 def watch_line(w: dict[str, Any], host: str | None = None) -> str:
     """run's /proc watch in one line: what it saw, and what it knows it missed."""
     missed = int(w.get("missed_known") or 0) + int(w.get("missed_started") or 0)
-    text = (f"/proc watch{' on ' + host if host else ''}: {w.get('seen', 0)} process(es) seen in {w.get('scans', 0)} "
-            f"scan(s) every {w.get('interval_s')} s")
-    text += (f"; {missed} short-lived process(es) known to have run between two scans (their boot probe or "
-             "run's reaping saw them)" if missed else "; none known missed")
-    text += f" (one that lives less than {w.get('interval_s')} s and runs no boot probe can go unseen: NCCLPROBE_WATCH_S)"
+    kernel = w.get("mode") == "kernel"
+    text = (f"/proc watch{' on ' + host if host else ''}: {w.get('seen', 0)} process(es) seen"
+            + (f", {w.get('kernel_reads', 0)} of them read at their exec (the kernel's process events)" if kernel else "")
+            + f" and {w.get('scans', 0)} scan(s) every {w.get('interval_s')} s")
+    text += (f"; {missed} short-lived process(es) known to have run that no read caught (their boot probe, the "
+             "kernel or run's reaping saw them)" if missed else "; none known missed")
+    if kernel:
+        if w.get("kernel_overruns"):
+            text += f"; the kernel's event queue overflowed {w['kernel_overruns']} time(s): events were lost"
+    else:
+        why = f"; {w['kernel_refused']}" if w.get("kernel_refused") else ""
+        text += (f" (scans only{why}: one that lives less than {w.get('interval_s')} s and runs no boot probe "
+                 "can go unseen: NCCLPROBE_WATCH_S)")
     if w.get("live_reads") is not None:
         every = (f"every {w['live_s'] or w.get('interval_s')} s" if w.get("live_s") is not None
                  else "as often as 1 % of a core allows")

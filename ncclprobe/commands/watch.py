@@ -27,15 +27,23 @@ import json
 import math
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
 
 from ncclprobe.commands import logdir
 from ncclprobe.commands.supervise import printable
+from ncclprobe.witnesses import kernelevents
 from ncclprobe.witnesses.procwatch import Scanner, Sighting
 
 WATCH_ENV = "NCCLPROBE_WATCH_S"
+KERNEL_ENV = "NCCLPROBE_WATCH_KERNEL"  # "0": scans only, even where the kernel would give its process events
+KERNEL_WAIT_S = 0.2  # how long the kernel-event thread waits for an event before it looks whether to stop
+# While the kernel's events are followed, run's threads hand over the GIL this often (Python's default is 5 ms):
+# a process that lives 10 ms must be read within that, and run's other threads (the scans, the supervisor) are
+# not to hold it up. run computes nothing: the cost is a few more switches of threads that mostly wait.
+SWITCH_S = 0.0005
 LIVE_ENV = "NCCLPROBE_LIVE_S"
 LIVE_SHARE = 0.01  # of one core, at most, for the live reads of the whole tree (unless NCCLPROBE_LIVE_S is set)
 WATCH_S = 0.5  # benchmarks/bench_run_watch.py: about 1 % of a core on a 256-process tree, under 2 % on a loaded machine
@@ -78,8 +86,15 @@ class Watch:
 
     def __init__(self, log_dir: Path, interval: float, exclude: frozenset[int] = frozenset(),
                  extra_roots: bool = False, scanner: Scanner | None = None, live: bool = False,
-                 live_s: float | None = None, tracker=None):
+                 live_s: float | None = None, tracker=None, listener: kernelevents.Listener | None = None):
         self.host = os.uname().nodename
+        self.exclude = frozenset(exclude)
+        self.listener = listener if listener is not None and listener.sock is not None else None
+        self.refused = listener.refused if listener is not None else None
+        self._scan_lock = threading.Lock()  # the scans and the kernel-event thread's reads share the scanner
+        self.kernel_reads, self._kernel_cpu = 0, 0.0
+        self.kthread = (threading.Thread(target=self._kernel, name="ncclprobe-kernel", daemon=True)
+                        if self.listener is not None else None)
         self.interval = interval
         self.scanner = scanner or Scanner(os.getpid(), os.urandom(16), exclude=exclude, extra_roots=extra_roots)
         self.live_s = live_s  # the whole tree is read this often (None: as LIVE_SHARE allows); new processes at once
@@ -102,14 +117,39 @@ class Watch:
         self.thread = threading.Thread(target=self._run, name="ncclprobe-watch", daemon=True)
 
     def start(self) -> None:
+        self.follow()
+        self.begin(self.exclude, self.scanner.extra_roots)
+
+    def follow(self) -> None:
+        """Start following the kernel's process events (before CMD starts: the first process run forks
+        from then on is CMD, the root of what the events follow)."""
         self._t0 = time.monotonic()
+        if self.kthread is not None and not self.kthread.is_alive():
+            self._switch = sys.getswitchinterval()
+            sys.setswitchinterval(min(self._switch, SWITCH_S))
+            self.kthread.start()
+
+    def begin(self, exclude: frozenset[int], extra_roots: bool) -> None:
+        """Start the scans, once CMD runs (`exclude`: run's own children that are not CMD: the keeper)."""
+        self.exclude = self.scanner.exclude = frozenset(exclude)
+        self.scanner.extra_roots = extra_roots
         self.thread.start()
+
+    @property
+    def mode(self) -> str:
+        return "kernel" if self.listener is not None else "scan"
 
     def stop(self, reaped=(), started=()) -> dict:
         """End the watch after one last scan; `reaped`: (pid, start ticks) of what run's subreaper
         reaped, `started`: the pids run started (CMD), to count those no scan saw. The summary."""
         self._reaped, self._started = list(reaped), list(started)
         self._stop.set()
+        if self.kthread is not None and self.kthread.ident is not None:
+            self.kthread.join(JOIN_S)
+            sys.setswitchinterval(self._switch)
+        if self.thread.ident is None:  # never begun (CMD did not start): the kernel's part alone
+            self._finish(stuck=False)
+            return self.summary or {}
         self.thread.join(JOIN_S)
         if self.thread.is_alive():
             self._finish(stuck=True)
@@ -134,9 +174,51 @@ class Watch:
             self._cpu = time.thread_time()
             self._finish(stuck=False)
 
+    def _kernel(self) -> None:
+        """The kernel's process events: each process of CMD's tree read at its exec. The tree is the first
+        process this one (run) forks once following (CMD: run forks its keeper only after), and every
+        process forked from one in the tree; orphans stay in it, whoever adopts them."""
+        try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+            sc, lst = self.scanner, self.listener
+            tree: set[int] = set()
+            cmd = None
+            while not self._stop.is_set():
+                for e in lst.read(KERNEL_WAIT_S):
+                    if e.what == kernelevents.FORK:
+                        if e.pid != e.tgid:
+                            continue  # a thread
+                        if cmd is None and e.ppid == sc.root:
+                            cmd = e.tgid
+                            tree.add(cmd)
+                        elif e.ppid in tree:
+                            tree.add(e.tgid)
+                    elif e.what == kernelevents.EXEC:
+                        if e.tgid in tree:
+                            self._exec(e.tgid)
+                    elif e.what == kernelevents.EXIT and e.pid == e.tgid:
+                        tree.discard(e.tgid)
+        except BaseException as exc:
+            self._failed(exc)
+        finally:
+            self._kernel_cpu = time.thread_time()
+            self.listener.close()
+
+    def _exec(self, pid: int) -> None:
+        try:
+            with self._scan_lock:
+                s = self.scanner.take_exec(pid)
+            if s is None:
+                return
+            self.kernel_reads += 1
+            self._write([self._line(s)])
+        except Exception as exc:
+            self._failed(exc)
+
     def _scan(self, final: bool = False) -> None:
         try:
-            found = self.scanner.scan(final)
+            with self._scan_lock:
+                found = self.scanner.scan(final)
             lines = [self._line(s) for s in found]
         except Exception as exc:
             self._failed(exc)
@@ -237,7 +319,12 @@ class Watch:
                 "missed_pids": None if missed is None else missed[:MISSED_SHOWN],
                 "cpu_s": None if cpu is None else round(cpu, 4),
                 "wall_s": round(time.monotonic() - self._t0, 3), "reader": sc.reader,
-                "errors": self.errors, "error": self.error, "lost_lines": self.file.lost, "stuck": stuck}
+                "errors": self.errors, "error": self.error, "lost_lines": self.file.lost, "stuck": stuck,
+                "mode": self.mode, "kernel_refused": self.refused}
+            if self.listener is not None:
+                self.summary.update(kernel_events=self.listener.events, kernel_reads=self.kernel_reads,
+                                    kernel_vanished=len(sc.vanished), kernel_overruns=self.listener.overruns,
+                                    kernel_cpu_s=round(self._kernel_cpu, 4))
             tr = self.tracker
             if tr is not None:
                 self.summary.update(live_s=self.live_s, live_reads=tr.reads, live_processes=tr.processes,
@@ -258,9 +345,21 @@ def _cut_env(env: dict[str, str] | None) -> tuple[dict[str, str] | None, bool]:
     return {k: v if len(v) <= ARG_MAX_CHARS else v[:ARG_MAX_CHARS] + "...[truncated]" for k, v in env.items()}, True
 
 
-def start(log_dir: Path, group, environ, live: bool = False) -> tuple[Watch | None, list[str]]:
-    """The watch of a supervise.Group's tree, started (None when off or when it cannot start), and
-    what to say about it in the report's header; `live`: it also reads the tree's live environments."""
+def listener(environ) -> kernelevents.Listener | None:
+    """The kernel's process events for the watch, subscribed now (before CMD starts); None where the watch
+    is off or NCCLPROBE_WATCH_KERNEL=0. A Listener the kernel refused says why (the watch then scans only)."""
+    if interval_from_env(environ)[0] == 0 or environ.get(KERNEL_ENV) == "0":
+        return None
+    try:
+        return kernelevents.Listener()
+    except Exception:  # never fatal: the scans remain
+        return None
+
+
+def prepare(log_dir: Path, environ, live: bool = False) -> tuple[Watch | None, list[str]]:
+    """The watch of the tree run is about to start (None when off or when it cannot be made), following the
+    kernel's process events already where the kernel gives them (begin() starts its scans once CMD runs),
+    and what to say about it in the report's header; `live`: it also reads the tree's live environments."""
     interval, note = interval_from_env(environ)
     notes = [note] if note else []
     live_s = None
@@ -271,10 +370,24 @@ def start(log_dir: Path, group, environ, live: bool = False) -> tuple[Watch | No
         return None, notes + [f"the /proc watch is off ({WATCH_ENV}=0): processes the probes do not see "
                               "(not Python, no boot probe) are not in the report"
                               + ("; --live reads through the watch, so it is off too" if live else "")]
+    lst = None
     try:
-        watch = Watch(log_dir, interval, exclude=frozenset(pid for pid, _ in group.tree.foreign),
-                      extra_roots=group.outcome.subreaper is not None, live=live, live_s=live_s)
-        watch.start()
+        lst = listener(environ)
+        watch = Watch(log_dir, interval, live=live, live_s=live_s, listener=lst)
+        watch.follow()
     except Exception as exc:  # never fatal: CMD runs, the probes still report
+        if lst is not None:
+            lst.close()
         return None, notes + [f"the /proc watch did not start ({type(exc).__name__}: {exc})"]
     return watch, notes
+
+
+def begin(watch: Watch | None, group) -> list[str]:
+    """The prepared watch's scans, started on a supervise.Group's tree; what to say where they could not."""
+    if watch is None:
+        return []
+    try:
+        watch.begin(frozenset(pid for pid, _ in group.tree.foreign), group.outcome.subreaper is not None)
+    except Exception as exc:  # never fatal: CMD runs, the probes still report
+        return [f"the /proc watch did not start ({type(exc).__name__}: {exc})"]
+    return []

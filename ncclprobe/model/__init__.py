@@ -147,6 +147,7 @@ class ProcessView:
 
 
 SPACE_MARK = "/pidns:"
+INIT_PIDNS = 4026531836  # PROC_PID_INIT_INO: the kernel's initial pid namespace, whose pids are the host's
 
 
 def space_of(host: str, pidns: int) -> str:

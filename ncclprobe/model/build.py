@@ -10,11 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from dataclasses import fields as _fields
 
-from ncclprobe.model import (CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead, ProcessView, _env, _id,
-                             space_of)
+from ncclprobe.model import (INIT_PIDNS, CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead, ProcessView,
+                             _env, _id, space_of)
 from ncclprobe.model.tuning import canonical
 from ncclprobe.model.watched import is_watched, redact_argv
-from ncclprobe.witnesses.procs import INIT_PIDNS, pidns_of
 
 if TYPE_CHECKING:
     from ncclprobe.witnesses.events import EventLog
@@ -34,7 +33,11 @@ class _Build:
         self.home = {r["host"]: r["pidns"] for r in m.runs if isinstance(r.get("host"), str) and r.get("pidns")}
         here = os.uname().nodename
         if here not in self.home:  # a log read where it was written: the reader's namespace is the report's
-            self.home[here] = pidns_of("/proc") or INIT_PIDNS
+            try:
+                link = os.readlink("/proc/self/ns/pid")
+                self.home[here] = int(link[5:-1])
+            except (OSError, ValueError):
+                self.home[here] = INIT_PIDNS
         self.alias: dict[tuple[str, int, int], tuple[str, int]] = {}
 
     def route(self, host: str, pid: int, e: dict[str, Any]) -> tuple[tuple[str, int], dict[str, Any]]:

@@ -55,7 +55,11 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            interval_s, seen, missed_known (processes known to have run that no scan saw
                            running: first seen as zombies, orphans run reaped, CMD itself), missed_pids
                            (the first 100), cpu_s (the watch thread's CPU), wall_s, reader (native |
-                           python), errors, error (first error's type), lost_lines, stuck (did not end in time);
+                           python), errors, error (first error's type), lost_lines, stuck (did not end in time),
+                           mode (kernel: the kernel's process events had each process of the tree read at its
+                           exec, and scans; scan: scans only), kernel_refused (why not kernel), kernel_events,
+                           kernel_reads, kernel_vanished (exec'ed and gone before the read), kernel_overruns
+                           (the event queue overflowed: events lost), kernel_cpu_s;
                            with --live also live_s (how often the whole tree was read: NCCLPROBE_LIVE_S;
                            null: as its cost allowed, watch.LIVE_SHARE), live_reads (reads),
                            live_processes (process reads), live_bytes, live_cpu_s (the watch's CPU in them),
@@ -259,7 +263,10 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
                       "reader": (OS, "drop"), "errors": (OU64, "drop"), "error": (OS, "drop"),
                       "lost_lines": (OU64, "drop"), "stuck": (OB, "drop"), "live_s": (_null(_num(0, 3600)), "drop"),
                       "live_reads": (OU64, "drop"), "live_processes": (OU64, "drop"), "live_bytes": (OU64, "drop"),
-                      "live_cpu_s": (_null(_num(0, 1e9)), "drop"), "live_reader": (OS, "drop")},
+                      "live_cpu_s": (_null(_num(0, 1e9)), "drop"), "live_reader": (OS, "drop"),
+                      "mode": (OS, "drop"), "kernel_refused": (OT, "drop"), "kernel_events": (OU64, "drop"),
+                      "kernel_reads": (OU64, "drop"), "kernel_vanished": (OU64, "drop"),
+                      "kernel_overruns": (OU64, "drop"), "kernel_cpu_s": (_null(_num(0, 1e9)), "drop")},
     "log_budget": {"reached": (lambda v: v if v in ("bytes", "files") else BAD, "need"), "limit": (OU64, "drop")},
     "live_env": {"env": (ENV, "drop"), "reason": (OT, "drop"), "since": (_null(_num(0, 1e12)), "drop"),
                  "execs": (OI32, "drop")},

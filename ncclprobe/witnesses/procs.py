@@ -644,9 +644,6 @@ class ProcTree:
         return self.boot_time + proc.start_ticks / self.clk_tck
 
 
-INIT_PIDNS = 4026531836  # PROC_PID_INIT_INO: the kernel's initial pid namespace, whose pids are the host's
-
-
 def pidns_of(proc_root: str, pid: int | str = "self") -> int | None:
     """The inode of a process's pid namespace (its ns/pid link, "pid:[N]"); None where it cannot be read."""
     try:

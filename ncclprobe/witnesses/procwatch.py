@@ -120,6 +120,7 @@ class Scanner:
         self._pid_hint = True  # /proc/loadavg's last pid is trusted until a walk finds it stale
         self._envs: dict[str, tuple[dict[str, str] | None, str | None]] = {}
         self.pidns = procs.pidns_of(self.proc_root)  # the watch's own: a process in another is said so
+        self.vanished: set[int] = set()  # exec'ed (the kernel said so) and gone before they could be read
 
     @property
     def reader(self) -> str:
@@ -149,6 +150,26 @@ class Scanner:
                 self._flush(pid, found)
         return found
 
+    def take_exec(self, pid: int) -> Sighting | None:
+        """A process of the tree read at its execve (the kernel's exec event), ahead of the scans, which
+        then know it: its sighting, as what it exec'ed; None where this image was recorded already, or where
+        it was gone before the read (kept in `vanished`: known to have run, never read)."""
+        r = next((r for r in self._read([pid], set(self.known) - {pid}) if r.pid == pid), None)
+        if r is None or not r.full or r.state in ("Z", "X"):
+            self.vanished.add(pid)
+            return None
+        known = self.known.get(pid)
+        same = known is not None and known[0] == r.start_ticks
+        if same and known[1] == r.span:
+            return None
+        execs = known[2] + 1 if same and pid not in self.pending and (pid, r.start_ticks) in self.seen else 0
+        self.pending.pop(pid, None)  # a fork child that exec'ed: its first record is what it exec'ed
+        self.known[pid] = (r.start_ticks, r.span, execs)
+        self.seen.add((pid, r.start_ticks))
+        self.vanished.discard(pid)
+        self.young[pid] = time.monotonic() + YOUNG_S
+        return self._sighting(r, execs)
+
     def missed(self, reaped=(), started=()) -> list[int]:
         """Pids known to have run that no scan saw running: first seen as zombies, `reaped`
         ((pid, start ticks) the caller's subreaper reaped) and `started` (pids the caller started)
@@ -156,7 +177,7 @@ class Scanner:
         seen_pids = {pid for pid, _ in self.seen}
         out = {k for k in self.zombies if k not in self.seen}
         out |= {k for k in reaped if tuple(k) not in self.seen}
-        out |= {(pid, -1) for pid in started if pid not in seen_pids}
+        out |= {(pid, -1) for pid in [*started, *self.vanished] if pid not in seen_pids}
         return sorted({pid for pid, _ in out})
 
     # -- the pids allocated since ------------------------------------------------------------
