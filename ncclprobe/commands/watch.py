@@ -196,13 +196,28 @@ class Watch:
                     elif e.what == kernelevents.EXEC:
                         if e.tgid in tree:
                             self._exec(e.tgid)
-                    elif e.what == kernelevents.EXIT and e.pid == e.tgid:
+                    elif e.what == kernelevents.EXIT and e.pid == e.tgid and e.tgid in tree:
                         tree.discard(e.tgid)
+                        self._exit(e)
         except BaseException as exc:
             self._failed(exc)
         finally:
             self._kernel_cpu = time.thread_time()
             self.listener.close()
+
+    def _exit(self, e: kernelevents.Event) -> None:
+        """proc_exit of a process recorded (when it ended: a worker that retired before others started is no
+        worker of the job's end)."""
+        try:
+            with self._scan_lock:
+                start = self.scanner.start_of(e.tgid)
+            if start is None:
+                return
+            t = time.time() - time.monotonic() + e.t_ns / 1e9 if e.t_ns else time.time()
+            event = {"ev": "proc_exit", "t": round(t, 6), "host": self.host, "pid": e.tgid, "src": "proc", "start": start}
+            self._write([(json.dumps(event, separators=(",", ":")) + "\n").encode("ascii")])
+        except Exception as exc:
+            self._failed(exc)
 
     def _exec(self, pid: int) -> None:
         try:

@@ -27,7 +27,7 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
         return None
     if k is None:
         from ncclprobe.diagnose.propagation import Knowledge
-        k = Knowledge(m)
+        k = Knowledge.of(m)
     endpoints = k.endpoints()
     with_comm = {(c.host, c.pid) for c in m.comms if c.env is not None}
     clients = [(p, client_of(p.argv, p.exe)) for p in endpoints]

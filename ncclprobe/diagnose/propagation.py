@@ -165,7 +165,18 @@ def start_of(p: ProcessView) -> float | None:
 class Knowledge:
     """The model's processes as the propagation rules read them, with each one's timeline (memoised)."""
 
+    @classmethod
+    def of(cls, m: Model) -> Knowledge:
+        """The model's Knowledge, made once for every rule and the verdict over the same model (made again
+        if processes or communicators were added since)."""
+        stamp = (id(m.processes), len(m.processes), id(m.comms), len(m.comms))
+        held = m._knowledge
+        if held is None or held[0] != stamp:
+            held = m._knowledge = (stamp, cls(m))
+        return held[1]
+
     def __init__(self, m: Model):
+        self._endpoints: list[ProcessView] | None = None
         self.m = m
         self._tl: dict[int, Timeline | None] = {}
         self._spawned: dict[int, tuple[Any, bool]] = {}
@@ -255,7 +266,12 @@ class Knowledge:
         """The processes the job's values matter in (see the module's docstring); with inspect's
         `--scope all`, also every process that starts no other. Where no process uses NCCL, the leaves
         that run an interpreter (the workers) if there are any: a shell's `dirname`, `sleep` or subshell
-        is no worker; nor is one that retired while others stayed (see retired)."""
+        is no worker; nor is one that retired while others stayed (see retired). Memoised."""
+        if self._endpoints is None:
+            self._endpoints = self._find_endpoints()
+        return list(self._endpoints)
+
+    def _find_endpoints(self) -> list[ProcessView]:
         with_comms = {(c.host, c.pid) for c in self.m.comms}
         # NCCL use any witness saw counts, whatever a /proc snapshot's --scope said before NCCL was loaded
         scoped = [p for p in self.m.processes.values() if not self.helper(p) and (
@@ -271,10 +287,13 @@ class Knowledge:
         return [p for p in scoped if p.key in users] + leaves
 
     def retired(self, p: ProcessView, stayed: list[ProcessView]) -> bool:
-        """p ended before a worker that stayed was started: no scan of run's /proc watch saw it, so it
-        lived less than a scan interval (plus a scan's time, RETIRE_SLACK_S), and a process a scan did
-        see started later than that (a pool worker recycled by maxtasksperchild before the job's workers
-        came; a quick helper)."""
+        """p ended before a worker that stayed was started (a pool worker recycled by maxtasksperchild before
+        the job's workers came; a quick helper): as the kernel said when it ended (run's watch in kernel
+        mode), or, without that, no scan of run's /proc watch saw it, so it lived less than a scan interval
+        (plus a scan's time, RETIRE_SLACK_S), and a process a scan did see started later than that."""
+        if p.t_exit is not None:
+            return any(q is not p and q.host == p.host and (t := start_of(q)) is not None and t > p.t_exit
+                       for q in stayed)
         w = self.m.watch.get(p.host)
         s = start_of(p)
         if w is None or s is None or not self._boot_only(p, w):
@@ -621,7 +640,7 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
     """ENV_MISSING / ENV_CHANGED / ENV_SET_AFTER_START / ENV_OVERRIDDEN / SHELL_PREFIX_SCOPE, one finding
     per edge, and EXEC_ENV_STALE for the endpoints no witness can tell about."""
     expect = dict(expect or {})
-    k = Knowledge(m)
+    k = Knowledge.of(m)
     names = variables(m, k, expect)
     groups: dict[tuple, dict[str, Any]] = {}
     blind: dict[tuple, list[ProcessView]] = defaultdict(list)

@@ -247,7 +247,7 @@ def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
     be checked on no process at all, it says so (coverage.unchecked)."""
     from ncclprobe.diagnose import coverage
     from ncclprobe.diagnose.propagation import Knowledge
-    k = Knowledge(m)  # one set of timelines for the holders and the coverage check
+    k = Knowledge.of(m)  # the rules' timelines, for the holders and the coverage check
     v = _for_model(m, findings, expect, sets, k)
     v.unchecked = coverage.unchecked(m, dict(expect), k)
     return v
@@ -356,7 +356,7 @@ def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
     where its environment lacks a value, what an nccl.conf file gives NCCL in a process that loads it."""
     from ncclprobe.diagnose.propagation import Knowledge
     from ncclprobe.model.launchers import client_of
-    k = k if k is not None else Knowledge(m)
+    k = k if k is not None else Knowledge.of(m)
     sets = dict(sets if sets is not None else _run_sets(m))
     # a client (srun, ssh, docker) holds what its workers were meant to get, not what they got
     holders = sorted((p for p in k.endpoints() if client_of(p.argv, p.exe) is None), key=lambda p: (p.host, p.pid))

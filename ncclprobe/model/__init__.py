@@ -107,6 +107,7 @@ class ProcessView:
     ns_pid: int | None = None
     pidns: int | None = None
     retired: float | None = None
+    t_exit: float | None = None                   # when it ended (run's watch in kernel mode: proc_exit)
 
     @property
     def key(self) -> tuple:
@@ -256,6 +257,7 @@ class Model:
     _by_proc: dict[tuple, list[CommView]] = field(default_factory=dict, repr=False, compare=False)
     _indexed: tuple[list | None, int] = field(default=(None, 0), repr=False, compare=False)
     _by_time: dict[tuple, list[CommView]] = field(default_factory=dict, repr=False, compare=False)
+    _knowledge: Any = field(default=None, repr=False, compare=False)  # diagnose's Knowledge.of (memo)
 
     def parent(self, p: ProcessView) -> ProcessView | None:
         return self.processes.get((p.host, p.ppid)) if p.ppid else None

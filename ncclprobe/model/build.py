@@ -205,6 +205,13 @@ def _proc_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> Non
         proc.exe, proc.argv = proc.exe or e.get("exe"), proc.argv if proc.argv is not None else argv
 
 
+def _proc_exit(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    # run's watch (kernel mode): the process it recorded under this pid ended
+    start = e.get("start")
+    if proc.proc_start is None or start is None or abs(float(start) - proc.proc_start) <= REUSE_S:
+        proc.t_exit = t
+
+
 def _live_env(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
     # run --live: the environment the process holds, where it changed
     execs = e.get("execs") or 0
@@ -312,7 +319,7 @@ def _comm_end(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None
 # Every event kind of witnesses/events.py.FIELDS that says something of a process (watch_summary is run's
 # own, no process of the job: build() keeps it apart).
 HANDLERS: dict[str, Handler] = {
-    "process_start": _process_start, "parent_seen": _parent_seen, "proc_seen": _proc_seen,
+    "process_start": _process_start, "parent_seen": _parent_seen, "proc_seen": _proc_seen, "proc_exit": _proc_exit,
     "live_env": _live_env, "env_write": _env_write, "log_budget": _log_budget, "probe_error": _probe_error,
     "plugin_load": _plugin_load, "nccl_getenv": _nccl_getenv, "comm_init": _comm_init,
     "comm_plugin_init": _comm_plugin_init, "coll_summary": _coll_summary, "comm_activity": _comm_activity,
@@ -430,6 +437,7 @@ def _add_coll(c: CommView, e: dict[str, Any]) -> None:
 def add_records(m: Model, recs, host: str) -> Model:
     """Feed inspect's /proc records (commands/inspection: the private `_` keys still on them) into the
     model as the /proc witness of each process; the in-process witnesses of the same pids stay."""
+    m._knowledge = None  # what the rules knew of the model is stale now
     for r in recs:
         p = m.process(host, r["pid"])
         p.sources.add("proc")
@@ -462,6 +470,7 @@ def add_records(m: Model, recs, host: str) -> Model:
 
 def add_proc_view(m: Model, other: Model) -> Model:
     """The /proc witness of another model of the same job (a live inspect of it) joined into m."""
+    m._knowledge = None  # what the rules knew of the model is stale now
     for key, q in other.processes.items():
         if "proc" not in q.sources:
             continue

@@ -51,6 +51,8 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            env_hash (keyed hash of the raw block, key per run and never written: equal
                            hashes, one block, e.g. fork children), execs (0; n: seen again after its n-th
                            exec since), nccl_libs (optional, not written yet)
+  proc_exit      proc      `ncclprobe run`'s watch in kernel mode: a process it recorded ended (`t`: when, from the
+                           kernel's event); start (its start, as its proc_seen said)
   watch_summary  proc      the watch's end (`pid` is run's): scans, walks (scans that read the tree),
                            interval_s, seen, missed_known (processes known to have run that no scan saw
                            running: first seen as zombies, orphans run reaped, CMD itself), missed_pids
@@ -254,6 +256,7 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
     "proc_seen": {"ppid": (_null(PID), "drop"), "start": (_null(_num(0, 1e12)), "drop"), "argv": (_null(_list(T)), "drop"),
                   "exe": (OT, "drop"), "exec_env": (ENV, "drop"), "env_reason": (OS, "drop"),
                   "env_hash": (_null(_str(64)), "drop"), "execs": (OI32, "drop"), "nccl_libs": (_null(_list(T)), "drop")},
+    "proc_exit": {"start": (_null(_num(0, 1e12)), "drop")},
     "parent_seen": {"of": (PID, "need"), "ppid": (_null(PID), "drop"), "start": (_null(_num(0, 1e12)), "drop"),
                     "argv": (_null(_list(T)), "drop"), "exe": (OT, "drop"), "exec_env": (ENV, "drop"),
                     "env_reason": (OS, "drop"), "script": (OT, "drop")},

@@ -150,6 +150,13 @@ class Scanner:
                 self._flush(pid, found)
         return found
 
+    def start_of(self, pid: int) -> float | None:
+        """The start (unix seconds) of the recorded process that has this pid now; None: none is."""
+        known = self.known.get(pid)
+        if known is None or (pid, known[0]) not in self.seen or self.boot is None:
+            return None
+        return round(self.boot + known[0] / self.clk_tck, 3)
+
     def take_exec(self, pid: int) -> Sighting | None:
         """A process of the tree read at its execve (the kernel's exec event), ahead of the scans, which
         then know it: its sighting, as what it exec'ed; None where this image was recorded already, or where
