@@ -92,10 +92,15 @@ def main():
 @click.option("--live", is_flag=True,
               help="Also read the environment each process holds now from its memory (setenv, os.environ and "
                    "NCCL's nccl.conf values included), without stopping it; needs ptrace access to it.")
+@click.option("--ras", "ras", metavar="HOST:PORT", is_flag=False, flag_value="", default=None,
+              help="Ask NCCL's RAS service for every communicator of the job (NCCL >= 2.24; no restart, nothing "
+                   "installed in it): at HOST:PORT, or with no value at the target's NCCL_RAS_ADDR, else "
+                   "localhost:28028. On by default where a target maps libnccl >= 2.24.")
+@click.option("--no-ras", is_flag=True, help="Do not ask NCCL's RAS service.")
 @json_option
 @strict_option
 def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs, nccl_logs, show_wiring, live,
-            as_json, strict):
+            ras, no_ras, as_json, strict):
     """The exec-time view of the process tree under each PID: environment, NCCL libraries, GPUs,
     nccl.conf files, and where that view cannot be trusted.
 
@@ -110,11 +115,14 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
     if expect_file:
         expect.update(_guarded("inspect", as_json, read_env_file, expect_file))
     expect.update(_assignments(expects, "--expect"))
+    if no_ras and ras is not None:
+        raise click.UsageError("--ras and --no-ras contradict each other")
     from ncclprobe.commands import inspection
     try:
         result = _guarded("inspect", as_json, inspection.inspect_processes, list(pids), pgrep=pgrep,
                           expect=expect, scope=scope, all_vars=all_vars, redact=not no_redact,
-                          log_dirs=list(dirs), nccl_logs=list(nccl_logs), show_wiring=show_wiring, live=live)
+                          log_dirs=list(dirs), nccl_logs=list(nccl_logs), show_wiring=show_wiring, live=live,
+                          ras=False if no_ras else (True if ras == "" else ras))
     except inspection.UsageError as exc:
         raise click.UsageError(str(exc)) from None
     _emit(result, as_json, strict)

@@ -36,7 +36,9 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
                       proc_root: Path = procs.DEFAULT_PROC, reader: procs.Reader | None = None,
                       gpu_lookup: Callable[[], tuple[dict[int, list[int]], str]] | None = None,
                       merge_probe_dirs: bool = True, show_wiring: bool = False, live: bool = False,
-                      live_reader=None) -> Result:
+                      live_reader=None, ras: bool | str | None = None) -> Result:
+    """ras: ask NCCL's RAS service (True: at the targets' NCCL_RAS_ADDR, else localhost:28028; a string:
+    there; None: where a target maps libnccl >= 2.24; False: never)."""
     expect = dict(expect or {})
     events.check_sources(log_dirs or [], nccl_logs or [])
     fs = procs.ProcFS(proc_root, reader)
@@ -74,6 +76,9 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
         except Unexaminable as exc:
             in_process_error = exc
     model_mod.add_records(m, recs, host)
+    ras_summary = _ask_ras(m, recs, host, ras)
+    if ras_summary is not None:
+        notes.append(ras_summary["said"])
     m.shell_pitfalls = ctx.shell_pitfalls() + shells.model_pitfalls(m, shells=False)  # + exec'd wrapper scripts
     findings = diagnose.rules(m, expect)
     # a PID named on the command line that is not there (or went during the walk) fails the command
@@ -84,9 +89,17 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
             "gpu_source": "nvml" if not gpu_reason else "fds", "gpu_reason": gpu_reason or None}
     if live_summary is not None:
         data["live"] = live_summary
+    ras_doc: list = []  # RAS's communicators, after the tree (with a log directory, augment_inspection shows them)
+    if ras_summary is not None:
+        data["ras"] = {k: v for k, v in ras_summary.items() if k != "said"}
+        if m.comms and not (dirs or nccl_logs):  # (with a log directory, augment_inspection gives them)
+            from ncclprobe.commands.report import comms_doc, model_json
+            data["communicators"] = model_json(m)["communicators"]
+            ras_doc = comms_doc(m, "Communicators (NCCL's RAS service)")
     result = _InspectResult("inspect", findings, data, expect,
                             lambda: procview.document(recs, tree, notes, gpu_reason, not_found, show_wiring, live_summary))
     result.model = m
+    result.tail = ras_doc
     if missing:
         result.code = EXIT_UNEXAMINABLE
     if dirs or nccl_logs:
@@ -100,6 +113,36 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     if skipped_dirs:
         result.data.setdefault("in_process", {"dirs": []})["skipped_dirs"] = skipped_dirs
     return result
+
+
+RAS_SINCE = 22400  # NCCL_VERSION_CODE of 2.24.0, the first with the RAS service
+
+
+def _ask_ras(m, recs: list[dict], host: str, ras: bool | str | None) -> dict | None:
+    """NCCL's RAS service's communicators into the model (witnesses/ras.py); what was asked and said, or
+    None where it was not asked (off, or by default no target maps libnccl >= 2.24)."""
+    if ras is False:
+        return None
+    versions = [model_mod.version_code(lib.get("version")) for r in recs for lib in r.get("nccl_libs") or () if isinstance(lib, dict)]
+    if ras is None and not any(v is not None and v >= RAS_SINCE for v in versions):
+        return None
+    from ncclprobe.witnesses import ras as ras_mod
+    if isinstance(ras, str):
+        address = ras
+    else:  # the targets' own NCCL_RAS_ADDR: what they hold now, then what they started with
+        held = [(r.get("_live_watched") or {}).get("NCCL_RAS_ADDR") for r in recs]
+        held += [(r.get("_watched") or {}).get("NCCL_RAS_ADDR") for r in recs]
+        address = ras_mod.address_for(held)
+    reading = ras_mod.read(address)
+    joined = model_mod.add_ras(m, reading, host, ras_mod.local_addresses())
+    said = (f"RAS at {address}: {len(reading.comms)} communicator(s)"
+            + (f" of NCCL {reading.nccl_version}" if reading.nccl_version else "")
+            + (f", {joined} rank(s) in the processes inspected" if reading.comms else "")
+            + ("; text format (NCCL < 2.28.7): no per-communicator pids or hashes" if reading.format == "text" else "")
+            if reading.ok else f"RAS not read: {reading.reason}")
+    return {"address": address, "format": reading.format, "nccl_version": reading.nccl_version,
+            "communicators": len(reading.comms), "ranks_joined": joined, "reason": reading.reason,
+            "text": reading.text, "said": said}
 
 
 class _InspectResult(Result):

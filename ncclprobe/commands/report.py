@@ -19,10 +19,11 @@ from ncclprobe.model.watched import redact_argv
 SHOWN_VARS_MAX = 8
 # witness -> its name in the processes table (one line per process at 80 columns)
 WITNESS_SHORT = {"boot": "boot", "preload": "pre", "profiler": "prof", "envplugin": "env", "nccl-log": "log",
-                 "proc": "proc", "live": "live", "run": "run"}
+                 "proc": "proc", "live": "live", "run": "run", "ras": "ras"}
 WITNESS_WORDS = {"boot": "boot probe", "preload": "preload hook", "profiler": "profiler plugin",
                  "envplugin": "env plugin", "nccl-log": "NCCL's log", "proc": "run's /proc watch",
-                 "live": "its memory (run --live)", "run": "ncclprobe run (CMD, as it started it)"}
+                 "live": "its memory (run --live)", "run": "ncclprobe run (CMD, as it started it)",
+                 "ras": "NCCL's RAS service"}
 
 
 def load(dirs, nccl_logs=()) -> Model:
@@ -494,9 +495,14 @@ def _comm_records(m: Model) -> list:
     versions = lib_versions(m)
     for c in sorted(m.comms, key=lambda c: (c.t, c.rank or 0)):
         lib = _lib_text(c, versions)
+        held_now = (c.env_source or "").startswith("held now")
         fields = (("API", _api(c, m)), ("library", lib), ("seen by", ", ".join(sorted(c.seen_by))),
-                  ("env at creation", _tuning(c.env) + ("" if c.ok else f" rc={c.rc}")),
+                  ("env held now" if held_now else "env at creation",
+                   (_tuning(c.env) if c.env is not None or not held_now else "unknown (its process was not read)")
+                   + ("" if c.ok else f" rc={c.rc}") + (" (not at creation: no probe saw it made)" if held_now else "")),
                   ("NCCL read", _nccl_read(m, c)), ("ran", _realized(c)))
+        if c.ras is not None:
+            fields += (("RAS", ras_words(c.ras)),)
         key = (c.group or f"{c.host}:{c.pid}:{c.ident}", fields)
         b = blocks.setdefault(key, {"id": c.group or c.ident, "ranks": [], "pids": [], "hosts": set(),
                                     "nranks": c.nranks, "name": c.comm_name})
@@ -512,6 +518,24 @@ def _comm_records(m: Model) -> list:
         name = f" {b['name']}" if b["name"] else ""
         items.append((f"{b['id']}{name}  {who}  ({where})", [(k, v) for k, v in fields]))
     return items
+
+
+def ras_words(word: dict[str, Any]) -> str:
+    """NCCL's RAS service's word on a communicator rank, in one line."""
+    st = word.get("status") or {}
+    flags = [name for name in ("abort_flag", "destroy_flag", "finalize_called") if st.get(name)]
+    state = ("async error " + str(st["async_error"]) if st.get("async_error") else
+             "initialising" if st.get("init_state") not in (0, None) else "running")
+    counts = {k: v for k, v in (word.get("collective_counts") or {}).items() if v}
+    ran = ", ".join(f"{k} {v}" for k, v in counts.items()) or "no collective counted"
+    gpu = f"GPU {word['cuda_dev']}" if word.get("cuda_dev") is not None else "GPU ?"
+    missing = f"; {word['missing_ranks']} rank(s) missing" if word.get("missing_ranks") else ""
+    return f"{gpu}, {state}{', ' + ', '.join(flags) if flags else ''}; {ran}{missing}"
+
+
+def comms_doc(m: Model, title: str = "Communicators") -> list:
+    items = _comm_records(m)
+    return [Records(items, title=title)] if items else []
 
 
 def _finite(t: float) -> float | None:
@@ -565,7 +589,7 @@ def model_json(m: Model) -> dict[str, Any]:
               "comm_name": c.comm_name, "seen_by": sorted(c.seen_by), "destroyed": c.destroyed,
               **verdict.comm_reads(m, c).to_json(),
               "collectives": [_coll_json(s) for s in c.colls.values()],
-              "activity": c.activity.__dict__ if c.activity is not None else None} for c in m.comms]
+              "activity": c.activity.__dict__ if c.activity is not None else None, "ras": c.ras} for c in m.comms]
     return {"processes": procs, "communicators": comms, "simulated": m.simulated,
             "skipped": m.skipped, "reading": _reading_json(m), "runs": [_run_json(r) for r in m.runs],
             "watch": _watch_json(m)}

@@ -214,6 +214,7 @@ class CommView:
     activity: Any = None                        # model.timing.Activity: the profiler's comm_activity lines
     destroyed: bool = False
     retired: float | None = None                # its process's ProcessView.retired (a pid given again since)
+    ras: dict[str, Any] | None = None           # NCCL's RAS service's word on it: status, collective counts, devices
 
     @property
     def ident(self) -> str:
@@ -351,6 +352,18 @@ def comm_id(value: Any) -> str | None:
     return f"0x{value:016x}"
 
 
+def version_code(version: Any) -> int | None:
+    """An NCCL version as NCCL_VERSION_CODE: "2.28.9" (as the ELF, RAS and the log name it) -> 22809; an int is
+    one already; anything else None."""
+    if isinstance(version, int) and not isinstance(version, bool):
+        return version
+    parts = str(version or "").split(".")
+    if len(parts) < 2 or not all(x.isdigit() for x in parts[:3]):
+        return None
+    major, minor, patch = (int(x) for x in (parts + ["0"])[:3])
+    return major * 10000 + minor * 100 + patch
+
+
 def _id(value: Any) -> str | None:
     """An id from an event as comm_id spells it. A string that is no 64-bit hex number (a hand-made or
     foreign log's own name for a communicator) has no other spelling: it is kept as written, to join on."""
@@ -367,4 +380,5 @@ def _env(obj: Any) -> dict[str, str] | None:
 
 
 # The doors: every witness enters the model in model/build.py (one handler per event or observation kind).
-from ncclprobe.model.build import add_proc_view as add_proc_view, add_records as add_records, build as build  # noqa: I001
+from ncclprobe.model.build import (add_proc_view as add_proc_view, add_ras as add_ras,  # noqa: I001
+                                   add_records as add_records, build as build)

@@ -1,6 +1,7 @@
 """The one door into the model: every witness's observations enter here. The probes' event log through
 build() (one handler per event kind, the table HANDLERS), inspect's /proc records through add_records,
-and another model's /proc view (a live inspect of the same job) through add_proc_view. A new witness is
+another model's /proc view (a live inspect of the same job) through add_proc_view, and NCCL's RAS
+service's communicators through add_ras. A new witness is
 one module in witnesses/ and one handler here; model/__init__.py holds the types."""
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from dataclasses import fields as _fields
 
 from ncclprobe.model import (INIT_PIDNS, CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead, ProcessView,
-                             _env, _id, space_of)
+                             _env, _id, space_of, version_code)
 from ncclprobe.model.tuning import canonical
 from ncclprobe.model.watched import is_watched, redact_argv
 
@@ -491,3 +492,41 @@ def add_proc_view(m: Model, other: Model) -> Model:
         p.argv, p.exe = p.argv or q.argv, p.exe or q.exe
     m.shell_pitfalls = [*m.shell_pitfalls, *other.shell_pitfalls]
     return m
+
+
+def add_ras(m: Model, reading, host: str, local: set[str]) -> int:
+    """NCCL's RAS service's communicators (witnesses/ras.RasReading) into m: each rank a communicator of its
+    process, joined by hash to one a probe recorded (the profiler's comm_hash is RAS's hash), else new. A
+    rank on this host (its address one of `local`) is of `host`'s processes; another's keeps its address as
+    its host. A new one has no environment at creation: where its process's environment is known now (the
+    live read, else the exec-time block) that is its value, labelled as held now. Returns the ranks of
+    processes in the model."""
+    m._knowledge = None
+    joined = 0
+    by_hash = {(c.host, c.pid, c.comm_hash): c for c in m.comms if c.comm_hash}
+    for rc in getattr(reading, "comms", ()):
+        for k in rc.ranks:
+            if k.pid is None:
+                continue
+            where = host if k.host in local or k.host is None else k.host
+            word = {"status": dict(k.status), "collective_counts": dict(k.counts), "cuda_dev": k.cuda_dev,
+                    "nvml_dev": k.nvml_dev, "secondary_hash": rc.secondary, "missing_ranks": rc.missing,
+                    "t": reading.t}
+            c = by_hash.get((where, k.pid, rc.hash))
+            if c is None:
+                p = m.processes.get((where, k.pid))
+                env, source = None, None
+                if p is not None and p.live_env is not None:
+                    env, source = dict(p.live_env), "held now (live read; not at creation)"
+                elif p is not None and p.proc_exec_env is not None:
+                    env, source = dict(p.proc_exec_env), "held now (exec-time, /proc; not at creation)"
+                c = CommView(where, k.pid, reading.t, comm_hash=rc.hash, rank=k.rank, nranks=rc.size, env=env,
+                             env_source=source, dev=k.cuda_dev, version=version_code(reading.nccl_version))
+                m.comms.append(c)
+                by_hash[(where, k.pid, rc.hash)] = c
+            c.seen_by.add("ras")
+            c.ras = word
+            p = m.process(where, k.pid)
+            p.sources.add("ras")
+            joined += "proc" in p.sources
+    return joined
