@@ -25,8 +25,10 @@ class Server:
     "hello-only" (answers the handshake, then nothing), "no-close" (the report, then keeps the connection),
     "slow" (the report a byte at a time), "huge" (`body` repeated without end), "garbage" (not RAS)."""
 
-    def __init__(self, body: str = "", json: bool = True, mode: str = "", protocol: int = 2):
+    def __init__(self, body: str = "", json: bool = True, mode: str = "", protocol: int = 2, later: str | None = None):
         self.body, self.json, self.mode, self.protocol = body, json, mode, protocol
+        self.later = later  # the report from the second connection on (a job that ran collectives meanwhile)
+        self.served = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(8)
@@ -81,7 +83,8 @@ class Server:
                 pass
 
     def _report(self, conn: socket.socket) -> None:
-        data = self.body.encode()
+        self.served += 1
+        data = (self.body if self.later is None or self.served == 1 else self.later).encode()
         if self.mode == "slow":
             for i in range(len(data)):
                 conn.sendall(data[i:i + 1])

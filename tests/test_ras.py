@@ -208,3 +208,54 @@ def test_inspect_asks_ras_by_default_where_a_target_maps_libnccl_2_24_or_later(t
     finally:
         p.stdin.close()
         p.wait(timeout=30)
+
+
+@pytest.mark.parametrize("recorded_field, failing_field, says", [
+    ('"async_error": 0', '"async_error": 5', "async error 5"),
+    ('"abort_flag": false', '"abort_flag": true', "aborted"),
+    ('"missing_ranks_count": 0', '"missing_ranks_count": 3', "3 rank(s) RAS could not reach"),
+    ('"init_state": 0', '"init_state": 2', "still initialising"),
+])
+def test_a_rank_ras_reports_unhealthy_is_a_finding(servers, recorded_field, failing_field, says):
+    """The recorded report with one rank's status as a failing job's would be: COMM_UNHEALTHY names the
+    communicator, its rank and process (error for an async error or an abort, warning otherwise)."""
+    p = _holder(dict(os.environ))
+    try:
+        body = JSON_BODY.replace('"pid": 1001', f'"pid": {p.pid}').replace("192.0.2.2", "127.0.0.1")
+        first = body.index('"hash"')
+        second = body.index('"hash"', first + 1)
+        body = body[:first] + body[first:second].replace(recorded_field, failing_field) + body[second:]  # the first communicator only
+        s = serve(servers, body)
+        r = subprocess.run([sys.executable, "-m", "ncclprobe", "inspect", str(p.pid), "--ras", s.address, "--json"],
+                           capture_output=True, text=True, timeout=120)
+        out = json.loads(r.stdout)
+        [f] = [f for f in out["findings"] if f["code"] == "COMM_UNHEALTHY"]
+        level = "error" if "async" in says or "aborted" in says else "warning"
+        assert f["severity"] == level and says in f["message"] and f["pids"] == [p.pid], f
+        assert f["communicators"] == ["0x029ddfa57d16f728"] and r.returncode == (1 if level == "error" else 0)
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+
+
+def test_two_readings_a_window_apart_give_each_communicators_collectives_per_second(servers):
+    """--ras-window: one communicator ran 40 AllReduce between the two readings, the other none."""
+    p = _holder(dict(os.environ))
+    try:
+        body = JSON_BODY.replace('"pid": 1001', f'"pid": {p.pid}').replace("192.0.2.2", "127.0.0.1")
+        first = body.index('"hash"')
+        second = body.index('"hash"', first + 1)
+        later = body[:first] + body[first:second].replace('"AllReduce": 0', '"AllReduce": 40') + body[second:]
+        s = serve(servers, body, later=later)
+        r = subprocess.run([sys.executable, "-m", "ncclprobe", "inspect", str(p.pid), "--ras", s.address,
+                            "--ras-window", "0.5", "--json"], capture_output=True, text=True, timeout=120)
+        out = json.loads(r.stdout)
+        assert s.served == 2 and 0.5 <= out["ras"]["window_s"] < 5
+        rates = {c["comm_hash"]: c["ras"]["per_s"]["AllReduce"] for c in out["communicators"]}
+        assert rates["0x74c5b90845f7b8a8"] == 0 and 40 / 5 < rates["0x029ddfa57d16f728"] <= 40 / 0.5, rates
+        text = subprocess.run([sys.executable, "-m", "ncclprobe", "inspect", str(p.pid), "--ras", s.address,
+                               "--ras-window", "0.5"], capture_output=True, text=True, timeout=120).stdout
+        assert "idle over" in text and "AllReduce 40;" in " ".join(text.split())
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)

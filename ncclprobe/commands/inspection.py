@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,9 +37,10 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
                       proc_root: Path = procs.DEFAULT_PROC, reader: procs.Reader | None = None,
                       gpu_lookup: Callable[[], tuple[dict[int, list[int]], str]] | None = None,
                       merge_probe_dirs: bool = True, show_wiring: bool = False, live: bool = False,
-                      live_reader=None, ras: bool | str | None = None) -> Result:
+                      live_reader=None, ras: bool | str | None = None, ras_window: float | None = None) -> Result:
     """ras: ask NCCL's RAS service (True: at the targets' NCCL_RAS_ADDR, else localhost:28028; a string:
-    there; None: where a target maps libnccl >= 2.24; False: never)."""
+    there; None: where a target maps libnccl >= 2.24; False: never); ras_window: ask it twice, that many
+    seconds apart, for each communicator's collectives per second."""
     expect = dict(expect or {})
     events.check_sources(log_dirs or [], nccl_logs or [])
     fs = procs.ProcFS(proc_root, reader)
@@ -76,7 +78,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
         except Unexaminable as exc:
             in_process_error = exc
     model_mod.add_records(m, recs, host)
-    ras_summary = _ask_ras(m, recs, host, ras)
+    ras_summary = _ask_ras(m, recs, host, ras, ras_window)
     if ras_summary is not None:
         notes.append(ras_summary["said"])
     m.shell_pitfalls = ctx.shell_pitfalls() + shells.model_pitfalls(m, shells=False)  # + exec'd wrapper scripts
@@ -118,7 +120,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
 RAS_SINCE = 22400  # NCCL_VERSION_CODE of 2.24.0, the first with the RAS service
 
 
-def _ask_ras(m, recs: list[dict], host: str, ras: bool | str | None) -> dict | None:
+def _ask_ras(m, recs: list[dict], host: str, ras: bool | str | None, window: float | None = None) -> dict | None:
     """NCCL's RAS service's communicators into the model (witnesses/ras.py); what was asked and said, or
     None where it was not asked (off, or by default no target maps libnccl >= 2.24)."""
     if ras is False:
@@ -134,13 +136,20 @@ def _ask_ras(m, recs: list[dict], host: str, ras: bool | str | None) -> dict | N
         held += [(r.get("_watched") or {}).get("NCCL_RAS_ADDR") for r in recs]
         address = ras_mod.address_for(held)
     reading = ras_mod.read(address)
+    if window and reading.ok:  # the second reading is the one kept; the first gives the rates
+        time.sleep(window)
+        later = ras_mod.read(address)
+        if later.ok:
+            reading = ras_mod.with_rates(reading, later)
     joined = model_mod.add_ras(m, reading, host, ras_mod.local_addresses())
     said = (f"RAS at {address}: {len(reading.comms)} communicator(s)"
             + (f" of NCCL {reading.nccl_version}" if reading.nccl_version else "")
             + (f", {joined} rank(s) in the processes inspected" if reading.comms else "")
             + ("; text format (NCCL < 2.28.7): no per-communicator pids or hashes" if reading.format == "text" else "")
+            + (f"; collectives per second over {reading.window_s:.1f} s" if reading.window_s else "")
             if reading.ok else f"RAS not read: {reading.reason}")
     return {"address": address, "format": reading.format, "nccl_version": reading.nccl_version,
+            "window_s": reading.window_s,
             "communicators": len(reading.comms), "ranks_joined": joined, "reason": reading.reason,
             "text": reading.text, "said": said}
 

@@ -528,6 +528,10 @@ def ras_words(word: dict[str, Any]) -> str:
              "initialising" if st.get("init_state") not in (0, None) else "running")
     counts = {k: v for k, v in (word.get("collective_counts") or {}).items() if v}
     ran = ", ".join(f"{k} {v}" for k, v in counts.items()) or "no collective counted"
+    if word.get("per_s") is not None:  # --ras-window
+        rates = {k: v for k, v in word["per_s"].items() if v}
+        ran += "; " + (", ".join(f"{k} {v:.3g}/s" for k, v in rates.items()) if rates else "idle") + \
+            f" over {word['window_s']:.1f} s"
     gpu = f"GPU {word['cuda_dev']}" if word.get("cuda_dev") is not None else "GPU ?"
     missing = f"; {word['missing_ranks']} rank(s) missing" if word.get("missing_ranks") else ""
     return f"{gpu}, {state}{', ' + ', '.join(flags) if flags else ''}; {ran}{missing}"

@@ -512,6 +512,9 @@ def add_ras(m: Model, reading, host: str, local: set[str]) -> int:
             word = {"status": dict(k.status), "collective_counts": dict(k.counts), "cuda_dev": k.cuda_dev,
                     "nvml_dev": k.nvml_dev, "secondary_hash": rc.secondary, "missing_ranks": rc.missing,
                     "t": reading.t}
+            rates = getattr(reading, "rates", {}).get((rc.hash, k.rank, k.pid))
+            if rates is not None:  # two readings (--ras-window): collectives per second between them
+                word["per_s"], word["window_s"] = {f: round(v, 3) for f, v in rates.items()}, reading.window_s
             c = by_hash.get((where, k.pid, rc.hash))
             if c is None:
                 p = m.processes.get((where, k.pid))

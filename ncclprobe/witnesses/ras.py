@@ -60,10 +60,29 @@ class RasReading:
     comms: list[RasComm] = field(default_factory=list)
     text: str | None = None            # the text report (older NCCL: no per-communicator hashes or pids)
     reason: str | None = None          # why there is nothing (or less): refused, timed out, ...
+    window_s: float | None = None      # with_rates: the seconds between the two readings
+    rates: dict[tuple[str | None, int | None, int | None], dict[str, float]] = field(default_factory=dict)
+    # with_rates: (hash, rank, pid) -> collectives per second per function
 
     @property
     def ok(self) -> bool:
         return self.reason is None
+
+
+def with_rates(first: RasReading, later: RasReading) -> RasReading:
+    """`later`, with each communicator rank's collectives per second since `first` (a rank in both)."""
+    dt = later.t - first.t
+    if dt <= 0:
+        return later
+    before = {(c.hash, k.rank, k.pid): k.counts for c in first.comms for k in c.ranks}
+    later.window_s = dt
+    for c in later.comms:
+        for k in c.ranks:
+            old = before.get((c.hash, k.rank, k.pid))
+            if old is not None:
+                later.rates[(c.hash, k.rank, k.pid)] = {
+                    f: max(0, n - old.get(f, 0)) / dt for f, n in k.counts.items()}
+    return later
 
 
 def parse_address(text: str) -> tuple[str, int]:
