@@ -106,6 +106,9 @@ LAUNCHERS: tuple[Launcher, ...] = (
     Launcher("env -i", programs=frozenset({"env"}), flags=frozenset({"-i", "-", "--ignore-environment"}),
              reach=0, remedies=_all("`env -i` starts the command with an empty environment: name {value} "
                                     "after `env -i`", "curated_env", "not_in_root")),
+    Launcher("env -u", programs=frozenset({"env"}), flags=frozenset({"-u", "--unset"}),
+             reach=0, remedies=_all("`env -u {var}` starts the command without {var}: take `-u {var}` out of that "
+                                    "line (or give {value} after it)", "curated_env", "not_in_root")),
     Launcher("ray", programs=frozenset({"raylet", "gcs_server", "ray"}),
              scripts=frozenset({"default_worker.py", "ray"}), modules=("ray",), remedies={
                  "set_after_start": "set {value} before ray.init(){at}: the raylet and the workers it starts "
@@ -226,7 +229,10 @@ class Client:
 
 
 CLIENTS = {p: Client(p, la.name, *where) for la in LAUNCHERS for p, where in la.clients.items()}
-_BY_PROGRAM = {p: la for la in LAUNCHERS for p in la.programs}
+_BY_PROGRAM: dict[str, list[Launcher]] = {}  # a program may be several launchers, told apart by their flags (env)
+for _la in LAUNCHERS:
+    for _p in _la.programs:
+        _BY_PROGRAM.setdefault(_p, []).append(_la)
 _BY_SCRIPT = {s: la for la in LAUNCHERS for s in la.scripts}
 _BY_MARK = tuple((mark, la) for la in LAUNCHERS for mark in la.marks)
 # a fork child of a Python process is multiprocessing's (os.fork alone is rare in a job's tree)
@@ -253,8 +259,8 @@ def identify(argv: Sequence[str] | None, exe: str | None = None) -> Launcher | N
     argv = list(argv or ())
     names = [n for n in (_base(exe), title(argv[0]) if argv else "") if n]
     for name in names:
-        hit = _BY_PROGRAM.get(name.lower())
-        if hit is not None and _flagged(hit, argv):
+        hit = next((la for la in _BY_PROGRAM.get(name.lower(), ()) if _flagged(la, argv)), None)
+        if hit is not None:
             return hit
     if argv and any(n.startswith(INTERPRETERS) for n in names):
         return _run_by_interpreter(argv[1:])
@@ -266,8 +272,8 @@ def _flagged(la: Launcher, argv: list[str]) -> bool:
     if not la.flags:
         return True
     for a in argv[1:]:
-        if a in la.flags:
-            return True
+        if a in la.flags or a.split("=", 1)[0] in la.flags or (a[:2] in la.flags and len(a) > 2 and a[1] != "-"):
+            return True  # (also --unset=NAME, -uNAME)
         if not a.startswith("-") or "=" in a:  # the command, or env's NAME=VALUE: options are over
             return False
     return False
@@ -287,9 +293,8 @@ def _run_by_interpreter(args: list[str]) -> Launcher | None:
             continue
         if not a.startswith("-"):  # a script named after a program is that program (a wrapper: a site's `ssh`)
             name = _base(a)
-            by_name = _BY_PROGRAM.get(name.lower())
-            return (_BY_SCRIPT.get(name) or _BY_SCRIPT.get(name.removesuffix(".py"))
-                    or (by_name if by_name is not None and not by_name.flags else None))
+            by_name = next((la for la in _BY_PROGRAM.get(name.lower(), ()) if not la.flags), None)
+            return _BY_SCRIPT.get(name) or _BY_SCRIPT.get(name.removesuffix(".py")) or by_name
     return None
 
 
