@@ -107,6 +107,8 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
     nccl.conf files, and where that view cannot be trusted.
 
     A PID that is not there makes the exit code 3; the others are still shown (JSON: missing_pids)."""
+    if ras and ras.isdigit():  # `inspect --ras PID`: a bare number is the PID (an address needs HOST:PORT)
+        pids, ras = (*pids, int(ras)), ""
     if not pids and not pgrep:
         raise click.UsageError("give at least one PID or --pgrep PATTERN")
     if no_redact and not all_vars:

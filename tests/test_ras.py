@@ -156,6 +156,10 @@ def test_inspect_ras_joins_the_communicators_to_the_process_and_checks_them(serv
         text = subprocess.run([sys.executable, "-m", "ncclprobe", "inspect", str(p.pid), "--ras", s.address],
                               capture_output=True, text=True, timeout=120).stdout
         assert f"RAS at {s.address}: 2 communicator(s) of NCCL 2.28.9" in " ".join(text.split())
+        # `--ras PID`: the number is the PID (RAS then at the default address, where nothing listens here)
+        bare = json.loads(subprocess.run([sys.executable, "-m", "ncclprobe", "inspect", "--ras", str(p.pid), "--json"],
+                                         capture_output=True, text=True, timeout=120).stdout)
+        assert bare["roots"] == [p.pid] and bare["ras"]["address"] != str(p.pid)
     finally:
         p.stdin.close()
         p.wait(timeout=30)
