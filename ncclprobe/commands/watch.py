@@ -95,6 +95,7 @@ class Watch:
         self.kernel_reads, self._kernel_cpu = 0, 0.0
         self.kthread = (threading.Thread(target=self._kernel, name="ncclprobe-kernel", daemon=True)
                         if self.listener is not None else None)
+        self._wake = os.pipe() if self.kthread is not None else None  # stop() wakes the kernel thread at once
         self.interval = interval
         self.scanner = scanner or Scanner(os.getpid(), os.urandom(16), exclude=exclude, extra_roots=extra_roots)
         self.live_s = live_s  # the whole tree is read this often (None: as LIVE_SHARE allows); new processes at once
@@ -144,6 +145,11 @@ class Watch:
         reaped, `started`: the pids run started (CMD), to count those no scan saw. The summary."""
         self._reaped, self._started = list(reaped), list(started)
         self._stop.set()
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"x")
+            except OSError:
+                pass
         if self.kthread is not None and self.kthread.ident is not None:
             self.kthread.join(JOIN_S)
             sys.setswitchinterval(self._switch)
@@ -167,6 +173,8 @@ class Watch:
             while not self._stop.is_set():
                 self._scan()
                 self._stop.wait(self.interval)
+            if self.kthread is not None and self.kthread.ident is not None:
+                self.kthread.join(JOIN_S)  # its reads before the last look, and its CPU in the summary
             self._scan(final=True)  # the last look, once run is done with CMD's tree
         except BaseException as exc:  # never out of the thread (threading would print it)
             self._failed(exc)
@@ -184,7 +192,7 @@ class Watch:
             tree: set[int] = set()
             cmd = None
             while not self._stop.is_set():
-                for e in lst.read(KERNEL_WAIT_S):
+                for e in lst.read(KERNEL_WAIT_S, self._wake[0]):
                     if e.what == kernelevents.FORK:
                         if e.pid != e.tgid:
                             continue  # a thread
@@ -204,6 +212,11 @@ class Watch:
         finally:
             self._kernel_cpu = time.thread_time()
             self.listener.close()
+            for fd in self._wake:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     def _exit(self, e: kernelevents.Event) -> None:
         """proc_exit of a process recorded (when it ended: a worker that retired before others started is no

@@ -132,14 +132,16 @@ class Listener:
                     return e.err
                 self.pending.append(e)
 
-    def read(self, timeout: float) -> list[Event]:
-        """The events that came, waiting up to `timeout` for the first; an overrun (events lost while the
-        queue was full) is counted, the reading goes on."""
+    def read(self, timeout: float, wake: int | None = None) -> list[Event]:
+        """The events that came, waiting up to `timeout` for the first (or until `wake`, a file descriptor,
+        is readable); an overrun (events lost while the queue was full) is counted, the reading goes on."""
         if self.sock is None:
             return []
         out, self.pending = self.pending, []
-        if not out and not select.select([self.sock], [], [], timeout)[0]:
-            return []
+        if not out:
+            ready = select.select([self.sock] + ([wake] if wake is not None else []), [], [], timeout)[0]
+            if self.sock not in ready:
+                return []
         while True:
             try:
                 buf = self.sock.recv(65536, socket.MSG_DONTWAIT)
