@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import socket
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -135,12 +134,7 @@ def _ask_ras(m, recs: list[dict], host: str, ras: bool | str | None, window: flo
         held = [(r.get("_live_watched") or {}).get("NCCL_RAS_ADDR") for r in recs]
         held += [(r.get("_watched") or {}).get("NCCL_RAS_ADDR") for r in recs]
         address = ras_mod.address_for(held)
-    reading = ras_mod.read(address)
-    if window and reading.ok:  # the second reading is the one kept; the first gives the rates
-        time.sleep(window)
-        later = ras_mod.read(address)
-        if later.ok:
-            reading = ras_mod.with_rates(reading, later)
+    reading = ras_mod.read_window(address, window)
     joined = model_mod.add_ras(m, reading, host, ras_mod.local_addresses())
     said = (f"RAS at {address}: {len(reading.comms)} communicator(s)"
             + (f" of NCCL {reading.nccl_version}" if reading.nccl_version else "")

@@ -502,7 +502,7 @@ def _comm_records(m: Model) -> list:
                    + ("" if c.ok else f" rc={c.rc}") + (" (not at creation: no probe saw it made)" if held_now else "")),
                   ("NCCL read", _nccl_read(m, c)), ("ran", _realized(c)))
         if c.ras is not None:
-            fields += (("RAS", ras_words(c.ras)),)
+            fields += (("RAS", ras_words(c)),)
         key = (c.group or f"{c.host}:{c.pid}:{c.ident}", fields)
         b = blocks.setdefault(key, {"id": c.group or c.ident, "ranks": [], "pids": [], "hosts": set(),
                                     "nranks": c.nranks, "name": c.comm_name})
@@ -520,12 +520,11 @@ def _comm_records(m: Model) -> list:
     return items
 
 
-def ras_words(word: dict[str, Any]) -> str:
+def ras_words(c: CommView) -> str:
     """NCCL's RAS service's word on a communicator rank, in one line."""
-    st = word.get("status") or {}
-    flags = [name for name in ("abort_flag", "destroy_flag", "finalize_called") if st.get(name)]
-    state = ("async error " + str(st["async_error"]) if st.get("async_error") else
-             "initialising" if st.get("init_state") not in (0, None) else "running")
+    word = c.ras or {}
+    errors, others = c.ras_troubles
+    state = ", ".join(errors + others) or "running"
     counts = {k: v for k, v in (word.get("collective_counts") or {}).items() if v}
     ran = ", ".join(f"{k} {v}" for k, v in counts.items()) or "no collective counted"
     if word.get("per_s") is not None:  # --ras-window
@@ -534,7 +533,7 @@ def ras_words(word: dict[str, Any]) -> str:
             f" over {word['window_s']:.1f} s"
     gpu = f"GPU {word['cuda_dev']}" if word.get("cuda_dev") is not None else "GPU ?"
     missing = f"; {word['missing_ranks']} rank(s) missing" if word.get("missing_ranks") else ""
-    return f"{gpu}, {state}{', ' + ', '.join(flags) if flags else ''}; {ran}{missing}"
+    return f"{gpu}, {state}; {ran}{missing}"
 
 
 def comms_doc(m: Model, title: str = "Communicators") -> list:

@@ -146,13 +146,14 @@ class Watch:
         self._reaped, self._started = list(reaped), list(started)
         self._stop.set()
         if self._wake is not None:
-            try:
-                os.write(self._wake[1], b"x")
-            except OSError:
-                pass
+            os.write(self._wake[1], b"x")  # (a pipe of ours, open until here: nothing else has its number)
         if self.kthread is not None and self.kthread.ident is not None:
             self.kthread.join(JOIN_S)
             sys.setswitchinterval(self._switch)
+        if self._wake is not None and not (self.kthread is not None and self.kthread.is_alive()):
+            for fd in self._wake:  # closed here, after the thread: never while it may still select on it
+                os.close(fd)
+            self._wake = None
         if self.thread.ident is None:  # never begun (CMD did not start): the kernel's part alone
             self._finish(stuck=False)
             return self.summary or {}
@@ -188,11 +189,11 @@ class Watch:
         process forked from one in the tree; orphans stay in it, whoever adopts them."""
         try:
             signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
-            sc, lst = self.scanner, self.listener
+            sc, lst, wake = self.scanner, self.listener, self._wake[0]
             tree: set[int] = set()
             cmd = None
             while not self._stop.is_set():
-                for e in lst.read(KERNEL_WAIT_S, self._wake[0]):
+                for e in lst.read(KERNEL_WAIT_S, wake):
                     if e.what == kernelevents.FORK:
                         if e.pid != e.tgid:
                             continue  # a thread
@@ -212,11 +213,6 @@ class Watch:
         finally:
             self._kernel_cpu = time.thread_time()
             self.listener.close()
-            for fd in self._wake:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
 
     def _exit(self, e: kernelevents.Event) -> None:
         """proc_exit of a process recorded (when it ended: a worker that retired before others started is no

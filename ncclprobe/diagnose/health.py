@@ -18,14 +18,11 @@ def comm_unhealthy(m: Model) -> list[Finding]:
     for h, comms in groups.items():
         bad, odd, missing = [], [], max((c.ras.get("missing_ranks") or 0) for c in comms)
         for c in comms:
-            st = c.ras.get("status") or {}
-            if st.get("async_error") or st.get("abort_flag"):
-                bad.append((c, f"rank {c.rank} (pid {c.pid}): " + ", ".join(
-                    [f"async error {st['async_error']}"] * bool(st.get("async_error")) + ["aborted"] * bool(st.get("abort_flag")))))
-            elif st.get("init_state") not in (0, None) or st.get("finalize_called") or st.get("destroy_flag"):
-                what = ["still initialising"] * (st.get("init_state") not in (0, None)) + \
-                    ["finalized"] * bool(st.get("finalize_called")) + ["being destroyed"] * bool(st.get("destroy_flag"))
-                odd.append((c, f"rank {c.rank} (pid {c.pid}): " + ", ".join(what)))
+            errors, others = c.ras_troubles
+            if errors:  # an error rank's other states are beside the point
+                bad.append((c, f"rank {c.rank} (pid {c.pid}): " + ", ".join(errors)))
+            elif others:
+                odd.append((c, f"rank {c.rank} (pid {c.pid}): " + ", ".join(others)))
         if not (bad or odd or missing):
             continue
         said = [w for _, w in bad + odd] + ([f"{missing} rank(s) RAS could not reach"] if missing else [])

@@ -217,6 +217,17 @@ class CommView:
     ras: dict[str, Any] | None = None           # NCCL's RAS service's word on it: status, collective counts, devices
 
     @property
+    def ras_troubles(self) -> tuple[list[str], list[str]]:
+        """What NCCL's RAS service's status of this rank says is wrong: (errors: an asynchronous error, an
+        abort; others: still initialising, finalized, being destroyed). Both empty: running, or not listed."""
+        st = (self.ras or {}).get("status") or {}
+        errors = ([f"async error {st['async_error']}"] if st.get("async_error") else []) + \
+            (["aborted"] if st.get("abort_flag") else [])
+        others = (["still initialising"] if st.get("init_state") not in (0, None) else []) + \
+            (["finalized"] if st.get("finalize_called") else []) + (["being destroyed"] if st.get("destroy_flag") else [])
+        return errors, others
+
+    @property
     def ident(self) -> str:
         return self.comm_hash or self.comm or f"call{self.call}"
 

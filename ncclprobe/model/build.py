@@ -18,6 +18,7 @@ from ncclprobe.model.watched import is_watched, redact_argv
 
 if TYPE_CHECKING:
     from ncclprobe.witnesses.events import EventLog
+    from ncclprobe.witnesses.ras import RasReading
 
 
 class _Build:
@@ -494,7 +495,7 @@ def add_proc_view(m: Model, other: Model) -> Model:
     return m
 
 
-def add_ras(m: Model, reading, host: str, local: set[str]) -> int:
+def add_ras(m: Model, reading: RasReading, host: str, local: set[str]) -> int:
     """NCCL's RAS service's communicators (witnesses/ras.RasReading) into m: each rank a communicator of its
     process, joined by hash to one a probe recorded (the profiler's comm_hash is RAS's hash), else new. A
     rank on this host (its address one of `local`) is of `host`'s processes; another's keeps its address as
@@ -504,7 +505,7 @@ def add_ras(m: Model, reading, host: str, local: set[str]) -> int:
     m._knowledge = None
     joined = 0
     by_hash = {(c.host, c.pid, c.comm_hash): c for c in m.comms if c.comm_hash}
-    for rc in getattr(reading, "comms", ()):
+    for rc in reading.comms:
         for k in rc.ranks:
             if k.pid is None:
                 continue
@@ -512,7 +513,7 @@ def add_ras(m: Model, reading, host: str, local: set[str]) -> int:
             word = {"status": dict(k.status), "collective_counts": dict(k.counts), "cuda_dev": k.cuda_dev,
                     "nvml_dev": k.nvml_dev, "secondary_hash": rc.secondary, "missing_ranks": rc.missing,
                     "t": reading.t}
-            rates = getattr(reading, "rates", {}).get((rc.hash, k.rank, k.pid))
+            rates = reading.rates.get((rc.hash, k.rank, k.pid))
             if rates is not None:  # two readings (--ras-window): collectives per second between them
                 word["per_s"], word["window_s"] = {f: round(v, 3) for f, v in rates.items()}, reading.window_s
             c = by_hash.get((where, k.pid, rc.hash))

@@ -69,6 +69,17 @@ class RasReading:
         return self.reason is None
 
 
+def read_window(address: str, window: float | None) -> RasReading:
+    """read(address); with a window, a second reading that many seconds later, kept with the collectives per
+    second since the first (with_rates). A second reading that fails leaves the first."""
+    first = read(address)
+    if not window or not first.ok:
+        return first
+    time.sleep(window)
+    later = read(address)
+    return with_rates(first, later) if later.ok else first
+
+
 def with_rates(first: RasReading, later: RasReading) -> RasReading:
     """`later`, with each communicator rank's collectives per second since `first` (a rank in both)."""
     dt = later.t - first.t
