@@ -130,8 +130,8 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
         result = _guarded("inspect", as_json, inspection.inspect_processes, list(pids), pgrep=pgrep,
                           expect=expect, scope=scope, all_vars=all_vars, redact=not no_redact,
                           log_dirs=list(dirs), nccl_logs=list(nccl_logs), show_wiring=show_wiring, live=live,
-                          ras=False if no_ras else (True if ras == "" or (ras is None and (ras_window or ras_diagnostics))
-                                                    else ras),
+                          ras=False if no_ras else (
+                              True if ras == "" or (ras is None and (ras_window or ras_diagnostics)) else ras),
                           ras_window=ras_window, ras_diagnostics=ras_diagnostics)
     except inspection.UsageError as exc:
         raise click.UsageError(str(exc)) from None

@@ -75,7 +75,8 @@ def test_a_server_without_a_report_gives_a_reason_at_once(servers, diagnostics, 
     assert time.monotonic() - t0 < 5.0
 
 
-@pytest.mark.parametrize("mode, says", [("silent", "timed out"), ("slow", "timed out"), ("garbage", "not a RAS server")])
+@pytest.mark.parametrize("mode, says", [("silent", "timed out"), ("slow", "timed out"),
+                                        ("garbage", "not a RAS server")])
 def test_a_misbehaving_server_costs_a_bounded_time(servers, mode, says):
     s = serve(servers, STATUS_3, diagnostics=MISMATCH * 4, mode=mode)
     t0 = time.monotonic()
@@ -120,7 +121,8 @@ def test_a_mismatch_where_no_process_is_in_the_model_names_the_ranks_without_an_
     assert (f.code, f.severity, f.var, f.pids, f.edge) == ("COMM_ENV_DIVERGENT", "warning", "NCCL_PROTO", (2002,), None)
     assert "'LL' on rank(s) 0,2 (pid 2001, 4242); unset on rank(s) 1 (pid 2002)" in f.message
     assert f.evidence["reference"] == "LL" and f.evidence["basis"] == "the value most ranks hold"
-    [f] = [f for f in rasenv.comm_env_divergent(m, {"NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p"}) if f.var == "NCCL_DEBUG_FILE"]
+    expect = {"NCCL_DEBUG_FILE": "/tmp/nccl.%h.%p"}
+    [f] = [f for f in rasenv.comm_env_divergent(m, expect) if f.var == "NCCL_DEBUG_FILE"]
     assert f.severity == "error" and f.pids == (2002, 4242)  # expected: the ranks without it, here or elsewhere
     assert rasenv.comm_env_divergent(_model_with(STATUS_3, MISMATCH.replace("{0,2}", "{0}"), servers))[0].evidence[
         "reference"] is None  # no value held by most ranks (1 and 1, one rank not named): no direction
