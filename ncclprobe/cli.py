@@ -99,10 +99,14 @@ def main():
 @click.option("--no-ras", is_flag=True, help="Do not ask NCCL's RAS service.")
 @click.option("--ras-window", type=click.FloatRange(0.1, 600), metavar="SECONDS",
               help="Ask RAS twice, SECONDS apart: each communicator's collectives per second (active or idle).")
+@click.option("--ras-diagnostics", is_flag=True,
+              help="Also run NCCL's RAS diagnostics (NCCL >= 2.31): the NCCL_* values that differ across a "
+                   "communicator's ranks, joined to the processes that hold them. Every process of the job runs "
+                   "the checks (on 2.32 also lspci, dmesg, rdma_topo).")
 @json_option
 @strict_option
 def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs, nccl_logs, show_wiring, live,
-            ras, no_ras, ras_window, as_json, strict):
+            ras, no_ras, ras_window, ras_diagnostics, as_json, strict):
     """The exec-time view of the process tree under each PID: environment, NCCL libraries, GPUs,
     nccl.conf files, and where that view cannot be trusted.
 
@@ -119,15 +123,16 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
     if expect_file:
         expect.update(_guarded("inspect", as_json, read_env_file, expect_file))
     expect.update(_assignments(expects, "--expect"))
-    if no_ras and (ras is not None or ras_window is not None):
-        raise click.UsageError("--ras (or --ras-window) and --no-ras contradict each other")
+    if no_ras and (ras is not None or ras_window is not None or ras_diagnostics):
+        raise click.UsageError("--ras (or --ras-window, --ras-diagnostics) and --no-ras contradict each other")
     from ncclprobe.commands import inspection
     try:
         result = _guarded("inspect", as_json, inspection.inspect_processes, list(pids), pgrep=pgrep,
                           expect=expect, scope=scope, all_vars=all_vars, redact=not no_redact,
                           log_dirs=list(dirs), nccl_logs=list(nccl_logs), show_wiring=show_wiring, live=live,
-                          ras=False if no_ras else (True if ras == "" or (ras is None and ras_window) else ras),
-                          ras_window=ras_window)
+                          ras=False if no_ras else (
+                              True if ras == "" or (ras is None and (ras_window or ras_diagnostics)) else ras),
+                          ras_window=ras_window, ras_diagnostics=ras_diagnostics)
     except inspection.UsageError as exc:
         raise click.UsageError(str(exc)) from None
     _emit(result, as_json, strict)

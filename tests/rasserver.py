@@ -23,10 +23,15 @@ class Server:
     """Answers each connection: the handshake, SET FORMAT json (OK where `json`, else an error line as an
     older NCCL does), then `body` on STATUS and closes. `mode` misbehaves: "silent" (never answers),
     "hello-only" (answers the handshake, then nothing), "no-close" (the report, then keeps the connection),
-    "slow" (the report a byte at a time), "huge" (`body` repeated without end), "garbage" (not RAS)."""
+    "slow" (the report a byte at a time), "huge" (`body` repeated without end), "garbage" (not RAS).
+    DIAGNOSTICS (NCCL >= 2.31, src/ras/client_support.cc) gets `diagnostics`, then the server closes; in JSON
+    format `ERROR: diagnostics only supports text output`; without `diagnostics` (an NCCL < 2.31) `ERROR: Unknown
+    command DIAGNOSTICS`, and the connection stays open as NCCL keeps it."""
 
-    def __init__(self, body: str = "", json: bool = True, mode: str = "", protocol: int = 2, later: str | None = None):
+    def __init__(self, body: str = "", json: bool = True, mode: str = "", protocol: int = 2, later: str | None = None,
+                 diagnostics: str | None = None):
         self.body, self.json, self.mode, self.protocol = body, json, mode, protocol
+        self.diagnostics = diagnostics
         self.later = later  # the report from the second connection on (a job that ran collectives meanwhile)
         self.served = 0
         self.sock = socket.socket()
@@ -55,6 +60,7 @@ class Server:
 
     def _one(self, conn: socket.socket) -> None:
         f = conn.makefile("rb")
+        as_json = False
         try:
             if self.mode == "garbage":
                 conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
@@ -71,6 +77,10 @@ class Server:
                         return
                 elif line == "SET FORMAT json":
                     conn.sendall(b"OK\n" if self.json else b"ERROR: Unknown command SET\n")
+                    as_json = self.json
+                elif line.upper() == "DIAGNOSTICS":
+                    if self._diagnose(conn, as_json):
+                        return
                 elif line.endswith("STATUS"):
                     self._report(conn)
                     return
@@ -82,9 +92,18 @@ class Server:
             except OSError:
                 pass
 
-    def _report(self, conn: socket.socket) -> None:
-        self.served += 1
-        data = (self.body if self.later is None or self.served == 1 else self.later).encode()
+    def _diagnose(self, conn: socket.socket, as_json: bool) -> bool:
+        """The reply to DIAGNOSTICS; whether the server then closes."""
+        if self.diagnostics is None:
+            conn.sendall(b"ERROR: Unknown command DIAGNOSTICS\n")
+            return False
+        if as_json:
+            conn.sendall(b"ERROR: diagnostics only supports text output\n")
+            return True
+        self._send(conn, self.diagnostics.encode())
+        return True
+
+    def _send(self, conn: socket.socket, data: bytes) -> None:
         if self.mode == "slow":
             for i in range(len(data)):
                 conn.sendall(data[i:i + 1])
@@ -96,3 +115,7 @@ class Server:
             conn.sendall(data)
             if self.mode == "no-close":
                 time.sleep(30)
+
+    def _report(self, conn: socket.socket) -> None:
+        self.served += 1
+        self._send(conn, (self.body if self.later is None or self.served == 1 else self.later).encode())

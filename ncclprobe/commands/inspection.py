@@ -36,10 +36,12 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
                       proc_root: Path = procs.DEFAULT_PROC, reader: procs.Reader | None = None,
                       gpu_lookup: Callable[[], tuple[dict[int, list[int]], str]] | None = None,
                       merge_probe_dirs: bool = True, show_wiring: bool = False, live: bool = False,
-                      live_reader=None, ras: bool | str | None = None, ras_window: float | None = None) -> Result:
+                      live_reader=None, ras: bool | str | None = None, ras_window: float | None = None,
+                      ras_diagnostics: bool = False) -> Result:
     """ras: ask NCCL's RAS service (True: at the targets' NCCL_RAS_ADDR, else localhost:28028; a string:
     there; None: where a target maps libnccl >= 2.24; False: never); ras_window: ask it twice, that many
-    seconds apart, for each communicator's collectives per second."""
+    seconds apart, for each communicator's collectives per second; ras_diagnostics: also NCCL's RAS
+    diagnostics (2.31+)."""
     expect = dict(expect or {})
     events.check_sources(log_dirs or [], nccl_logs or [])
     fs = procs.ProcFS(proc_root, reader)
@@ -77,7 +79,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
         except Unexaminable as exc:
             in_process_error = exc
     model_mod.add_records(m, recs, host)
-    ras_summary = _ask_ras(m, recs, host, ras, ras_window)
+    ras_summary = _ask_ras(m, recs, host, ras, ras_window, ras_diagnostics)
     if ras_summary is not None:
         notes.append(ras_summary["said"])
     m.shell_pitfalls = ctx.shell_pitfalls() + shells.model_pitfalls(m, shells=False)  # + exec'd wrapper scripts
@@ -119,7 +121,8 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
 RAS_SINCE = 22400  # NCCL_VERSION_CODE of 2.24.0, the first with the RAS service
 
 
-def _ask_ras(m, recs: list[dict], host: str, ras: bool | str | None, window: float | None = None) -> dict | None:
+def _ask_ras(m, recs: list[dict], host: str, ras: bool | str | None, window: float | None = None,
+             diagnostics: bool = False) -> dict | None:
     """NCCL's RAS service's communicators into the model (witnesses/ras.py); what was asked and said, or
     None where it was not asked (off, or by default no target maps libnccl >= 2.24)."""
     if ras is False:
@@ -127,14 +130,14 @@ def _ask_ras(m, recs: list[dict], host: str, ras: bool | str | None, window: flo
     versions = [model_mod.version_code(lib.get("version")) for r in recs for lib in r.get("nccl_libs") or () if isinstance(lib, dict)]
     if ras is None and not any(v is not None and v >= RAS_SINCE for v in versions):
         return None
-    from ncclprobe.witnesses import ras as ras_mod
+    from ncclprobe.witnesses import ras as ras_mod, rasdiag
     if isinstance(ras, str):
         address = ras
     else:  # the targets' own NCCL_RAS_ADDR: what they hold now, then what they started with
         held = [(r.get("_live_watched") or {}).get("NCCL_RAS_ADDR") for r in recs]
         held += [(r.get("_watched") or {}).get("NCCL_RAS_ADDR") for r in recs]
         address = ras_mod.address_for(held)
-    reading = ras_mod.read_window(address, window)
+    reading = ras_mod.read_window(address, window, diagnostics)
     joined = model_mod.add_ras(m, reading, host, ras_mod.local_addresses())
     said = (f"RAS at {address}: {len(reading.comms)} communicator(s)"
             + (f" of NCCL {reading.nccl_version}" if reading.nccl_version else "")
@@ -142,10 +145,15 @@ def _ask_ras(m, recs: list[dict], host: str, ras: bool | str | None, window: flo
             + ("; text format (NCCL < 2.28.7): no per-communicator pids or hashes" if reading.format == "text" else "")
             + (f"; collectives per second over {reading.window_s:.1f} s" if reading.window_s else "")
             if reading.ok else f"RAS not read: {reading.reason}")
-    return {"address": address, "format": reading.format, "nccl_version": reading.nccl_version,
-            "window_s": reading.window_s,
-            "communicators": len(reading.comms), "ranks_joined": joined, "reason": reading.reason,
-            "text": reading.text, "said": said}
+    out = {"address": address, "format": reading.format, "nccl_version": reading.nccl_version,
+           "window_s": reading.window_s,
+           "communicators": len(reading.comms), "ranks_joined": joined, "reason": reading.reason,
+           "text": reading.text, "said": said}
+    if reading.diagnostics is not None:
+        out["diagnostics"] = rasdiag.summary(reading.diagnostics)
+        out["said"] += "; " + out["diagnostics"]["said"]
+        del out["diagnostics"]["said"]
+    return out
 
 
 class _InspectResult(Result):

@@ -1,7 +1,8 @@
 """The one rule set over the model of a job: propagation along the tree (diagnose/propagation), the
 communicators and NCCL's reads (diagnose/inprocess), library copies (diagnose/copies), nccl.conf values
 (diagnose/conf), what no witness could read (diagnose/visibility), time in NCCL (diagnose/nccltime) and
-what NCCL's RAS service says of a communicator's health (diagnose/health).
+what NCCL's RAS service says of a communicator's health (diagnose/health) and of the NCCL_* values its
+ranks hold (diagnose/rasenv).
 Every command runs it (`rules`) on the model alone, whichever witnesses fed it."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ncclprobe.diagnose.findings import Finding, aggregate
 
 def rules(m, expect: dict[str, str] | None = None) -> list[Finding]:
     """Every finding on model m, one per cause."""
-    from ncclprobe.diagnose import conf, copies, health, inprocess, nccltime, propagation, visibility
+    from ncclprobe.diagnose import conf, copies, health, inprocess, nccltime, propagation, rasenv, visibility
     expect = dict(expect or {})
     found = propagation.rules(m, expect)
     # a write a propagation finding already names as the cause of a changed value is that cause
@@ -19,6 +20,7 @@ def rules(m, expect: dict[str, str] | None = None) -> list[Finding]:
               if not (f.code == "ENV_OVERRIDDEN" and (f.var, f.evidence.get("where")) in named)]
     found += [*copies.multiple_libs(m), *copies.unhookable(m), *conf.conf_file_values(m),
               *visibility.env_unreadable(m), *nccltime.rules(m, expect), *health.comm_unhealthy(m)]
+    found += rasenv.not_said(rasenv.comm_env_divergent(m, expect), found)
     return aggregate(dedupe(found))
 
 

@@ -19,6 +19,7 @@ from ncclprobe.model.watched import is_watched, redact_argv
 if TYPE_CHECKING:
     from ncclprobe.witnesses.events import EventLog
     from ncclprobe.witnesses.ras import RasReading
+    from ncclprobe.witnesses.rasdiag import RasDiagnostics
 
 
 class _Build:
@@ -533,4 +534,21 @@ def add_ras(m: Model, reading: RasReading, host: str, local: set[str]) -> int:
             p = m.process(where, k.pid)
             p.sources.add("ras")
             joined += "proc" in p.sources
+    if reading.diagnostics is not None and reading.diagnostics.ok:
+        _add_ras_env(m, reading.diagnostics)
     return joined
+
+
+def _add_ras_env(m: Model, diag: RasDiagnostics) -> None:
+    """NCCL's RAS diagnostics' NCCL_* mismatches (witnesses/rasdiag) onto every RAS-listed rank of their
+    communicator: ras["env_diag"][var] = {"groups": [{value, ranks, total, cut}], "nranks", "t"}, the values
+    each process held when the diagnostics ran (its environ then, not at the communicator's creation)."""
+    ranks: dict[str, list[CommView]] = {}
+    for c in m.comms:
+        if c.ras is not None and c.comm_hash:
+            ranks.setdefault(c.comm_hash, []).append(c)
+    for mm in diag.env:
+        entry = {"groups": [{"value": g.value, "ranks": list(g.ranks), "total": g.total, "cut": g.cut}
+                            for g in mm.groups], "nranks": mm.nranks, "t": diag.t}
+        for c in ranks.get(mm.comm, ()):
+            c.ras.setdefault("env_diag", {})[mm.var] = entry

@@ -5,7 +5,8 @@ NCCL_RAS_ADDR, localhost:28028 by default).
 The client protocol is plain text (NCCL's src/ras/client.cc): the client says `CLIENT PROTOCOL 2`, the
 server `SERVER PROTOCOL <n>`; `SET FORMAT json` is answered `OK` where the server has the JSON format
 (2.28.7+), an error line before; `STATUS` (or `VERBOSE STATUS`) then gets the report, after which the
-server closes. Only these are ever sent: nothing here changes the job. Replies are read within a deadline
+server closes. Only these are ever sent, and `DIAGNOSTICS` (NCCL >= 2.31, on request: witnesses/rasdiag.py):
+nothing here changes the job (never `CONTROL ...`, which does). Replies are read within a deadline
 and a byte bound, and anything unexpected (refused, a server that never answers or never closes, a reply
 too large, malformed JSON) becomes the reading's `reason`, never an exception.
 
@@ -23,9 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ncclprobe.model import comm_id
+from ncclprobe.witnesses import rasdiag
+from ncclprobe.witnesses.rasdiag import RasDiagnostics
 
 DEFAULT_ADDR = "localhost:28028"
 TIMEOUT_S = 5.0    # the whole conversation, connecting included
+DIAG_TIMEOUT_S = 30.0  # diagnostics wait for every RAS peer's checks (lspci, dmesg, rdma_topo on 2.32)
+DONE_GRACE_S = 0.5     # after the completion line: a summary that failed follows it at once
+DIAG_SINCE = (2, 31)   # the first NCCL with the DIAGNOSTICS command
 MAX_BYTES = 32 << 20  # a report of thousands of ranks is a few MB
 PROTOCOL = 2
 
@@ -63,21 +69,42 @@ class RasReading:
     window_s: float | None = None      # with_rates: the seconds between the two readings
     rates: dict[tuple[str | None, int | None, int | None], dict[str, float]] = field(default_factory=dict)
     # with_rates: (hash, rank, pid) -> collectives per second per function
+    diagnostics: RasDiagnostics | None = None  # read_window(diagnostics=True): NCCL's RAS diagnostics (2.31+)
 
     @property
     def ok(self) -> bool:
         return self.reason is None
 
 
-def read_window(address: str, window: float | None) -> RasReading:
+def read_window(address: str, window: float | None, diagnostics: bool = False) -> RasReading:
     """read(address); with a window, a second reading that many seconds later, kept with the collectives per
-    second since the first (with_rates). A second reading that fails leaves the first."""
+    second since the first (with_rates). A second reading that fails leaves the first. With diagnostics, NCCL's
+    RAS diagnostics too (diagnostics_after)."""
     first = read(address)
-    if not window or not first.ok:
-        return first
-    time.sleep(window)
-    later = read(address)
-    return with_rates(first, later) if later.ok else first
+    if window and first.ok:
+        time.sleep(window)
+        later = read(address)
+        first = with_rates(first, later) if later.ok else first
+    if diagnostics:
+        first.diagnostics = diagnostics_after(first)
+    return first
+
+
+def diagnostics_after(status: RasReading) -> RasDiagnostics:
+    """read_diagnostics at the address a STATUS reading was read from, unless that reading says there is no
+    server or it names an NCCL older than 2.31 (then not asked: a reason)."""
+    version = _version_tuple(status.nccl_version)
+    if not status.ok:
+        return RasDiagnostics(status.address, status.t, reason=f"not asked: {status.reason}")
+    if version is not None and version < DIAG_SINCE:
+        return RasDiagnostics(status.address, status.t,
+                              reason=f"not asked: NCCL {status.nccl_version} has no RAS diagnostics (2.31+)")
+    return read_diagnostics(status.address)
+
+
+def _version_tuple(text: str | None) -> tuple[int, int] | None:
+    parts = (text or "").split(".")
+    return (int(parts[0]), int(parts[1])) if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else None
 
 
 def with_rates(first: RasReading, later: RasReading) -> RasReading:
@@ -161,37 +188,46 @@ def _json_whole(buf: bytes) -> bool:
     return True
 
 
-def read(address: str = DEFAULT_ADDR, timeout: float = TIMEOUT_S, verbose: bool = False) -> RasReading:
-    """One RAS report from the server at `address` (HOST:PORT), in JSON where the server has it."""
-    r = RasReading(address, time.time())
+def _connect(address: str, timeout: float) -> tuple[socket.socket | None, str | None]:
+    """A connection to the RAS server at address, or why none."""
     try:
         host, port = parse_address(address)
     except ValueError as exc:
-        r.reason = f"bad address {address!r}: {exc}"
+        return None, f"bad address {address!r}: {exc}"
+    try:
+        return socket.create_connection((host, port), timeout=timeout), None
+    except ConnectionRefusedError:
+        return None, (f"connection refused at {address}: no RAS service there (NCCL < 2.24, NCCL_RAS_ENABLE=0, "
+                      "another NCCL_RAS_ADDR, or no NCCL job on this node)")
+    except (TimeoutError, socket.timeout):
+        return None, f"timed out connecting to {address}"
+    except OSError as exc:
+        return None, f"cannot connect to {address}: {exc.strerror or exc}"
+
+
+def _hello(c: _Conn, address: str) -> str | None:
+    """The protocol handshake; why it failed, or None."""
+    c.send(f"CLIENT PROTOCOL {PROTOCOL}")
+    hello = c.line()
+    if hello is None or not hello.startswith("SERVER PROTOCOL"):
+        return f"not a RAS server at {address} (it said {_short(hello)})"
+    version = hello.split()[-1]
+    if not version.isdigit() or int(version) < PROTOCOL:
+        return f"RAS protocol {_short(version)} at {address}: this client speaks {PROTOCOL}"
+    return None
+
+
+def read(address: str = DEFAULT_ADDR, timeout: float = TIMEOUT_S, verbose: bool = False) -> RasReading:
+    """One RAS report from the server at `address` (HOST:PORT), in JSON where the server has it."""
+    r = RasReading(address, time.time())
+    sock, r.reason = _connect(address, timeout)
+    if sock is None:
         return r
     deadline = time.monotonic() + timeout
     try:
-        sock = socket.create_connection((host, port), timeout=timeout)
-    except ConnectionRefusedError:
-        r.reason = (f"connection refused at {address}: no RAS service there (NCCL < 2.24, NCCL_RAS_ENABLE=0, "
-                    "another NCCL_RAS_ADDR, or no NCCL job on this node)")
-        return r
-    except (TimeoutError, socket.timeout):
-        r.reason = f"timed out connecting to {address}"
-        return r
-    except OSError as exc:
-        r.reason = f"cannot connect to {address}: {exc.strerror or exc}"
-        return r
-    try:
         c = _Conn(sock, deadline)
-        c.send(f"CLIENT PROTOCOL {PROTOCOL}")
-        hello = c.line()
-        if hello is None or not hello.startswith("SERVER PROTOCOL"):
-            r.reason = f"not a RAS server at {address} (it said {_short(hello)})"
-            return r
-        version = hello.split()[-1]
-        if not version.isdigit() or int(version) < PROTOCOL:
-            r.reason = f"RAS protocol {_short(version)} at {address}: this client speaks {PROTOCOL}"
+        r.reason = _hello(c, address)
+        if r.reason:
             return r
         c.send("SET FORMAT json")
         answer = c.line()
@@ -218,6 +254,69 @@ def read(address: str = DEFAULT_ADDR, timeout: float = TIMEOUT_S, verbose: bool 
         if not r.text:
             r.reason = f"empty reply from {address}"
     return r
+
+
+def read_diagnostics(address: str = DEFAULT_ADDR, timeout: float = DIAG_TIMEOUT_S) -> RasDiagnostics:
+    """NCCL's RAS diagnostics (2.31+) from the server at `address`: the DIAGNOSTICS command, in text (NCCL
+    refuses it in JSON). It changes nothing in the job, but every process of it runs the checks (NVML queries;
+    on 2.32 also lspci, dmesg and rdma_topo), so it is asked only on request."""
+    d = RasDiagnostics(address, time.time())
+    sock, d.reason = _connect(address, timeout)
+    if sock is None:
+        return d
+    try:
+        c = _Conn(sock, time.monotonic() + timeout)
+        d.reason = _hello(c, address)
+        if d.reason:
+            return d
+        c.send("DIAGNOSTICS")
+        first = c.line()
+        d.reason = _refusal(first, address)
+        if d.reason:
+            return d
+        body = first + "\n" + _until_closed(c).decode("utf-8", "replace")
+    except (TimeoutError, socket.timeout):
+        d.reason = f"timed out after {timeout:g} s waiting for the diagnostics report from {address}"
+        return d
+    except OverflowError:
+        d.reason = f"diagnostics report from {address} over {MAX_BYTES} bytes: not read"
+        return d
+    except OSError as exc:
+        d.reason = f"connection to {address} failed: {exc.strerror or exc}"
+        return d
+    finally:
+        sock.close()
+    return rasdiag.parse(d, body)
+
+
+def _refusal(first: str | None, address: str) -> str | None:
+    """Why the server gave no report (its first line says so), or None."""
+    if first is None:
+        return f"{address} closed the connection without a diagnostics report"
+    if first.startswith("ERROR: Unknown command"):  # NCCL < 2.31: and it keeps the connection open
+        return f"no RAS diagnostics at {address} (NCCL < 2.31)"
+    if first.startswith("BUSY"):  # one run at a time per process (src/ras/client_support.cc)
+        return (f"RAS diagnostics busy at {address}: a run is in progress in that process "
+                "(NCCL_RUN_RAS_DIAGNOSTICS at a communicator's creation, or another client); ask again later")
+    if first.startswith("ERROR"):
+        return f"RAS diagnostics refused at {address}: {_short(first)}"
+    return None
+
+
+def _until_closed(c: _Conn) -> bytes:
+    """The report until the server closes; where the completion line came and nothing more within
+    DONE_GRACE_S, that is the report (a server that keeps the connection open)."""
+    while not c.closed:
+        if rasdiag.DONE_MARK in c.buf:
+            c.deadline = min(c.deadline, time.monotonic() + DONE_GRACE_S)
+            try:
+                while c._more():
+                    pass
+            except TimeoutError:
+                pass
+            break
+        c._more()
+    return c.buf
 
 
 def _short(text: str | None) -> str:
