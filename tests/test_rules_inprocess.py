@@ -173,3 +173,16 @@ def test_multiple_libs_in_one_process():
                                              lib="/other/libnccl.so.2")])
     assert codes(copies.multiple_libs(m)) == ["NCCL_MULTIPLE_LIBS"]
     assert copies.multiple_libs(build([comm(10, 1.0, LL)])) == []
+
+
+def test_ranks_divergent_on_values_held_now_says_so():
+    """A communicator only RAS listed carries what its processes hold now, not what they were created
+    with: the finding says which (still an error: ranks that disagree now may hang the next collective)."""
+    m = build([comm(10, 1.0, LL, rank=0, uid="u1"), comm(11, 1.0, SIMPLE, rank=1, uid="u1")])
+    for c in m.comms:
+        c.env_source = "held now (live read; not at creation)"
+    [f] = inprocess.comm_ranks_divergent(m)
+    assert f.severity == "error" and "hold different tuning now" in f.message and "created with" not in f.message
+    [g] = inprocess.comm_ranks_divergent(build([comm(10, 1.0, LL, rank=0, uid="u1"),
+                                                comm(11, 1.0, SIMPLE, rank=1, uid="u1")]))
+    assert "were created with different tuning" in g.message

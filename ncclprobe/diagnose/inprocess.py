@@ -131,9 +131,13 @@ def comm_ranks_divergent(m: Model) -> list[Finding]:
             continue
         parts = ["{}: {}".format(var, "; ".join(f"{val} on {len(who)} rank(s)" for val, who in vals.items()))
                  for var, vals in diverging.items()]
+        # a communicator only RAS listed has no environment at creation: say it is what they hold now
+        now = any((c.env_source or "").startswith("held now") for c in comms)
+        said = "hold different tuning now (their values at creation are unknown)" if now else \
+            "were created with different tuning"
         out.append(Finding(
             "COMM_RANKS_DIVERGENT", "error",
-            f"ranks of communicator {group} were created with different tuning — " + " | ".join(parts),
+            f"ranks of communicator {group} {said} — " + " | ".join(parts),
             pids=tuple(sorted({c.pid for c in comms})), var=next(iter(diverging)) if len(diverging) == 1 else None,
             vars=tuple(diverging) if len(diverging) > 1 else (), instances=tuple(_at(c) for c in comms),
             evidence={"communicator": group, "values": diverging}, cause=group,
