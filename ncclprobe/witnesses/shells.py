@@ -36,6 +36,9 @@ class SimpleCommand:
     text: str  # as written, for evidence
     exported: tuple[str, ...] = ()  # names made environment variables by `export`/`declare -x`
     tokens: tuple[str, ...] = ()  # the words as written, keywords and wrappers included
+    line: int = 0  # the script's line it starts on (1-based; 0: not known)
+    # the wrappers before the command, outermost first: (program, its options, the NAME=VALUE it passes)
+    wrappers: tuple[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], ...] = ()
 
     def display(self, show: Callable[[str, str], str | None] | None = None) -> str:
         """The text with each NAME=VALUE word's value as show(NAME, VALUE) gives it (None: redacted),
@@ -83,44 +86,227 @@ def strip_comments(script: str) -> str:
     return "".join(out)
 
 
+# ------------------------------------------------------------------ the lexer
+# Operators, longest first; a redirection's next word is its target (a here-document's: its delimiter)
+_OPERATORS = ("&>>", "<<<", "<<-", ";;&", "&&", "||", ";;", ";&", "|&", "&>", ">>", "<<", ">&", "<&", "<>", ">|",
+              ";", "&", "|", "(", ")", "<", ">", "\n")
+_WORD_ENDS = frozenset(" \t\r\n;&|<>()")
+_PAIRS = {"(": ")", "{": "}"}
+
+
+@dataclass(frozen=True)
+class Token:
+    text: str  # a word with its quotes removed (expansions kept as written: `$x`, `$(cmd)`), or an operator
+    line: int  # the line it starts on (1-based)
+    op: bool = False
+
+
+def _closing(s: str, i: int) -> int:
+    """The index just past the construct that starts at s[i] (`$(`, `${`, `$((`, a backquote), nested
+    ones and quotes inside skipped. Raises ValueError where it never closes."""
+    if s[i] == "`":
+        j = i + 1
+        while j < len(s) and s[j] != "`":
+            j += 2 if s[j] == "\\" else 1
+        if j >= len(s):
+            raise ValueError("unclosed `")
+        return j + 1
+    opener = s[i + 1]
+    closer, depth, j = _PAIRS[opener], 0, i + 1
+    while j < len(s):
+        ch = s[j]
+        if ch == "\\":
+            j += 2
+            continue
+        if ch == "'" and opener == "(":
+            k = s.find("'", j + 1)
+            if k < 0:
+                raise ValueError("unclosed '")
+            j = k + 1
+            continue
+        if ch == '"':
+            j = _dquote_end(s, j)
+            continue
+        if ch == "$" and j + 1 < len(s) and s[j + 1] in "({" or ch == "`":
+            j = _closing(s, j)
+            continue
+        if ch == opener:
+            depth += 1
+        elif ch == closer:
+            depth -= 1
+            if depth == 0:
+                return j + 1
+        j += 1
+    raise ValueError(f"unclosed ${opener}")
+
+
+def _dquote_end(s: str, i: int) -> int:
+    """The index just past the double-quoted string that starts at s[i]."""
+    j = i + 1
+    while j < len(s):
+        ch = s[j]
+        if ch == "\\":
+            j += 2
+        elif ch == '"':
+            return j + 1
+        elif ch == "$" and j + 1 < len(s) and s[j + 1] in "({" or ch == "`":
+            j = _closing(s, j)
+        else:
+            j += 1
+    raise ValueError('unclosed "')
+
+
+def _word(s: str, i: int) -> tuple[str, int]:
+    """One word from s[i]: its text with quotes removed (a backslash escapes the next character; a
+    backslash-newline is a line continuation, gone), expansions kept as written; and where it ends."""
+    out: list[str] = []
+    n = len(s)
+    while i < n and s[i] not in _WORD_ENDS:
+        ch = s[i]
+        if ch == "\\":
+            if s[i + 1:i + 2] != "\n":
+                out.append(s[i + 1:i + 2])
+            i += 2
+        elif ch == "'":
+            j = s.find("'", i + 1)
+            if j < 0:
+                raise ValueError("unclosed '")
+            out.append(s[i + 1:j])
+            i = j + 1
+        elif ch == "$" and s[i + 1:i + 2] == "'":  # $'...': ANSI-C quoting, kept as its escapes are written
+            j = i + 2
+            while j < n and s[j] != "'":
+                j += 2 if s[j] == "\\" else 1
+            if j >= n:
+                raise ValueError("unclosed $'")
+            out.append(s[i + 2:j])
+            i = j + 1
+        elif ch == '"':
+            j = _dquote_end(s, i)
+            inner, k = s[i + 1:j - 1], 0
+            while k < len(inner):  # inside double quotes a backslash escapes only $ ` " \ and the newline
+                c = inner[k]
+                if c == "\\" and k + 1 < len(inner) and inner[k + 1] in '$`"\\\n':
+                    if inner[k + 1] != "\n":
+                        out.append(inner[k + 1])
+                    k += 2
+                elif c == "$" and k + 1 < len(inner) and inner[k + 1] in "({" or c == "`":
+                    e = _closing(inner, k)
+                    out.append(inner[k:e])
+                    k = e
+                else:
+                    out.append(c)
+                    k += 1
+            i = j
+        elif ch == "$" and s[i + 1:i + 2] in ("(", "{") or ch == "`":
+            j = _closing(s, i)
+            out.append(s[i:j])
+            i = j
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out), i
+
+
+def lex(script: str) -> list[Token]:
+    """The tokens of a shell script: words (quotes removed, expansions kept as written) and operators,
+    each with the line it starts on. Comments (a `#` that starts a word) are dropped, line
+    continuations joined, here-document bodies skipped. Raises ValueError on an unclosed quote or
+    substitution."""
+    s, i, n, line = script, 0, len(script), 1
+    out: list[Token] = []
+    heredocs: list[tuple[str, bool]] = []  # delimiters of the here-documents whose bodies start at the next line
+    while i < n:
+        ch = s[i]
+        if ch == "\\" and s[i + 1:i + 2] == "\n":
+            i, line = i + 2, line + 1
+            continue
+        if ch in " \t\r":
+            i += 1
+            continue
+        if ch == "#":
+            j = s.find("\n", i)
+            i = n if j < 0 else j
+            continue
+        if ch == "\n":
+            out.append(Token("\n", line, True))
+            i, line = i + 1, line + 1
+            for delim, tabs in heredocs:  # the bodies, one after the other, each to its delimiter's line
+                while i < n:
+                    j = s.find("\n", i)
+                    body = s[i:n if j < 0 else j]
+                    i, line = (n, line) if j < 0 else (j + 1, line + 1)
+                    if (body.lstrip("\t") if tabs else body) == delim:
+                        break
+            heredocs.clear()
+            continue
+        op = next((o for o in _OPERATORS if s.startswith(o, i)), None)
+        if op is not None:
+            out.append(Token(op, line, True))
+            i += len(op)
+            if op in ("<<", "<<-"):
+                while i < n and s[i] in " \t":
+                    i += 1
+                delim, i = _word(s, i)
+                heredocs.append((delim, op == "<<-"))
+                out.append(Token(delim, line))
+            continue
+        start = line
+        j = i
+        text, i = _word(s, i)
+        line += s.count("\n", j, i)
+        out.append(Token(text, start))
+    return out
+
+
 def split_script(script: str) -> list[SimpleCommand]:
-    """The simple commands of a shell list (`;`, `&&`, `||`, `|`, `&`, newlines), shlex-level: no
-    expansion, quotes honoured, comments dropped. Raises ValueError on unbalanced quotes."""
-    lex = shlex.shlex(strip_comments(script), posix=True, punctuation_chars=";&|<>()\n")
-    lex.whitespace = " \t\r"
-    lex.whitespace_split = True
-    # comments by hand: shlex's own commenters swallow the newline that ends the command before them
-    lex.commenters = ""
+    """The simple commands of a shell list (`;`, `&&`, `||`, `|`, `&`, newlines), each with the line it
+    starts on: no expansion, quotes honoured, comments and here-document bodies dropped, a command
+    substitution one word. Raises ValueError on unbalanced quotes."""
     commands: list[SimpleCommand] = []
     current: list[str] = []
+    first_line = 0
 
     def flush():
         if current:
-            commands.append(_simple(current))
+            commands.append(_simple(current, first_line))
             current.clear()
 
     skip_next = False
-    for tok in lex:
+    for tok in lex(script):
         if skip_next:
             skip_next = False
             continue
-        if tok and set(tok) <= set(";&|\n()") and tok not in ("(", ")"):
-            flush()
-            continue
-        if _REDIRECT.match(tok):
+        if tok.op and tok.text[0] in "<>" or tok.text in ("&>", "&>>"):
             skip_next = True  # the redirection's target is not an argument
             if current and current[-1].isdigit():
                 current.pop()  # `2>&1`: the fd number is not an argument either
             continue
-        if tok in ("(", ")"):
+        if tok.op:
             flush()
             continue
-        current.append(tok)
+        if not current:
+            first_line = tok.line
+        current.append(tok.text)
     flush()
     return commands
 
 
-def _simple(tokens: list[str]) -> SimpleCommand:
+# options of a wrapper that take the next word as their value (not the command)
+_OPTION_ARGS = {"env": {"-u", "--unset", "-C", "--chdir", "-S", "--split-string"},
+                "sudo": {"-u", "--user", "-g", "--group", "-C", "--close-from", "-D", "--chdir", "-h", "--host",
+                         "-p", "--prompt", "-r", "--role", "-t", "--type", "-U", "--other-user", "-T",
+                         "--command-timeout"},
+                "su": {"-c", "--command", "-s", "--shell", "-g", "--group", "-G", "--supp-group", "-w",
+                       "--whitelist-environment"},
+                "runuser": {"-c", "--command", "-s", "--shell", "-g", "--group", "-G", "--supp-group", "-w",
+                            "--whitelist-environment", "-u", "--user"},
+                "nice": {"-n", "--adjustment"}, "ionice": {"-c", "-n", "-p", "--class", "--classdata"},
+                "taskset": set(), "chrt": set(), "numactl": set(), "timeout": {"-s", "--signal", "-k", "--kill-after"},
+                "stdbuf": {"-i", "-o", "-e"}}
+
+
+def _simple(tokens: list[str], line: int = 0) -> SimpleCommand:
     text = " ".join(shlex.quote(t) if t != "" else "''" for t in tokens)
     written = tuple(tokens)
     while tokens and tokens[0] in _KEYWORDS:
@@ -135,17 +321,50 @@ def _simple(tokens: list[str]) -> SimpleCommand:
     exported: list[str] = []
     if words and words[0] in ("export", "declare", "typeset") and (words[0] == "export" or "-x" in words[1:]):
         exported = [w.split("=", 1)[0] for w in words[1:] if not w.startswith("-")]
-    while words and os.path.basename(words[0]) in _WRAPPERS:
+    wrappers: list[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]] = []
+    while words and os.path.basename(words[0]) in _WRAPPERS | {"su", "runuser"}:
         wrapper = os.path.basename(words[0])
         words = words[1:]
-        while words and (words[0].startswith("-") or (wrapper == "env" and _ASSIGN.match(words[0]))):
+        options: list[str] = []
+        given: list[tuple[str, str]] = []  # the NAME=VALUE words the wrapper itself passes on (env, sudo)
+        takes = _OPTION_ARGS.get(wrapper, set())
+        while words and (words[0].startswith("-") or (wrapper in ("env", "sudo") and _ASSIGN.match(words[0]))):
             m = _ASSIGN.match(words[0])
             if m:
+                given.append((m.group(1), m.group(2)))
                 assigns.append((m.group(1), m.group(2)))
+            else:
+                options.append(words[0])
+                if words[0] in takes and len(words) > 1:
+                    options.append(words[1])
+                    words = words[1:]
+                if words[0] == "--":
+                    words = words[1:]
+                    break
             words = words[1:]
+        if wrapper in ("su", "runuser"):  # su [-] [USER] [-c CMD]: the command is the -c string
+            rest = list(words)
+            words = []
+            while rest:  # options may follow the user too (`su - bob -c CMD`)
+                w = rest.pop(0)
+                options.append(w)
+                if w in takes and rest:
+                    options.append(rest.pop(0))
+            cmd = next((options[k + 1] for k, o in enumerate(options[:-1]) if o in ("-c", "--command")), None)
+            words = tuple(split_script(cmd)[-1].words) if cmd and _safe_split(cmd) else ()
+            wrappers.append((wrapper, tuple(options), tuple(given)))
+            break
         if wrapper in ("timeout",) and words and re.match(r"^\d", words[0]):
             words = words[1:]
-    return SimpleCommand(tuple(assigns), tuple(words), text, tuple(exported), written)
+        wrappers.append((wrapper, tuple(options), tuple(given)))
+    return SimpleCommand(tuple(assigns), tuple(words), text, tuple(exported), written, line, tuple(wrappers))
+
+
+def _safe_split(cmd: str) -> bool:
+    try:
+        return bool(split_script(cmd))
+    except ValueError:
+        return False
 
 
 def wrapped_command(argv: list[str]) -> list[str]:
@@ -214,23 +433,78 @@ def _words_match(words: list[str], argv: list[str]) -> bool:
 
 
 def _leads_to(cmd: SimpleCommand, child: list[str]) -> bool:
-    """Is this simple command the one that became `child` (its exec'ed command line)? Words with
-    parameter expansions ($here/w.py, "$@") match what they can expand to."""
+    """Is this simple command the one that became `child` (its exec'ed command line, or a wrapper that
+    forks it: `sudo python3 w.py`)? Words with parameter expansions ($here/w.py, "$@") match what they
+    can expand to."""
     if not cmd.words or not child:
         return False
-    if not _word_matches(os.path.basename(cmd.words[0]), os.path.basename(child[0])):
-        # an interpreter may show its real name (python3.11 for python); compare the arguments
+    inner = wrapped_command(child)
+    return any(_leads_to_one(cmd, c) for c in ([child, inner] if inner and inner != child else [child]))
+
+
+def _leads_to_one(cmd: SimpleCommand, child: list[str]) -> bool:
+    first, name = os.path.basename(cmd.words[0]), os.path.basename(child[0])
+    if not _word_matches(first, name):
+        # an interpreter may show its real name (python3.11 for python): the arguments then say
+        if not (name.startswith(first) or first.startswith(name) or "$" in first or "`" in first):
+            return False
         return len(cmd.words) > 1 and _words_match(list(cmd.words[1:]), child[1:])
     return _words_match(list(cmd.words[1:]), child[1:]) or len(cmd.words) == 1
 
 
 @dataclass(frozen=True)
 class PrefixPitfall:
-    var: str
+    var: str  # "*" for a wrapper that drops every variable but those it keeps
     value: str
     command: str  # the simple command that received the assignment ("" for a bare assignment)
     led_to_target: str  # the simple command that became the path to the target
-    kind: str  # prefix (scoped to another command) | unexported (bare assignment, never exported)
+    kind: str  # prefix (scoped to another command) | unexported (bare assignment, never exported) |
+    # a wrapper of the command that filters its environment: env -i | env -u | sudo | su
+    line: int = 0  # the script's line of the assignment (of the wrapper, for a filtering one)
+    kept: tuple[str, ...] = ()  # the names a filtering wrapper passes on
+
+
+FILTERS = ("env -i", "env -u", "sudo", "su")
+
+
+def _option(options, short: str, long: str) -> list[str]:
+    """The values of a wrapper's option (`-u A`, `-uA`, `--unset A`, `--unset=A`), in order."""
+    out, it = [], iter(options)
+    for o in it:
+        if o in (short, long):
+            out.append(next(it, ""))
+        elif o.startswith(long + "="):
+            out.append(o.split("=", 1)[1])
+        elif o.startswith(short) and not o.startswith("--") and len(o) > len(short):
+            out.append(o[len(short):])
+    return [v for v in out if v]
+
+
+def _flag(options, letter: str, *longs: str) -> bool:
+    return any(o in longs or (o.startswith("-") and not o.startswith("--") and letter in o[1:2]) for o in options)
+
+
+def filtering(cmd: SimpleCommand) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The wrappers of a simple command that filter the environment its command gets: (kind, the name
+    it drops or "*" for all, the names it keeps). `env -i A=1 cmd` drops all but A; `env -u A` drops A;
+    sudo resets it (env_reset) unless -E/--preserve-env, keeping --preserve-env=LIST and NAME=VALUE;
+    `su -`/`su -l`/`su --login` (runuser likewise) keep only -w/--whitelist-environment's (and TERM)."""
+    out: list[tuple[str, str, tuple[str, ...]]] = []
+    for k, (prog, options, given) in enumerate(cmd.wrappers):
+        later = tuple(n for _, _, g in cmd.wrappers[k:] for n, _ in g)  # what this and the inner wrappers pass on
+        if prog == "env":
+            if "-" in options or _flag(options, "i", "--ignore-environment"):
+                out.append(("env -i", "*", later))
+            out += [("env -u", name, ()) for name in _option(options, "-u", "--unset") if name not in later]
+        elif prog == "sudo":
+            if _flag(options, "E", "--preserve-env"):
+                continue
+            kept = tuple(n for v in _option(options, "--preserve-env", "--preserve-env") for n in v.split(","))
+            out.append(("sudo", "*", kept + later))
+        elif prog in ("su", "runuser") and ("-" in options or _flag(options, "l", "--login")):
+            kept = tuple(n for v in _option(options, "-w", "--whitelist-environment") for n in v.split(","))
+            out.append(("su", "*", kept + ("TERM",)))
+    return out
 
 
 def pitfalls(script: str, child: list[str], watched, shell_env=None,
@@ -253,15 +527,18 @@ def pitfalls(script: str, child: list[str], watched, shell_env=None,
     exported = {n for c in commands[:lead_index] for n in c.exported}
     prefixed_lead = {n for n, _ in lead.assignments}
     out = []
+    for kind, name, kept in filtering(lead):  # the command's own wrappers: what they drop never reaches it
+        if name == "*" or watched(name):
+            out.append(PrefixPitfall(name, "", lead.display(show), lead.display(show), kind, lead.line, kept))
     for c in commands[:lead_index] + commands[lead_index + 1:]:
         for name, value in c.assignments:
             if not watched(name) or name in prefixed_lead:
                 continue
             if c.words:
-                out.append(PrefixPitfall(name, value, c.display(show), lead.display(show), "prefix"))
+                out.append(PrefixPitfall(name, value, c.display(show), lead.display(show), "prefix", c.line))
             elif (shell_env is not None and name not in shell_env and name not in exported
                   and commands.index(c) < lead_index):
-                out.append(PrefixPitfall(name, value, "", lead.display(show), "unexported"))
+                out.append(PrefixPitfall(name, value, "", lead.display(show), "unexported", c.line))
     return out
 
 
