@@ -580,11 +580,14 @@ def _shell_script_of(path: str) -> str | None:
 
 def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: bool = True) -> list[dict]:
     """Shell pitfalls found from the model alone (no live /proc reading): the script of each shell
-    process whose command line names it by an absolute path (or whose `script` the watch recorded),
-    against each of its children; and a wrapper script that exec'd its command (`torchrun --no-python
-    wrap.sh`, where bash became the worker): the script its parent's command line names, against the
-    process it became. Shell pids in `covered` were read live already. Values of unwatched assignments
-    are not shown."""
+    process (its -c string, or the file its command line names: by an absolute path, by one relative to
+    the shell's working directory, or as its fd 255 named it when the watch saw it), against each of its
+    children; a shell that exec'd its command (`bash -c 'exec env -i … python3 w.py'`: the pid ran the
+    shell, then became the command), against what it became; and a wrapper script that exec'd its
+    command (`torchrun --no-python wrap.sh`, where bash became the worker): the script its parent's
+    command line names (relative ones against the parent's working directory), against the process it
+    became. Shell pids in `covered` were read live already. Values of unwatched assignments are not
+    shown."""
     from ncclprobe.model.watched import is_watched, redact_assignments
     watched = watched or is_watched
 
@@ -603,42 +606,108 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
             stack.extend(kids.get((q.host, q.pid), []))
         return sorted(out)
 
-    def is_shell(p) -> bool:
-        return os.path.basename((p.exe or "") or (p.argv or [""])[0]) in SHELL_NAMES
+    def is_shell(argv, exe=None) -> bool:
+        return os.path.basename(exe or (argv or [""])[0]).lstrip("-") in SHELL_NAMES
 
     def one(text: str) -> str:
         return " ".join(text.split())
 
+    def script_of(argv, script, cwd) -> tuple[str, str, str | None] | None:
+        """(its text, the name a hint gives it, its path) of a shell command line's script."""
+        inline = shell_script(argv)
+        if inline is not None:
+            return inline, f"`{os.path.basename(argv[0]).lstrip('-')} -c`", None
+        path = script or resolve(script_file(argv) or "", cwd) if script_file(argv) else script
+        text = read_script(path) if path else None
+        return (text, os.path.basename(path), path) if text is not None else None
+
+    def record(pf, shell_pid, shell_argv, name, subtree_of, **extra) -> dict:
+        return {"shell": shell_pid, "shell_command": redact_assignments(one(" ".join(shell_argv)))[:200],
+                "pids": subtree(subtree_of), "var": pf.var, "value": pf.value,
+                "command": redact_assignments(one(pf.command)), "led_to_target": redact_assignments(one(pf.led_to_target)),
+                "kind": pf.kind, **pitfall_fields(pf, name), **extra}
+
     out: list[dict] = []
     for s in m.processes.values() if shells else ():
-        if s.pid in covered or not s.argv or not is_shell(s):
+        if s.pid in covered or not s.argv or not is_shell(s.argv, s.exe):
             continue
-        path = getattr(s, "script", None) or script_file(s.argv)
-        script = shell_script(s.argv) or (read_script(path) if path and path.startswith("/") else None)
-        if script is None:
+        found = script_of(s.argv, getattr(s, "script", None), getattr(s, "cwd", None))
+        if found is None:
             continue
+        script, name, path = found
         env = s.proc_exec_env if s.proc_exec_env is not None else s.start_env
         for child in kids.get((s.host, s.pid), []):
             if child.argv == s.argv or not child.argv:
                 continue
             for pf in pitfalls(script, child.argv, watched, env, show):
-                out.append({"shell": s.pid, "shell_command": redact_assignments(one(" ".join(s.argv)))[:200], "pids": subtree(child),
-                            "var": pf.var, "value": pf.value, "command": redact_assignments(one(pf.command)),
-                            "led_to_target": redact_assignments(one(pf.led_to_target)), "kind": pf.kind})
+                out.append(record(pf, s.pid, s.argv, name, child, **({"script": path} if path else {})))
+    for x in m.processes.values() if shells else ():  # a shell that exec'd its command: the pid became it
+        if x.pid in covered or not x.argv or is_shell(x.argv, x.exe):
+            continue
+        for image in reversed(x.images):
+            if not is_shell(image):
+                continue
+            found = script_of(image, None, getattr(x, "cwd", None))
+            if found is not None:
+                for pf in pitfalls(found[0], x.argv, watched, None, show):
+                    if pf.kind != "unexported":  # its own environment then is unknown: no claim of that kind
+                        out.append(record(pf, x.pid, image, found[1], x, exec=True, script=found[2] or found[1],
+                                          started_by=x.ppid))
+            break
     scripts: dict[int, tuple] = {}  # the shell scripts a command line names, once per command line
     for x in m.processes.values():  # a wrapper script that exec'd: the shell became x
         parent = m.processes.get((x.host, x.ppid)) if x.ppid else None
-        if parent is None or not parent.argv or not x.argv or is_shell(parent) or x.pid in covered:
+        if parent is None or not parent.argv or not x.argv or is_shell(parent.argv, parent.exe) or x.pid in covered:
             continue
         hit = scripts.get(id(parent.argv))
         if hit is None:
-            named = [(a, s) for a in parent.argv[1:] if a.startswith("/") for s in [_shell_script_of(a)] if s]
+            named = [(a, p, s) for a in parent.argv[1:] if not a.startswith("-")
+                     for p in [resolve(a, getattr(parent, "cwd", None))] if p for s in [_shell_script_of(p)] if s]
             hit = scripts[id(parent.argv)] = (parent.argv, named)
-        for arg, script in hit[1]:
+        for arg, path, script in hit[1]:
             for pf in pitfalls(script, x.argv, watched, None, show):
-                if pf.kind == "prefix":  # the wrapper's own environment is unknown: only prefixes are sure
-                    out.append({"shell": x.pid, "shell_command": f"{arg} (a wrapper script that exec'd)",
-                                "pids": subtree(x), "var": pf.var, "value": pf.value, "command": redact_assignments(one(pf.command)),
-                                "led_to_target": redact_assignments(one(pf.led_to_target)), "kind": pf.kind,
-                                "exec": True, "script": arg, "started_by": parent.pid})
+                if pf.kind != "unexported":  # the wrapper's own environment is unknown: only what it wrote is sure
+                    out.append(record(pf, x.pid, [arg], os.path.basename(path), x, exec=True, script=arg,
+                                      started_by=parent.pid,
+                                      shell_command=f"{arg} (a wrapper script that exec'd)"))
     return out
+
+def cwd_and_script(reader, base: str, argv: list[str] | None) -> tuple[str | None, str | None]:
+    """A process's working directory (base: its /proc/PID), and for a shell that runs a script file
+    (`bash run.sh`, not `-c`), the script as its fd 255 names it: bash keeps the script it reads open
+    there (shell.c, default_buffered_input), so it names it after the script changed directory. Only
+    where the descriptor names a file of the script's name (else fd 255 is put to another use).
+    Never raises."""
+    try:
+        cwd = reader.readlink(base + "/cwd")
+    except (OSError, ValueError):
+        cwd = None
+    path = script_file(list(argv)) if argv else None
+    script = None
+    if path is not None:
+        try:
+            target = reader.readlink(base + "/fd/255")
+        except (OSError, ValueError):
+            target = None
+        if target and target.startswith("/") and os.path.basename(target) == os.path.basename(path.rstrip("/")):
+            script = target
+    return cwd, script
+
+
+def resolve(path: str, cwd: str | None) -> str | None:
+    """A script path as a process named it, made absolute against its working directory (None where it
+    is relative and the directory is not known)."""
+    if path.startswith("/"):
+        return path
+    return os.path.normpath(os.path.join(cwd, path)) if cwd and cwd.startswith("/") else None
+
+
+def where(pf: PrefixPitfall, name: str) -> str:
+    """FILE:LINE of a pitfall (name: the script's file, or `bash -c` for an inline one)."""
+    return f"{name}:{pf.line}" if pf.line else name
+
+
+def pitfall_fields(pf: PrefixPitfall, name: str) -> dict:
+    """The fields of a pitfall record that say where it is and what a filtering wrapper keeps (the
+    model's and inspect's records alike)."""
+    return {"line": pf.line or None, "where": where(pf, name), "kept": list(pf.kept)}
