@@ -641,10 +641,12 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
                 continue
             for pf in pitfalls(script, child.argv, watched, env, show):
                 out.append(record(pf, s.pid, s.argv, name, child, **({"script": path} if path else {})))
+    given = getattr(m, "given", None) or {}
     for x in m.processes.values() if shells else ():  # a shell that exec'd its command: the pid became it
         if x.pid in covered or not x.argv or is_shell(x.argv, x.exe):
             continue
-        for image in reversed(x.images):
+        first = [given["command"]] if x.ppid == given.get("pid") and given.get("command") else []  # run's CMD
+        for image in reversed(first + [i for i in x.images if i != given.get("command")]):
             if not is_shell(image):
                 continue
             found = script_of(image, None, getattr(x, "cwd", None))
