@@ -213,3 +213,46 @@ def test_inspect_names_env_i_at_its_line_from_a_relative_script_that_changed_dir
     finally:
         os.killpg(sh.pid, signal.SIGKILL)
         sh.wait()
+
+
+# ------------------------------------------------------------------ the examples, as their READMEs give them
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def typed(argv: list[str], cwd: Path, exported: bool = False) -> dict:
+    """`ncclprobe run --json --expect NCCL_PROTO=LL -- argv` from cwd, as typed (no --hold); python3 as an
+    activated virtual environment gives it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")}
+    env["PATH"] = f"{Path(PY).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+    if exported:
+        env["NCCL_PROTO"] = "LL"
+    p = subprocess.run([*NCCLPROBE, "run", "--json", "--expect", "NCCL_PROTO=LL", "--", *argv], cwd=cwd, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.stdout, p.stderr
+    return json.loads(p.stdout)
+
+
+@pytest.mark.parametrize("argv,cwd", [(["bash", "bash_prefix/fail_unexported.sh"], "examples"),
+                                      (["bash", "examples/bash_prefix/fail_unexported.sh"], "."),
+                                      (["bash", "examples/bash_prefix/fail_prefix.sh"], ".")],
+                         ids=["from-examples", "from-root", "prefix"])
+def test_bash_prefix_examples_as_typed(argv, cwd):
+    f = one_error(typed(argv, EXAMPLES.parent / cwd))
+    assert f["code"] == "SHELL_PREFIX_SCOPE" and f["edge"]["kind"] == "shell_prefix", f
+    assert f["hint"].startswith(f"{os.path.basename(argv[-1])}:"), f["hint"]
+
+
+def test_env_i_example_as_typed():
+    f = one_error(typed(["bash", "examples/env_i/fail.sh"], EXAMPLES.parent, exported=True))
+    assert f["edge"]["kind"] == "curated_env" and f["edge"]["launcher"] == "env -i", f
+    assert f["hint"].startswith("fail.sh:5: `env -i`"), f["hint"]
+
+
+@pytest.mark.slow
+def test_torchrun_wrapper_example_by_relative_path_as_typed():
+    pytest.importorskip("torch")
+    d = typed(["torchrun", "--standalone", "--nproc-per-node", "2", "--no-python", "examples/torchrun_wrapper/fail.sh"],
+              EXAMPLES.parent)
+    f = one_error(d)
+    assert f["code"] == "SHELL_PREFIX_SCOPE" and len(f["pids"]) == 2, f
+    assert f["hint"].startswith("fail.sh:5: export it for the whole script"), f["hint"]

@@ -642,6 +642,7 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
             for pf in pitfalls(script, child.argv, watched, env, show):
                 out.append(record(pf, s.pid, s.argv, name, child, **({"script": path} if path else {})))
     given = getattr(m, "given", None) or {}
+    became: set = set()  # the processes a shell's own image (seen, or run's CMD) already explained
     for x in m.processes.values() if shells else ():  # a shell that exec'd its command: the pid became it
         if x.pid in covered or not x.argv or is_shell(x.argv, x.exe):
             continue
@@ -651,6 +652,7 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
                 continue
             found = script_of(image, None, getattr(x, "cwd", None))
             if found is not None:
+                became.add((x.host, x.pid))
                 for pf in pitfalls(found[0], x.argv, watched, None, show):
                     if pf.kind != "unexported":  # its own environment then is unknown: no claim of that kind
                         out.append(record(pf, x.pid, image, found[1], x, exec=True, script=found[2] or found[1],
@@ -659,7 +661,8 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
     scripts: dict[int, tuple] = {}  # the shell scripts a command line names, once per command line
     for x in m.processes.values():  # a wrapper script that exec'd: the shell became x
         parent = m.processes.get((x.host, x.ppid)) if x.ppid else None
-        if parent is None or not parent.argv or not x.argv or is_shell(parent.argv, parent.exe) or x.pid in covered:
+        if parent is None or not parent.argv or not x.argv or is_shell(parent.argv, parent.exe) or x.pid in covered \
+                or (x.host, x.pid) in became:
             continue
         hit = scripts.get(id(parent.argv))
         if hit is None:
@@ -669,7 +672,7 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
         for arg, path, script in hit[1]:
             for pf in pitfalls(script, x.argv, watched, None, show):
                 if pf.kind != "unexported":  # the wrapper's own environment is unknown: only what it wrote is sure
-                    out.append(record(pf, x.pid, [arg], os.path.basename(path), x, exec=True, script=arg,
+                    out.append(record(pf, x.pid, [arg], os.path.basename(path), x, exec=True, script=path,
                                       started_by=parent.pid,
                                       shell_command=f"{arg} (a wrapper script that exec'd)"))
     return out
