@@ -152,15 +152,14 @@ def test_sudo_is_named_with_its_line_and_preserve_env_is_healthy(job):
 @pytest.mark.skipif(shutil.which("su") is None or os.geteuid() != 0, reason="needs su, run as root")
 def test_su_login_is_named_with_its_line(job):
     tmp, write = job
-    # the script's shell expands $RELEASE inside the double quotes: su's login shell gets none of its variables
-    write("script.sh", f"#!/bin/bash\nexport NCCL_PROTO=LL\nsu - root -c \"{PY} {tmp / 'w.py'} $RELEASE\"\n")
+    # the script's shell expands $RELEASE inside the double quotes: su's login shell gets none of its variables.
+    # `; true`: the login shell starts the worker as its child, not exec'ing into it (root's login profile may
+    # start programs of its own, which would then be the worker's children, and it no endpoint)
+    write("script.sh", f"#!/bin/bash\nexport NCCL_PROTO=LL\nsu - root -c \"{PY} {tmp / 'w.py'} $RELEASE; true\"\n")
     d = run(tmp, ["bash", "script.sh"], tmp)
-    # root's login profile may run programs of its own under the worker (then they, not it, are the tree's
-    # endpoints): the findings under su are checked, whichever processes they name
-    under_su = [f for f in errors(d) if f["edge"]["launcher"] == "su"]
-    assert under_su, [(f["code"], f["message"]) for f in d["findings"]]
-    f = under_su[0]
-    assert f["edge"]["where"] == "script.sh:3", f
+    workers = {p["pid"] for p in d["processes"] if str(tmp / "w.py") in (p["argv"] or [])}
+    (f,) = [f for f in errors(d) if workers & set(f["pids"])]  # (the profile's own programs may have theirs)
+    assert f["edge"]["launcher"] == "su" and f["edge"]["where"] == "script.sh:3", f
     assert f["hint"].startswith("script.sh:3: `su -` (--login"), f["hint"]
 
 
