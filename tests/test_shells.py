@@ -235,3 +235,16 @@ def test_a_command_leads_to_a_child_by_its_program():
     pits = shells.pitfalls(script, ["python3", "/srv/w.py"], is_watched, {})
     assert [(p.var, p.kind, p.line) for p in pits] == [("NCCL_PROTO", "unexported", 3)]
     assert kinds("NCCL_PROTO=LL true; exec python w.py", ["python3.11", "w.py"]) == [("NCCL_PROTO", "prefix")]
+
+
+def test_lexer_bounds_hostile_scripts():
+    """A script is a target's input: deep nesting is refused (claims nothing), long input stays linear."""
+    import time
+    deep = 'echo "' + "$(" * 5000 + "x" + ")" * 5000 + '"\npython3 w.py'
+    with pytest.raises(ValueError):
+        shells.split_script(deep)
+    assert kinds(deep, ["python3", "w.py"]) == []
+    long = "NCCL_PROTO=LL true; " + "echo \"$(a 'b' `c`) ${d}\" \\\n" * 20000 + "\npython3 w.py\n"
+    t0 = time.process_time()
+    assert kinds(long, ["python3", "w.py"]) == [("NCCL_PROTO", "prefix")]
+    assert time.process_time() - t0 < 5.0  # linear: ~0.3 s here; quadratic would take minutes

@@ -3,7 +3,14 @@
 In `NCCL_PROTO=LL cd /srv && python server.py`, the assignment is part of the `cd` simple command and
 reaches only its environment (GNU Bash manual §3.7.1, §3.7.4); `NCCL_PROTO=LL; python server.py`
 sets an unexported shell variable. Both are only visible while the shell is: bash 5 execs the last
-command of `bash -c 'A && B'`, replacing itself, so where no shell is left nothing is claimed.
+command of `bash -c 'A && B'`, replacing itself, so where no shell is left nothing is claimed (unless
+a witness saw the shell's image before the exec: run's watch, or run's own CMD).
+
+The command that became the child may also filter what it gets: `env -i`, `env -u NAME`, `exec env …`,
+sudo (env_reset, unless -E/--preserve-env), `su -`/`su --login` (runuser -l): those are pitfalls too,
+with what they keep. Every pitfall names the script's line (`lex`: a small lexer for shell syntax:
+quotes, escapes, `$(…)` and backquotes as one word, line continuations, lists and pipes, comments,
+here-document bodies skipped; no expansion).
 """
 from __future__ import annotations
 
@@ -14,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ncclprobe.model.watched import REDACTED
+from ncclprobe.witnesses.shellsyntax import lex
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"})
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-_SEPARATORS = {";", "&&", "||", "|", "&", "|&", ";;", "\n"}
-_REDIRECT = re.compile(r"^[<>]+&?$|^&>>?$")
 # Words that start a list element without being its command.
 _KEYWORDS = {"then", "do", "else", "elif", "if", "while", "until", "!", "{", "(", "time", "}", ")", "fi", "done"}
 # Commands that run the rest of their arguments as the command (the prefix still reaches it).
@@ -54,209 +60,6 @@ class SimpleCommand:
             value = show(m.group(1), m.group(2))
             words.append(f"{m.group(1)}=" + (REDACTED if value is None else shlex.quote(value) if value else ""))
         return " ".join(words)
-
-
-def strip_comments(script: str) -> str:
-    """The script without its comments (a `#` that starts a word, outside quotes, to the end of its
-    line; the newline stays: it ends the command before it). A quote inside a comment (`# don't`) is
-    no quote."""
-    out: list[str] = []
-    quote, i, n = "", 0, len(script)
-    while i < n:
-        ch = script[i]
-        if quote:
-            if ch == "\\" and quote == '"' and i + 1 < n:
-                out.append(script[i:i + 2])
-                i += 2
-                continue
-            if ch == quote:
-                quote = ""
-        elif ch == "\\" and i + 1 < n:
-            out.append(script[i:i + 2])
-            i += 2
-            continue
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or script[i - 1] in " \t\n;&|()"):
-            j = script.find("\n", i)
-            i = n if j < 0 else j
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
-# ------------------------------------------------------------------ the lexer
-# Operators, longest first; a redirection's next word is its target (a here-document's: its delimiter)
-_OPERATORS = ("&>>", "<<<", "<<-", ";;&", "&&", "||", ";;", ";&", "|&", "&>", ">>", "<<", ">&", "<&", "<>", ">|",
-              ";", "&", "|", "(", ")", "<", ">", "\n")
-_WORD_ENDS = frozenset(" \t\r\n;&|<>()")
-_PAIRS = {"(": ")", "{": "}"}
-
-
-@dataclass(frozen=True)
-class Token:
-    text: str  # a word with its quotes removed (expansions kept as written: `$x`, `$(cmd)`), or an operator
-    line: int  # the line it starts on (1-based)
-    op: bool = False
-
-
-def _closing(s: str, i: int) -> int:
-    """The index just past the construct that starts at s[i] (`$(`, `${`, `$((`, a backquote), nested
-    ones and quotes inside skipped. Raises ValueError where it never closes."""
-    if s[i] == "`":
-        j = i + 1
-        while j < len(s) and s[j] != "`":
-            j += 2 if s[j] == "\\" else 1
-        if j >= len(s):
-            raise ValueError("unclosed `")
-        return j + 1
-    opener = s[i + 1]
-    closer, depth, j = _PAIRS[opener], 0, i + 1
-    while j < len(s):
-        ch = s[j]
-        if ch == "\\":
-            j += 2
-            continue
-        if ch == "'" and opener == "(":
-            k = s.find("'", j + 1)
-            if k < 0:
-                raise ValueError("unclosed '")
-            j = k + 1
-            continue
-        if ch == '"':
-            j = _dquote_end(s, j)
-            continue
-        if ch == "$" and j + 1 < len(s) and s[j + 1] in "({" or ch == "`":
-            j = _closing(s, j)
-            continue
-        if ch == opener:
-            depth += 1
-        elif ch == closer:
-            depth -= 1
-            if depth == 0:
-                return j + 1
-        j += 1
-    raise ValueError(f"unclosed ${opener}")
-
-
-def _dquote_end(s: str, i: int) -> int:
-    """The index just past the double-quoted string that starts at s[i]."""
-    j = i + 1
-    while j < len(s):
-        ch = s[j]
-        if ch == "\\":
-            j += 2
-        elif ch == '"':
-            return j + 1
-        elif ch == "$" and j + 1 < len(s) and s[j + 1] in "({" or ch == "`":
-            j = _closing(s, j)
-        else:
-            j += 1
-    raise ValueError('unclosed "')
-
-
-def _word(s: str, i: int) -> tuple[str, int]:
-    """One word from s[i]: its text with quotes removed (a backslash escapes the next character; a
-    backslash-newline is a line continuation, gone), expansions kept as written; and where it ends."""
-    out: list[str] = []
-    n = len(s)
-    while i < n and s[i] not in _WORD_ENDS:
-        ch = s[i]
-        if ch == "\\":
-            if s[i + 1:i + 2] != "\n":
-                out.append(s[i + 1:i + 2])
-            i += 2
-        elif ch == "'":
-            j = s.find("'", i + 1)
-            if j < 0:
-                raise ValueError("unclosed '")
-            out.append(s[i + 1:j])
-            i = j + 1
-        elif ch == "$" and s[i + 1:i + 2] == "'":  # $'...': ANSI-C quoting, kept as its escapes are written
-            j = i + 2
-            while j < n and s[j] != "'":
-                j += 2 if s[j] == "\\" else 1
-            if j >= n:
-                raise ValueError("unclosed $'")
-            out.append(s[i + 2:j])
-            i = j + 1
-        elif ch == '"':
-            j = _dquote_end(s, i)
-            inner, k = s[i + 1:j - 1], 0
-            while k < len(inner):  # inside double quotes a backslash escapes only $ ` " \ and the newline
-                c = inner[k]
-                if c == "\\" and k + 1 < len(inner) and inner[k + 1] in '$`"\\\n':
-                    if inner[k + 1] != "\n":
-                        out.append(inner[k + 1])
-                    k += 2
-                elif c == "$" and k + 1 < len(inner) and inner[k + 1] in "({" or c == "`":
-                    e = _closing(inner, k)
-                    out.append(inner[k:e])
-                    k = e
-                else:
-                    out.append(c)
-                    k += 1
-            i = j
-        elif ch == "$" and s[i + 1:i + 2] in ("(", "{") or ch == "`":
-            j = _closing(s, i)
-            out.append(s[i:j])
-            i = j
-        else:
-            out.append(ch)
-            i += 1
-    return "".join(out), i
-
-
-def lex(script: str) -> list[Token]:
-    """The tokens of a shell script: words (quotes removed, expansions kept as written) and operators,
-    each with the line it starts on. Comments (a `#` that starts a word) are dropped, line
-    continuations joined, here-document bodies skipped. Raises ValueError on an unclosed quote or
-    substitution."""
-    s, i, n, line = script, 0, len(script), 1
-    out: list[Token] = []
-    heredocs: list[tuple[str, bool]] = []  # delimiters of the here-documents whose bodies start at the next line
-    while i < n:
-        ch = s[i]
-        if ch == "\\" and s[i + 1:i + 2] == "\n":
-            i, line = i + 2, line + 1
-            continue
-        if ch in " \t\r":
-            i += 1
-            continue
-        if ch == "#":
-            j = s.find("\n", i)
-            i = n if j < 0 else j
-            continue
-        if ch == "\n":
-            out.append(Token("\n", line, True))
-            i, line = i + 1, line + 1
-            for delim, tabs in heredocs:  # the bodies, one after the other, each to its delimiter's line
-                while i < n:
-                    j = s.find("\n", i)
-                    body = s[i:n if j < 0 else j]
-                    i, line = (n, line) if j < 0 else (j + 1, line + 1)
-                    if (body.lstrip("\t") if tabs else body) == delim:
-                        break
-            heredocs.clear()
-            continue
-        op = next((o for o in _OPERATORS if s.startswith(o, i)), None)
-        if op is not None:
-            out.append(Token(op, line, True))
-            i += len(op)
-            if op in ("<<", "<<-"):
-                while i < n and s[i] in " \t":
-                    i += 1
-                delim, i = _word(s, i)
-                heredocs.append((delim, op == "<<-"))
-                out.append(Token(delim, line))
-            continue
-        start = line
-        j = i
-        text, i = _word(s, i)
-        line += s.count("\n", j, i)
-        out.append(Token(text, start))
-    return out
 
 
 def split_script(script: str) -> list[SimpleCommand]:
@@ -530,14 +333,16 @@ def pitfalls(script: str, child: list[str], watched, shell_env=None,
     for kind, name, kept in filtering(lead):  # the command's own wrappers: what they drop never reaches it
         if name == "*" or watched(name):
             out.append(PrefixPitfall(name, "", lead.display(show), lead.display(show), kind, lead.line, kept))
-    for c in commands[:lead_index] + commands[lead_index + 1:]:
+    for i, c in enumerate(commands):
+        if i == lead_index:
+            continue
         for name, value in c.assignments:
             if not watched(name) or name in prefixed_lead:
                 continue
             if c.words:
                 out.append(PrefixPitfall(name, value, c.display(show), lead.display(show), "prefix", c.line))
             elif (shell_env is not None and name not in shell_env and name not in exported
-                  and commands.index(c) < lead_index):
+                  and i < lead_index):
                 out.append(PrefixPitfall(name, value, "", lead.display(show), "unexported", c.line))
     return out
 
@@ -624,8 +429,8 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
     def record(pf, shell_pid, shell_argv, name, subtree_of, **extra) -> dict:
         return {"shell": shell_pid, "shell_command": redact_assignments(one(" ".join(shell_argv)))[:200],
                 "pids": subtree(subtree_of), "var": pf.var, "value": pf.value,
-                "command": redact_assignments(one(pf.command)), "led_to_target": redact_assignments(one(pf.led_to_target)),
-                "kind": pf.kind, **pitfall_fields(pf, name), **extra}
+                "command": redact_assignments(one(pf.command)),
+                "led_to_target": redact_assignments(one(pf.led_to_target)), "kind": pf.kind, **pitfall_fields(pf, name), **extra}
 
     out: list[dict] = []
     for s in m.processes.values() if shells else ():
