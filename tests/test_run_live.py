@@ -31,6 +31,7 @@ FAST = {"NCCLPROBE_WATCH_S": "0.05", "NCCLPROBE_LIVE_S": "0.1"}
 # (NCCL_X=1 in its own environment), b (starts B with its environment less NCCL_X), end.
 PARENT = r"""
 import os, subprocess, sys
+from rundirs import run_meta
 leaf = "import os, sys; os.write(1, b'leaf %d\\n' % os.getpid()); sys.stdin.read()"
 kids = []
 def start(name, env=None):
@@ -191,7 +192,7 @@ def test_live_with_the_watch_off_says_it_is_off_too(tmp_path):
                        env={**os.environ, "NCCLPROBE_WATCH_S": "0"}, capture_output=True, text=True, timeout=WAIT_S)
     assert r.returncode == 0, r.stderr
     assert not any(e["ev"] in ("live_env", "proc_seen") for e in records(tmp_path / "off"))
-    meta = json.loads((tmp_path / "off" / "run.json").read_text())
+    meta = run_meta(tmp_path / "off")
     assert meta["live_s"] is None and any("--live reads through the watch, so it is off too" in n for n in meta["notes"])
     bad = subprocess.run([*NCCLPROBE, "run", "--live", "--dir", str(tmp_path / "bad"), "--", "true"],
                          env={**os.environ, "NCCLPROBE_LIVE_S": "often"}, capture_output=True, text=True,
