@@ -281,9 +281,10 @@ def header_doc(m: Model, dirs, title: bool = True) -> list:
         doc.append(Text("SIMULATED NCCL: these communicators ran on ncclprobe's simulated NCCL (no GPU); "
                         "algorithms and protocols are the simulator's choices, not a real machine's.", "warn"))
     for run in m.runs:
+        who = f"run {run.get('run_id') or run.get('file', '?')} on {run.get('host', '?')}" if len(m.runs) > 1 else "run"
         for note in run.get("notes", []):
-            doc.append(Text(f"run: {note}", "note"))
-        doc += [Text(line, "note") for line in injected_lines(run)]
+            doc.append(Text(f"{who}: {note}", "note"))
+        doc += [Text(line if who == "run" else f"{who}: {line}", "note") for line in injected_lines(run)]
     for host, w in sorted(m.watch.items()):
         doc.append(Text(watch_line(w, host if len(m.watch) > 1 else None), "dim"))
     for p in unseen_execs(m):

@@ -290,7 +290,11 @@ class Knowledge:
         """p ended before a worker that stayed was started (a pool worker recycled by maxtasksperchild before
         the job's workers came; a quick helper): as the kernel said when it ended (run's watch in kernel
         mode), or, without that, no scan of run's /proc watch saw it, so it lived less than a scan interval
-        (plus a scan's time, RETIRE_SLACK_S), and a process a scan did see started later than that."""
+        (plus a scan's time, RETIRE_SLACK_S), and a process a scan did see started later than that. Only
+        workers of p's own run count: a later run appended to the directory retires none of an earlier's."""
+        if len(self.m.runs) > 1:
+            run = self.m.run_of(p)
+            stayed = [q for q in stayed if self.m.run_of(q) is run]
         if p.t_exit is not None:
             return any(q is not p and q.host == p.host and (t := start_of(q)) is not None and t > p.t_exit
                        for q in stayed)
