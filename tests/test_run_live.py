@@ -22,6 +22,7 @@ import pytest
 from ncclprobe import model, schemas
 from ncclprobe.model import LIVE_WHERE
 from ncclprobe.witnesses import events, livemem, livewatch
+from rundirs import run_meta
 from test_run_watch import NCCLPROBE, WAIT_S, Run, records, runs, wait_until  # noqa: F401 (runs: a fixture)
 
 TICK_S = 0.011  # propagation.TICK_S: a start is known to the clock tick
@@ -31,7 +32,6 @@ FAST = {"NCCLPROBE_WATCH_S": "0.05", "NCCLPROBE_LIVE_S": "0.1"}
 # (NCCL_X=1 in its own environment), b (starts B with its environment less NCCL_X), end.
 PARENT = r"""
 import os, subprocess, sys
-from rundirs import run_meta
 leaf = "import os, sys; os.write(1, b'leaf %d\\n' % os.getpid()); sys.stdin.read()"
 kids = []
 def start(name, env=None):
