@@ -281,20 +281,21 @@ class Knowledge:
                   and not [c for c in self.children[p.key] if not self.helper(c)]]
         if not users and any(is_python(p) for p in leaves):
             leaves = [p for p in leaves if is_python(p)]
-        if not users:  # the workers are the ones that stayed, not those that retired before them
-            stayed = [q for q in leaves if "proc" in q.sources]
-            leaves = [p for p in leaves if not self.retired(p, stayed)]
+        if not users:  # the workers are the ones that stayed, not those that retired before them (of its run:
+            # a later run appended to the directory retires none of an earlier one's)
+            run = {p.key: id(self.m.run_of(p)) for p in leaves} if len(self.m.runs) > 1 else {}
+            stayed: dict = {}
+            for q in leaves:
+                if "proc" in q.sources:
+                    stayed.setdefault(run.get(q.key), []).append(q)
+            leaves = [p for p in leaves if not self.retired(p, stayed.get(run.get(p.key), []))]
         return [p for p in scoped if p.key in users] + leaves
 
     def retired(self, p: ProcessView, stayed: list[ProcessView]) -> bool:
         """p ended before a worker that stayed was started (a pool worker recycled by maxtasksperchild before
         the job's workers came; a quick helper): as the kernel said when it ended (run's watch in kernel
         mode), or, without that, no scan of run's /proc watch saw it, so it lived less than a scan interval
-        (plus a scan's time, RETIRE_SLACK_S), and a process a scan did see started later than that. Only
-        workers of p's own run count: a later run appended to the directory retires none of an earlier's."""
-        if len(self.m.runs) > 1:
-            run = self.m.run_of(p)
-            stayed = [q for q in stayed if self.m.run_of(q) is run]
+        (plus a scan's time, RETIRE_SLACK_S), and a process a scan did see started later than that."""
         if p.t_exit is not None:
             return any(q is not p and q.host == p.host and (t := start_of(q)) is not None and t > p.t_exit
                        for q in stayed)

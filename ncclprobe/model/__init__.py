@@ -280,14 +280,9 @@ class Model:
     def given_for(self, p: ProcessView | None) -> dict[str, Any] | None:
         """What the `ncclprobe run` that started p gave its CMD (run_of): {"env": watched job environment,
         "set": --set values, "enforced": --enforce values, "command": argv, "pid": run's pid}, or None
-        where no run started it (outside run, or a run no witness ties it to)."""
+        where no run started it (outside run, or a run no witness ties it to). p None: the model's one run."""
         r = self.run_of(p) if p is not None else (self.runs[0] if len(self.runs) == 1 else None)
         return given_of(r) if r is not None else None
-
-    @property
-    def given(self) -> dict[str, Any] | None:
-        """given_for a model of one run (None where several runs merged: ask given_for of a process)."""
-        return self.given_for(None)
 
     def run_of(self, p: ProcessView) -> dict[str, Any] | None:
         """The run metadata of the `ncclprobe run` that started p: the run whose CMD is p or its nearest
