@@ -266,3 +266,33 @@ def test_two_hosts_writing_one_directory_at_once_never_collide(tmp_path):
 
 def run_meta_host(path: Path) -> str:
     return json.loads(path.read_text())["host"]
+
+
+# ---------------------------------------------------------------------------- hostile metadata
+
+def test_run_metadata_that_is_no_regular_file_is_skipped_and_said(tmp_path):
+    d, out = tmp_path / "logs", tmp_path / "out"
+    out.mkdir()
+    assert cli("run", "--dir", str(d), "--", *worker(out)).returncode == 0
+    secret = tmp_path / "secret.json"
+    secret.write_text(json.dumps({"command": ["leaked"], "host": "elsewhere"}))
+    (d / "run-elsewhere-x.json").symlink_to(secret)
+    os.mkfifo(d / "run-elsewhere-y.json")  # opening it for reading would block
+    code, doc = report_json(d)
+    assert code == 0 and doc["merged"]["runs"] == 1 and "leaked" not in json.dumps(doc["runs"])
+    notes = {n["path"].rsplit("/", 1)[-1]: n["note"] for n in doc["reading"]["file_notes"]}
+    assert notes["run-elsewhere-x.json"] == "skipped: symlink (not followed)"
+    assert notes["run-elsewhere-y.json"].startswith("skipped: not a regular file")
+
+
+def test_more_run_metadata_than_a_report_reads_is_counted(tmp_path):
+    from ncclprobe.witnesses import events
+    d, out = tmp_path / "logs", tmp_path / "out"
+    out.mkdir()
+    assert cli("run", "--dir", str(d), "--", *worker(out)).returncode == 0
+    (meta,) = run_files(d)
+    for i in range(events.RUNS_MAX):
+        os.link(meta, d / f"run-h-{i:05d}.json")
+    code, doc = report_json(d)
+    assert code == 0 and doc["merged"]["runs"] == events.RUNS_MAX
+    assert doc["skipped"][f"more than {events.RUNS_MAX} run metadata files"] == 1

@@ -279,7 +279,8 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
 }
 KINDS = tuple(FIELDS)
 # run metadata as `ncclprobe run` writes it (launch.py); an open object in the JSON, but only these are kept
-RUN_FIELDS = {"run_id": (lambda v: v if is_run_id(v) else BAD, "drop"), "command": (_list(T), "drop"), "host": (S, "drop"), "started": (_num(0, 1e12), "drop"),
+RUN_FIELDS = {"run_id": (lambda v: v if is_run_id(v) else BAD, "drop"),
+              "command": (_list(T), "drop"), "host": (S, "drop"), "started": (_num(0, 1e12), "drop"),
               "ended": (_num(0, 1e12), "drop"), "log_dir": (T, "drop"), "notes": (_list(T), "drop"),
               "expect": (_map(T), "drop"),
               "profile": (_null(lambda v: v if type(v) is dict and set(v) == {"set", "default", "pin"} and
@@ -500,15 +501,17 @@ def _read_run(path: Path, log: EventLog) -> dict[str, Any] | None:
 
 
 def _read_runs(d: Path, names: list[str], log: EventLog) -> None:
-    """The run metadata files of d (names: as listed), each checked; a symlink or anything not a regular
-    file is never opened. At most RUNS_MAX in all: the rest are counted, not read."""
+    """The run metadata files of d (names: as _event_files listed them, at most RUNS_MAX in all), each
+    checked; a symlink or anything not a regular file is never opened."""
     for name in sorted(names):
         path = d / name
-        if len(log.runs) >= RUNS_MAX:
-            _skip_file(log, str(path), f"more than {RUNS_MAX} run metadata files")
-            continue
-        if path.is_symlink() or not path.is_file():
-            _skip_file(log, str(path), "run metadata that is no regular file (not read)")
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):  # read_small refuses it too (O_NOFOLLOW, fstat)
+            _skip_file(log, str(path), "symlink (not followed)" if stat.S_ISLNK(mode) else
+                       f"not a regular file ({jsonlines.kind_of(mode)})")
             continue
         run = _read_run(path, log)
         if run is not None:
@@ -529,8 +532,11 @@ def _event_files(d: Path, log: EventLog, seen: set, cap: int, metas: list[str]) 
     with os.scandir(d) as it:
         for entry in it:
             if not entry.name.endswith(".jsonl"):
-                if is_run_meta(entry.name) and len(metas) <= RUNS_MAX:
-                    metas.append(entry.name)
+                if is_run_meta(entry.name):
+                    if len(log.runs) + len(metas) < RUNS_MAX:
+                        metas.append(entry.name)
+                    else:  # bounded: listed no further, counted
+                        log.skipped_files[f"more than {RUNS_MAX} run metadata files"] += 1
                 continue  # run metadata, <host>.files (the writers' file counter), nccl-debug*: not events
             try:
                 st = entry.stat(follow_symlinks=False)  # lstat: a device or FIFO is never opened
