@@ -119,8 +119,10 @@ def test_append_keeps_two_runs_apart_and_report_merges_them(tmp_path):
     assert code == 0 and doc["merged"] == {"runs": 2, "hosts": 1, "dirs": 1}
     assert ran_first | ran_second <= pids(doc)
     assert [r["run_id"] for r in doc["runs"]] == [a["runs"][0]["run_id"], b["runs"][0]["run_id"]]  # start order
+    watch = doc["watch"][host]  # one line per host: both runs' watches added up
+    assert watch["runs"] == 2 and watch["seen"] == a["watch"][host]["seen"] + b["watch"][host]["seen"] >= 2
     text = cli("report", str(d)).stdout
-    assert "merged 2 run(s) of 1 host(s) from 1 log directory" in text
+    assert "merged 2 run(s) of 1 host(s) from 1 log directory" in text and "/proc watch (2 runs): " in text
     assert f"run {a['runs'][0]['run_id']} on {host}: ncclprobe put into CMD's environment" in text
 
 

@@ -371,7 +371,8 @@ def watch_line(w: dict[str, Any], host: str | None = None) -> str:
     """run's /proc watch in one line: what it saw, and what it knows it missed."""
     missed = int(w.get("missed_known") or 0) + int(w.get("missed_started") or 0)
     kernel = w.get("mode") == "kernel"
-    text = (f"/proc watch{' on ' + host if host else ''}: {w.get('seen', 0)} process(es) seen"
+    runs = f" ({w['runs']} runs)" if (w.get("runs") or 1) > 1 else ""
+    text = (f"/proc watch{' on ' + host if host else ''}{runs}: {w.get('seen', 0)} process(es) seen"
             + (f", {w.get('kernel_reads', 0)} of them read at their exec (the kernel's process events)" if kernel else "")
             + f" and {w.get('scans', 0)} scan(s) every {w.get('interval_s')} s")
     text += (f"; {missed} short-lived process(es) known to have run that no read caught (their boot probe, the "

@@ -343,7 +343,9 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
         if e.get("dropped"):  # lines this writer lost before this one
             m.reading.dropped[(host, pid)] = m.reading.dropped.get((host, pid), 0) + e["dropped"]
         if kind == "watch_summary":  # its pid is run's, no process of the job
-            m.watch[host] = watches[(host, pid)] = {k: v for k, v in e.items() if k not in ("ev", "host", "pid", "src")}
+            w = watches[(host, pid)] = {k: v for k, v in e.items() if k not in ("ev", "host", "pid", "src")}
+            earlier = [v for (h, p), v in watches.items() if h == host and p != pid]
+            m.watch[host] = _merged_watch(earlier, w)
             continue
         if "pidns" in e:
             (host, pid), e = b.route(host, pid, e)
@@ -364,6 +366,29 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
     m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
     _label_simulated(m)
     return m
+
+
+# watch_summary fields that add up over the runs of one host (run --append); the others are the latest run's
+WATCH_SUMS = ("scans", "walks", "seen", "missed_known", "cpu_s", "wall_s", "errors", "lost_lines", "live_reads",
+              "live_processes", "live_bytes", "live_cpu_s", "kernel_events", "kernel_reads", "kernel_vanished",
+              "kernel_overruns", "kernel_cpu_s")
+
+
+def _merged_watch(earlier: list[dict[str, Any]], w: dict[str, Any]) -> dict[str, Any]:
+    """The watch of one host over its runs: counts and costs added up, every run's missed pids, stuck if one
+    was; scans only (and why) if one run's watch had no kernel events. `runs`: how many were merged."""
+    if not earlier:
+        return w
+    every = [*earlier, w]
+    out = {**w, "runs": len(every), "stuck": any(x.get("stuck") for x in every),
+           "missed_pids": [pid for x in every for pid in x.get("missed_pids") or []]}
+    for k in WATCH_SUMS:
+        if any(x.get(k) is not None for x in every):
+            out[k] = sum(x.get(k) or 0 for x in every)
+    scans_only = next((x for x in every if x.get("mode") != "kernel"), None)
+    if scans_only is not None:
+        out["mode"], out["kernel_refused"] = scans_only.get("mode"), scans_only.get("kernel_refused")
+    return out
 
 
 def _only_run(m: Model, run_id: str, watches: dict[tuple[str, int], dict[str, Any]]) -> None:
