@@ -840,7 +840,8 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         culprit = f"lost above pid {parent.pid}" if parent else "lost (edge unseen)"
     else:  # not_in_root
         msg = (f"{pid_text}: {lost}; the root {pdesc} was started without {them}"
-               + (" (ncclprobe run did not give it to CMD)" if m.given_for(parent or next(iter(edge.children), None)) else ""))
+               + (" (ncclprobe run did not give it to CMD)"
+                  if m.given_for(parent or next(iter(edge.children), None)) else ""))
         if parent is not None and is_python(parent) and "boot" not in parent.sources:
             msg += (f"; /proc shows only what pid {parent.pid} was started with, so a write inside it (after it "
                     "started these) is not visible here")

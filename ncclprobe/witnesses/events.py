@@ -489,7 +489,8 @@ def _read_run(path: Path, log: EventLog) -> dict[str, Any] | None:
     try:
         data = jsonlines.read_small(path, MAX_RUN_META)
     except OSError as exc:
-        log.skipped_files[f"run metadata {exc.strerror if isinstance(exc, jsonlines.NotRegular) else 'unreadable'}"] += 1
+        why = exc.strerror if isinstance(exc, jsonlines.NotRegular) else "unreadable"
+        log.skipped_files[f"run metadata {why}"] += 1
         return None
     run, reason = (None, "oversized") if len(data) > MAX_RUN_META else _parse(data)
     if not reason and not isinstance(run, dict):
