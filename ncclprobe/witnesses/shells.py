@@ -446,11 +446,11 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
                 continue
             for pf in pitfalls(script, child.argv, watched, env, show):
                 out.append(record(pf, s.pid, s.argv, name, child, **({"script": path} if path else {})))
-    given = getattr(m, "given", None) or {}
     became: set = set()  # the processes a shell's own image (seen, or run's CMD) already explained
     for x in m.processes.values() if shells else ():  # a shell that exec'd its command: the pid became it
         if x.pid in covered or not x.argv or is_shell(x.argv, x.exe):
             continue
+        given = m.given_for(x) or {}  # what the run that started it gave its CMD
         first = [given["command"]] if x.ppid == given.get("pid") and given.get("command") else []  # run's CMD
         for image in reversed(first + [i for i in x.images if i != given.get("command")]):
             if not is_shell(image):
