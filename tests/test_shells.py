@@ -216,7 +216,8 @@ def test_env_i_and_env_u_in_exec_and_nested_wrappers():
     assert filters("bash -c 'env -i python3 w.py'", child) == []
 
 
-def test_sudo_and_su_filters():
+def test_sudo_and_su_filters(monkeypatch):
+    monkeypatch.setattr(shells, "sudo_policy", lambda: (True, ()))  # sudo's default, whatever this host's sudoers say
     child = ["python3", "w.py"]
     assert filters("sudo -u bob python3 w.py", ["sudo", "-u", "bob", "python3", "w.py"]) == [("sudo", "*", (), 1)]
     assert filters("sudo --preserve-env=NCCL_PROTO,NCCL_ALGO python3 w.py", child) == [
@@ -227,6 +228,10 @@ def test_sudo_and_su_filters():
         ("su", "*", ("TERM",), 1)]
     assert filters("su --login -w NCCL_PROTO bob -c 'python3 w.py'", child) == [("su", "*", ("NCCL_PROTO", "TERM"), 1)]
     assert filters("su bob -c 'python3 w.py'", child) == []  # without --login su keeps the environment
+    monkeypatch.setattr(shells, "sudo_policy", lambda: (True, ("NCCL_*",)))
+    assert filters("sudo python3 w.py", child) == [("sudo", "*", ("NCCL_*",), 1)]
+    monkeypatch.setattr(shells, "sudo_policy", lambda: (False, ()))  # Defaults !env_reset
+    assert filters("sudo python3 w.py", child) == []
 
 
 def test_a_command_leads_to_a_child_by_its_program():
@@ -248,3 +253,17 @@ def test_lexer_bounds_hostile_scripts():
     t0 = time.process_time()
     assert kinds(long, ["python3", "w.py"]) == [("NCCL_PROTO", "prefix")]
     assert time.process_time() - t0 < 5.0  # linear: ~0.3 s here; quadratic would take minutes
+
+
+def test_sudoers_env_keep_and_env_reset(tmp_path):
+    (tmp_path / "sudoers").write_text('Defaults\tenv_reset\n# Defaults env_keep += "NCCL_ALGO"\n'
+                                      'Defaults:%sudo env_keep += "NCCL_PROTO LC_*"\nDefaults env_keep -= "LC_*"\n')
+    d = tmp_path / "sudoers.d"
+    d.mkdir()
+    (d / "nccl").write_text('Defaults env_keep += "NCCL_IB_*"\n')
+    (d / "ignored.bak").write_text("Defaults !env_reset\n")  # sudo skips names with a dot
+    paths = (str(tmp_path / "sudoers"), str(d))
+    assert shells.sudo_policy(paths) == (True, ("NCCL_PROTO", "NCCL_IB_*"))
+    (d / "open").write_text("Defaults !env_reset\n")
+    assert shells.sudo_policy((str(tmp_path / "sudoers"), str(d), "")) == (False, ("NCCL_PROTO", "NCCL_IB_*"))
+    assert shells.sudo_policy((str(tmp_path / "missing"),)) == (True, ())

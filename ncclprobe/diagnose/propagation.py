@@ -19,6 +19,7 @@ so is the launcher around the edge, with its own remedy (model/launchers.py).
 from __future__ import annotations
 
 from collections import defaultdict
+from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -455,8 +456,9 @@ def _pitfall(m: Model, x: ProcessView, e: ProcessView, var: str) -> dict[str, An
     x, or a wrapper of the command that became x that dropped it (`env -i`, sudo: "*", all but those
     it kept)."""
     for pit in m.shell_pitfalls:
-        if (pit["var"] == var or (pit["var"] == "*" and var not in pit.get("kept", ()))) and \
-                (x.pid in pit["pids"] or e.pid in pit["pids"]) and pit["shell"] == (x.pid if pit.get("exec") else x.ppid):
+        dropped = pit["var"] == var or (pit["var"] == "*" and not any(fnmatchcase(var, k) for k in pit.get("kept", ())))
+        if dropped and (x.pid in pit["pids"] or e.pid in pit["pids"]) and \
+                pit["shell"] == (x.pid if pit.get("exec") else x.ppid):
             return pit
     return None
 

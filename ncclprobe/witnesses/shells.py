@@ -287,10 +287,46 @@ def _flag(options, letter: str, *longs: str) -> bool:
     return any(o in longs or (o.startswith("-") and not o.startswith("--") and letter in o[1:2]) for o in options)
 
 
+SUDOERS = ("/etc/sudoers", "/etc/sudoers.d")
+_ENV_KEEP = re.compile(r"\benv_keep\s*(\+?=|-=)\s*(\"[^\"]*\"|\S+)")
+_policy: dict[tuple, tuple[bool, tuple[str, ...]]] = {}
+
+
+def sudo_policy(paths: tuple[str, ...] = SUDOERS) -> tuple[bool, tuple[str, ...]]:
+    """(env_reset, env_keep) as this host's sudoers files say, where they can be read (root only): every
+    `Defaults` line, whoever it is for (what sudo keeps for someone only makes a claim less sure), its
+    env_keep names and patterns (`LC_*`); `!env_reset` keeps the whole environment. Unreadable: sudo's
+    default (env_reset on, none kept beyond its own short list)."""
+    if paths in _policy:
+        return _policy[paths]
+    reset, keep = True, []
+    files = []
+    for path in paths:
+        try:
+            names = sorted(os.listdir(path)) if os.path.isdir(path) else [""]
+        except OSError:
+            continue
+        files += [os.path.join(path, n) if n else path for n in names if "." not in n and not n.endswith("~")]
+    for path in files:
+        text = read_script(path) or ""
+        for line in text.replace("\\\n", " ").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line.startswith("Defaults"):
+                continue
+            if re.search(r"!\s*env_reset\b", line):
+                reset = False
+            for op, value in _ENV_KEEP.findall(line):
+                names = value.strip('"').split()
+                keep = [n for n in keep if n not in names] if op == "-=" else (keep + names if op == "+=" else names)
+    _policy[paths] = (reset, tuple(keep))
+    return _policy[paths]
+
+
 def filtering(cmd: SimpleCommand) -> list[tuple[str, str, tuple[str, ...]]]:
     """The wrappers of a simple command that filter the environment its command gets: (kind, the name
     it drops or "*" for all, the names it keeps). `env -i A=1 cmd` drops all but A; `env -u A` drops A;
-    sudo resets it (env_reset) unless -E/--preserve-env, keeping --preserve-env=LIST and NAME=VALUE;
+    sudo resets it (env_reset, unless sudoers says !env_reset) unless -E/--preserve-env, keeping
+    --preserve-env=LIST, NAME=VALUE and sudoers' env_keep (sudo_policy: names or patterns);
     `su -`/`su -l`/`su --login` (runuser likewise) keep only -w/--whitelist-environment's (and TERM)."""
     out: list[tuple[str, str, tuple[str, ...]]] = []
     for k, (prog, options, given) in enumerate(cmd.wrappers):
@@ -300,10 +336,11 @@ def filtering(cmd: SimpleCommand) -> list[tuple[str, str, tuple[str, ...]]]:
                 out.append(("env -i", "*", later))
             out += [("env -u", name, ()) for name in _option(options, "-u", "--unset") if name not in later]
         elif prog == "sudo":
-            if _flag(options, "E", "--preserve-env"):
+            reset, env_keep = sudo_policy()
+            if _flag(options, "E", "--preserve-env") or not reset:
                 continue
             kept = tuple(n for v in _option(options, "--preserve-env", "--preserve-env") for n in v.split(","))
-            out.append(("sudo", "*", kept + later))
+            out.append(("sudo", "*", kept + later + env_keep))
         elif prog in ("su", "runuser") and ("-" in options or _flag(options, "l", "--login")):
             kept = tuple(n for v in _option(options, "-w", "--whitelist-environment") for n in v.split(","))
             out.append(("su", "*", kept + ("TERM",)))
