@@ -157,3 +157,113 @@ def test_live_symlinked_script_falls_back_to_the_path_argv_names(script_tree, tm
     assert os.readlink(f"/proc/{sh.pid}/fd/255") == str(real)
     (f,) = [f for f in _inspect(sh.pid).findings if f.code == "SHELL_PREFIX_SCOPE"]
     assert f.var == "NCCL_ALGO"
+
+
+# ------------------------------------------------------------------ the lexer
+def test_lexer_quotes_and_substitutions_are_one_word():
+    (cmd,) = shells.split_script('here=$(cd "$(dirname "$0")" && pwd) python3 "$here/w.py" \'a b\' x\\ y `echo ;`')
+    assert cmd.assignments == (("here", '$(cd "$(dirname "$0")" && pwd)'),)
+    assert cmd.words == ("python3", "$here/w.py", "a b", "x y", "`echo ;`")
+    (cmd,) = shells.split_script('echo "a \\"b\\" $(printf \')\') c" \'it\'"s"')
+    assert cmd.words == ("echo", 'a "b" $(printf \')\') c', "its")
+
+
+def test_lexer_lines_continuations_and_comments():
+    script = ("#!/bin/bash\n# don't: a quote in a comment\nA=1 \\\n  true # trailing 'comment\n"
+              "x=\"two\nlines\"; python3 w.py\n")
+    cmds = shells.split_script(script)
+    assert [(c.line, c.words) for c in cmds] == [(3, ("true",)), (5, ()), (6, ("python3", "w.py"))]
+    assert cmds[1].assignments == (("x", "two\nlines"),)
+
+
+def test_lexer_skips_here_documents():
+    script = ("cat <<EOF >/dev/null\nNCCL_PROTO=LL true\n$(not a command)\nEOF\n"
+              "cat <<-'END'\n\tenv -i python3 w.py\n\tEND\npython3 w.py\n")
+    cmds = shells.split_script(script)
+    assert [(c.line, c.words) for c in cmds] == [(1, ("cat",)), (5, ("cat",)), (8, ("python3", "w.py"))]
+    assert kinds(script, ["python3", "w.py"]) == []
+
+
+def test_lexer_lists_and_pipes():
+    cmds = shells.split_script("a && b || c | d |& e; f & g ;; h\n(i); { j; }")
+    assert [c.words[0] for c in cmds if c.words] == list("abcdefghij")  # (`}` alone: a keyword, no command)
+
+
+def test_unbalanced_quotes_and_substitutions_claim_nothing():
+    for script in ("echo 'x", 'echo "x', "echo $(x", "echo `x", "echo ${x"):
+        with pytest.raises(ValueError):
+            shells.split_script(script)
+        assert kinds(script + "\npython3 w.py", ["python3", "w.py"]) == []
+
+
+def filters(script, child):
+    return [(p.kind, p.var, p.kept, p.line) for p in shells.pitfalls(script, child, is_watched, {})
+            if p.kind in shells.FILTERS]
+
+
+def test_env_i_and_env_u_in_exec_and_nested_wrappers():
+    child = ["python3", "w.py"]
+    assert filters("export NCCL_PROTO=LL; env -i PATH=$PATH python3 w.py", child) == [("env -i", "*", ("PATH",), 1)]
+    assert filters("true\nexec env -i \\\n  A=1 nice -n 5 env B=2 python3 w.py", child) == [
+        ("env -i", "*", ("A", "B"), 2)]
+    assert filters("exec env - python3 w.py", child) == [("env -i", "*", (), 1)]
+    assert filters("nohup env --ignore-environment python3 w.py &", child) == [("env -i", "*", (), 1)]
+    assert filters("env -u NCCL_PROTO -uNCCL_ALGO --unset=HOME python3 w.py", child) == [
+        ("env -u", "NCCL_PROTO", (), 1), ("env -u", "NCCL_ALGO", (), 1)]  # HOME is not watched
+    assert filters("env -u NCCL_PROTO NCCL_PROTO=LL python3 w.py", child) == []  # given back after
+    assert filters("env A=1 python3 w.py; python3 other.py", child) == []
+    # `bash -c` inside the script: its own string is another script, not this one's command
+    assert filters("bash -c 'env -i python3 w.py'", child) == []
+
+
+def test_sudo_and_su_filters(monkeypatch):
+    monkeypatch.setattr(shells, "sudo_policy", lambda: (True, ()))  # sudo's default, whatever this host's sudoers say
+    child = ["python3", "w.py"]
+    assert filters("sudo -u bob python3 w.py", ["sudo", "-u", "bob", "python3", "w.py"]) == [("sudo", "*", (), 1)]
+    assert filters("sudo --preserve-env=NCCL_PROTO,NCCL_ALGO python3 w.py", child) == [
+        ("sudo", "*", ("NCCL_PROTO", "NCCL_ALGO"), 1)]
+    assert filters("sudo -E python3 w.py", child) == []
+    assert filters("sudo --preserve-env python3 w.py", child) == []
+    assert filters("su - bob -c 'python3 w.py'", ["su", "-", "bob", "-c", "python3 w.py"]) == [
+        ("su", "*", ("TERM",), 1)]
+    assert filters("su --login -w NCCL_PROTO bob -c 'python3 w.py'", child) == [("su", "*", ("NCCL_PROTO", "TERM"), 1)]
+    assert filters("su bob -c 'python3 w.py'", child) == []  # without --login su keeps the environment
+    monkeypatch.setattr(shells, "sudo_policy", lambda: (True, ("NCCL_*",)))
+    assert filters("sudo python3 w.py", child) == [("sudo", "*", ("NCCL_*",), 1)]
+    monkeypatch.setattr(shells, "sudo_policy", lambda: (False, ()))  # Defaults !env_reset
+    assert filters("sudo python3 w.py", child) == []
+
+
+def test_a_command_leads_to_a_child_by_its_program():
+    """`cd "$(dirname "$0")"` is no worker, however its expansion could match the worker's arguments."""
+    script = 'here=$(cd "$(dirname "$0")" && pwd)\ncd "${TMPDIR:-/tmp}"\nNCCL_PROTO=LL\npython3 "$here/w.py" "$@"\n'
+    pits = shells.pitfalls(script, ["python3", "/srv/w.py"], is_watched, {})
+    assert [(p.var, p.kind, p.line) for p in pits] == [("NCCL_PROTO", "unexported", 3)]
+    assert kinds("NCCL_PROTO=LL true; exec python w.py", ["python3.11", "w.py"]) == [("NCCL_PROTO", "prefix")]
+
+
+def test_lexer_bounds_hostile_scripts():
+    """A script is a target's input: deep nesting is refused (claims nothing), long input stays linear."""
+    import time
+    deep = 'echo "' + "$(" * 5000 + "x" + ")" * 5000 + '"\npython3 w.py'
+    with pytest.raises(ValueError):
+        shells.split_script(deep)
+    assert kinds(deep, ["python3", "w.py"]) == []
+    long = "NCCL_PROTO=LL true; " + "echo \"$(a 'b' `c`) ${d}\" \\\n" * 20000 + "\npython3 w.py\n"
+    t0 = time.process_time()
+    assert kinds(long, ["python3", "w.py"]) == [("NCCL_PROTO", "prefix")]
+    assert time.process_time() - t0 < 5.0  # linear: ~0.3 s here; quadratic would take minutes
+
+
+def test_sudoers_env_keep_and_env_reset(tmp_path):
+    (tmp_path / "sudoers").write_text('Defaults\tenv_reset\n# Defaults env_keep += "NCCL_ALGO"\n'
+                                      'Defaults:%sudo env_keep += "NCCL_PROTO LC_*"\nDefaults env_keep -= "LC_*"\n')
+    d = tmp_path / "sudoers.d"
+    d.mkdir()
+    (d / "nccl").write_text('Defaults env_keep += "NCCL_IB_*"\n')
+    (d / "ignored.bak").write_text("Defaults !env_reset\n")  # sudo skips names with a dot
+    paths = (str(tmp_path / "sudoers"), str(d))
+    assert shells.sudo_policy(paths) == (True, ("NCCL_PROTO", "NCCL_IB_*"))
+    (d / "open").write_text("Defaults !env_reset\n")
+    assert shells.sudo_policy((str(tmp_path / "sudoers"), str(d), "")) == (False, ("NCCL_PROTO", "NCCL_IB_*"))
+    assert shells.sudo_policy((str(tmp_path / "missing"),)) == (True, ())

@@ -51,7 +51,7 @@ def doc(v: Verdict) -> list:
     for r in v.rows:
         parts = []
         for g in r.groups:
-            value = "unset" if g.value is None else ("unknown" if g.value == "?" else g.value)
+            value = "unset" if g.value is None else g.value  # "?": no witness read it (its culprit says so)
             mark = " (expected)" if r.basis == "expected" and g.value == r.reference else ""
             via = f" (from {', '.join(g.conf)})" if g.conf else ""
             said = [x for x in (_who(g), g.culprit) if x]

@@ -19,6 +19,7 @@ so is the launcher around the edge, with its own remedy (model/launchers.py).
 from __future__ import annotations
 
 from collections import defaultdict
+from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,7 @@ from ncclprobe.model import LIVE_NATIVE, LIVE_WHERE, LIVE_WHERES, LiveReading, L
 from ncclprobe.model import launchers, wiring
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
 from ncclprobe.model.watched import is_watched, one_line, redact_assignments
+from ncclprobe.witnesses.shells import FILTERS
 
 TICK_S = 0.011  # /proc start times are floored to the clock tick (1/100 s)
 RESTORE_WINDOW_S = 1.0   # an unset-and-restore (accelerate's clear_environment) nets out within this
@@ -389,6 +391,12 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
             return Edge("overwritten_in_child", var, x, [x], w.where, w.t, w.old, w.new, k.via(x),
                         witnesses=tl.witnesses, written_after=getattr(w, "after", None))
         pit = _pitfall(m, x, e, var)
+        if pit is not None and pit["kind"] in FILTERS:  # `env -i` (script.sh:3) started x: what it kept, x got
+            by = pit.get("started_by", pit["shell"])
+            shell = next((p for p in m.processes.values() if p.pid == by and p.host == x.host), None)
+            return Edge("curated_env", var, shell, [x], pit.get("where"), via=k.via(x), launcher=pit["kind"],
+                        witnesses=("proc",) + tl.witnesses, pitfall=pit, parent_label=pit.get("shell_command"),
+                        parent_pid=by)
         if pit is not None:
             by = pit.get("started_by", pit["shell"])
             shell = next((p for p in m.processes.values() if p.pid == by and p.host == x.host), None)
@@ -419,6 +427,10 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
         late = [w for w in ptl.writes if w.var == var and w.new == target and early is not None and w.t > early]
         if _get(ptl.at(early), var) == target:  # the parent had it when x started
             kind = "curated_env" if is_python(parent) or is_shell(parent) else "dropped_by_intermediate"
+            wrap = _pitfall(m, parent, e, var)  # the parent is a wrapper a script ran (sudo, su -): its line
+            if wrap is not None and wrap["kind"] in FILTERS:
+                return Edge(kind, var, parent, [x], wrap.get("where"), via=k.via(x), launcher=wrap["kind"],
+                            witnesses=ptl.witnesses + tl.witnesses, pitfall=wrap)
             return Edge(kind, var, parent, [x], via=k.via(x), launcher=_launcher(k, kind, [x]),
                         witnesses=ptl.witnesses + tl.witnesses)
         if late:  # ... and got it only after x had started
@@ -440,8 +452,12 @@ def _last_change(tl: Timeline, var: str, target: str | None, t: float | None):
 
 
 def _pitfall(m: Model, x: ProcessView, e: ProcessView, var: str) -> dict[str, Any] | None:
+    """The shell pitfall that explains var's loss on x's start: an assignment of var that did not reach
+    x, or a wrapper of the command that became x that dropped it (`env -i`, sudo: "*", all but those
+    it kept)."""
     for pit in m.shell_pitfalls:
-        if pit["var"] == var and (x.pid in pit["pids"] or e.pid in pit["pids"]) and \
+        dropped = pit["var"] == var or (pit["var"] == "*" and not any(fnmatchcase(var, k) for k in pit.get("kept", ())))
+        if dropped and (x.pid in pit["pids"] or e.pid in pit["pids"]) and \
                 pit["shell"] == (x.pid if pit.get("exec") else x.ppid):
             return pit
     return None
@@ -509,8 +525,9 @@ def _hint(edge: Edge, items: dict[str, tuple]) -> str:
     at_ = f" ({edge.where})" if edge.where and kind == "set_after_start" else ""
     fields = launchers.remedy_fields(items, is_watched, at=at_, who=program(edge.parent.argv if edge.parent else None))
     own = launchers.remedy(edge.launcher, kind, fields)
+    at_line = f"{edge.pitfall['where']}: " if edge.pitfall and edge.pitfall.get("where") else ""
     if own is not None:
-        return own
+        return at_line + own
     if kind == "set_after_start":
         return (f"set {value} before `{child}` is started{at_}: a process copies its parent's environment when it "
                 "starts, and later writes in the parent never reach it")
@@ -532,9 +549,9 @@ def _hint(edge: Edge, items: dict[str, tuple]) -> str:
     if kind == "shell_prefix":
         pit = edge.pitfall or {}
         if pit.get("kind") == "prefix":
-            return (f"export it for the whole script: `export {edge.var}={pit.get('value')}`, or put the assignment "
-                    f"right before the command: `{edge.var}={pit.get('value')} {pit.get('led_to_target')}`")
-        return f"write `export {edge.var}={pit.get('value')}` instead"
+            return (f"{at_line}export it for the whole script: `export {edge.var}={pit.get('value')}`, or put the "
+                    f"assignment right before the command: `{edge.var}={pit.get('value')} {pit.get('led_to_target')}`")
+        return f"{at_line}write `export {edge.var}={pit.get('value')}` instead"
     if kind == "unseen":
         return f"set {value} where the job starts and see where it goes: {LIVE_VIEW}"
     # not_in_root
@@ -711,6 +728,8 @@ def _pitfall_groups(m: Model, expect: dict[str, str], groups: dict, workers: set
     helper) is a finding of its own (SHELL_PREFIX_SCOPE), naming those; the endpoints lost at that shell
     join it. One that reaches only the shell's own helpers (`dirname`, a subshell) is none."""
     for pit in m.shell_pitfalls:
+        if pit["kind"] in FILTERS:  # a wrapper's filter is an edge only where a value was lost (locate)
+            continue
         pit = {**pit, "pids": [p for p in pit["pids"] if p in workers]}
         if not pit["pids"]:
             continue
@@ -817,13 +836,24 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         msg = (f"{edge.where} changed {var} from {sv(edge.old)} to {sv(edge.new)} in {pid_text}"
                + (f" ({what})" if expected else ""))
         culprit = "set by native code (C setenv)" if edge.where == LIVE_NATIVE else _short_where(edge.where)
+    elif kind == "curated_env" and edge.pitfall:  # a filtering wrapper the script names, at its line
+        pit = edge.pitfall
+        kept = [n for n in pit.get("kept") or () if n != "TERM" or pit["kind"] != "su"]
+        child = program(edge.children[0].argv) if edge.children else "the command"
+        passed = (f"with {len(kept)} variable{'s' if len(kept) != 1 else ''} ({', '.join(kept)})" if kept else
+                  "with none of the caller's variables") if pit["var"] == "*" else f"without {pit['var']}"
+        msg = (f"{pid_text}: {lost}; `{pit['kind']}` ({pit.get('where')}) started {child} {passed}: "
+               f"`{pit.get('led_to_target')}`")
+        ev.update({"wrapper": pit["kind"], "at": pit.get("where"), "kept": kept, "command": pit.get("led_to_target")})
+        culprit = f"dropped by `{pit['kind']}` at {pit.get('where')}"
     elif kind == "curated_env":
         msg = (f"{pid_text}: {lost}; {pdesc} had {them} when it started them{via_inter}, with an environment of "
                "its own")
         culprit = f"curated env from {program(parent.argv) if parent else 'ncclprobe run'}"
     elif kind == "dropped_by_intermediate":
         msg = (f"{pid_text}: {lost}; {pdesc}, not Python, had {them} in its environment and started"
-               f"{via_inter or ' them'} without")
+               f"{via_inter or ' them'} without" + (f" (`{edge.pitfall['kind']}` at {edge.pitfall.get('where')})"
+                                                    if edge.pitfall else ""))
         culprit = f"dropped by {program(parent.argv) if parent else '?'}"
     elif kind == "unseen" and parent is None and edge.parent_label and edge.parent_label.startswith("the process outside"):
         msg = (f"{pid_text}: {lost}; {pid_text} ran in a pid namespace of its own, and no witness saw it from "

@@ -15,6 +15,8 @@ from ncclprobe.model import CommView, Model, NcclRead, ranges
 from ncclprobe.model.watched import is_watched
 
 MAX_VARS = 8
+UNREAD = "?"  # the value of a holder no witness read (JSON "?", text `?`): a value like any other, never left out
+UNREAD_WHY = "no witness read it"
 SHORT_ID = 10  # "0x716f11d6": enough to tell a job's communicators apart on screen (JSON has the whole id)
 
 
@@ -227,6 +229,7 @@ def _culprit_of(index, host, pid, var, comm: str | None, deviates: bool) -> str:
 
 
 def _group(groups: dict, value, culprit) -> Group:
+    culprit = culprit or (UNREAD_WHY if value == UNREAD else "")
     key = (value, culprit)
     if key not in groups:
         groups[key] = Group(value, culprit)
@@ -275,7 +278,7 @@ def _for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
         listed: set[tuple[int, str]] = set()  # (group, communicator) already in g.comms: no scan of the list
         for c in sorted(comms, key=lambda c: (c.rank is None, c.rank or 0, c.host, c.pid)):
             known, value = effective(m, c, var, firsts)
-            value = value if known else "?"
+            value = value if known else UNREAD
             ident = c.group or c.ident  # one communicator, all its ranks
             g = _group(groups, value, _culprit_of(index, c.host, c.pid, var, ident, value != reference))
             if (id(g), ident) not in listed:
@@ -294,7 +297,7 @@ def _for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
                 continue
             p = m.processes[(host, pid)]
             env = _live_env(p)
-            value = env.get(var) if env is not None else "?"
+            value = env.get(var) if env is not None else UNREAD
             g = _group(groups, value, hits[0][0].culprit or hits[0][0].code)
             g.processes.append((host, pid))
             g.pids.add((host, pid))
@@ -377,7 +380,7 @@ def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
             if conf and conf not in g.conf:
                 g.conf.append(conf)
         if not groups:  # never an empty line: that nobody could be read is the answer
-            _group(groups, "?", "no witness read any worker")
+            _group(groups, UNREAD, "no witness read any worker")
         rows.append(Row(var, reference, basis, _ordered(groups, reference)))
     seen = witnesses if witnesses is not None else sorted({s for p in m.processes.values() for s in p.sources})
     return Verdict(rows, "processes", seen or ["proc"], more)
@@ -387,7 +390,7 @@ def _held(k, p, var: str) -> tuple[str | None, str | None]:
     """(value, conf file:line) of var in p now: "?" where no witness can tell; a conf file's value where
     the environment has none and NCCL runs in p (NCCL applies the file with setenv(..., 0))."""
     known, value, conf = k.effective(p, var)
-    return (value, conf) if known else ("?", None)
+    return (value, conf) if known else (UNREAD, None)
 
 
 # ---- names on screen (commands/verdictview.py draws the verdict) -------------------------------------

@@ -83,6 +83,7 @@ class ProcessView:
     proc_env_hash: str | None = None             # keyed hash of the raw block (run's watch): one block
     nccl_user: bool = False                       # maps libnccl or uses a GPU, as /proc showed it
     script: str | None = None                     # a shell's script, as its fd 255 names it (absolute)
+    cwd: str | None = None                        # its working directory as /proc showed it (run's watch, inspect)
     images: list[list[str]] = field(default_factory=list)  # earlier command lines of this pid (it exec'd since)
     in_scope: bool | None = None                  # inspect's --scope (None: every process is)
     proc_env_source: str | None = None            # exec | empty | unreadable: what /proc gave (None: no snapshot)

@@ -194,6 +194,9 @@ def _proc_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> Non
     proc.proc_exec_env = _env(e.get("exec_env"))
     proc.proc_start, proc.proc_env_reason = e.get("start"), e.get("env_reason")
     proc.proc_env_hash = e.get("env_hash")
+    # (cwd, script: where a relative script path resolves, and the script fd 255 names; witnesses/shells)
+    proc.cwd = e.get("cwd") if isinstance(e.get("cwd"), str) else proc.cwd
+    proc.script = e.get("script") if isinstance(e.get("script"), str) else proc.script
     argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None
     if proc.t_start is None:  # no process_start (yet): /proc's ancestry and command line
         if proc.argv and argv and proc.argv != argv:  # it exec'd another program since
@@ -506,6 +509,7 @@ def add_records(m: Model, recs, host: str) -> Model:
         p.proc_env_source, p.proc_denied_by, p.proc_user = r.get("env_source"), r.get("env_denied_by"), r.get("user")
         p.nccl_libs = r.get("nccl_libs") or []
         p.conf_files = r.get("conf_files")
+        p.cwd = r.get("_cwd") or p.cwd  # (where a relative script path on its command line resolves)
         if "live_reason" in r:  # inspect --live: one reading, now (after any a run --live log holds)
             p.live_env, p.live_expected = r.get("_live_watched"), r.get("_live_exp")
             if p.live_env is not None:

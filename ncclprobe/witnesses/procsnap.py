@@ -265,6 +265,7 @@ class Snapshot:
             "_watched": watched,
             "_exp": {k: env[k] for k in self.expect if env and k in env},
             "_hash": block.raw_hash if block else None, "_span": p.env_span, "_start": start, "_alike": None,
+            "_cwd": self.fs.cwd_of(p),  # where a relative script path on its command line resolves (shells)
         }
         if p.cmdline_reason:
             rec["notes"].append(f"cmdline: {p.cmdline_reason}")
@@ -451,6 +452,8 @@ class Snapshot:
                 hit = scripts[id(shell.cmdline)] = (shell.cmdline, script,
                                                     shells.script_file(shell.cmdline) if script is None else None)
             script = hit[1]
+            name = f"`{os.path.basename(shell.cmdline[0]).lstrip('-')} -c`" if script is not None else \
+                os.path.basename(hit[2] or "")  # what a hint calls the script (FILE:LINE)
             if script is None:
                 path = hit[2]
                 if path is None:
@@ -475,7 +478,8 @@ class Snapshot:
                     out.append({"shell": shell.pid, "shell_command": self.shell_command(shell), "pids": affected,
                                 "var": pf.var, "value": one_line(pf.value),
                                 "command": one_line(self.command_text(pf.command)),
-                                "led_to_target": one_line(self.command_text(pf.led_to_target)), "kind": pf.kind})
+                                "led_to_target": one_line(self.command_text(pf.led_to_target)), "kind": pf.kind,
+                                **shells.pitfall_fields(pf, name)})
         return out
 
     def _script_on_fd(self, shell: procs.Proc, path: str) -> str | None:

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 
 from ncclprobe.model.watched import is_watched, redact_argv
-from ncclprobe.witnesses import procread, procs
+from ncclprobe.witnesses import procread, procs, shells
 
 WALK_EVERY_S = 5.0  # an exec creates no pid: the tree is walked this often whatever the pids say
 YOUNG_S = 1.0  # a process recorded this recently has its stat read at every scan: wrappers (env, numactl) exec at once
@@ -65,6 +65,8 @@ class Sighting:
     # next scan (will it exec?) is written later, and what it was, was so at the read, not at the writing
     ns_pid: int | None = None  # in a pid namespace other than the watch's: its pid in there (NSpid's last)
     pidns: int | None = None   # and that namespace's inode
+    cwd: str | None = None     # its working directory (a relative script path resolves against it)
+    script: str | None = None  # a shell's script, as its fd 255 names it (shells.script_path)
 
     def fields(self) -> dict:
         """The proc_seen event's own fields (witnesses/events.py); the identity ones are common fields."""
@@ -73,6 +75,7 @@ class Sighting:
                "execs": self.execs}
         if self.pidns is not None:
             out["ns_pid"], out["pidns"] = self.ns_pid, self.pidns
+        out.update({k: v for k, v in (("cwd", self.cwd), ("script", self.script)) if v is not None})
         return out
 
 
@@ -353,10 +356,11 @@ class Scanner:
         argv = [] if isinstance(r.cmdline, OSError) else _argv(r.cmdline)
         ns = procs.pidns_of(self.proc_root, r.pid) if self.pidns is not None else None
         ns_pid = procs.ns_pid_of(self.fs.reader, self.proc_root, r.pid) if ns not in (None, self.pidns) else None
+        cwd, script = shells.cwd_and_script(self.fs.reader, f"{self.proc_root}/{r.pid}", argv)
         return Sighting(r.pid, r.ppid, r.start_ticks,
                         None if self.boot is None else round(self.boot + r.start_ticks / self.clk_tck, 3),
                         redact_argv(argv), r.exe, env, reason, digest, execs, r.t,
-                        ns_pid, ns if ns_pid is not None else None)
+                        ns_pid, ns if ns_pid is not None else None, cwd, script)
 
     def _environ(self, r: _Raw) -> tuple[dict[str, str] | None, str | None, str | None]:
         raw = r.environ

@@ -3,7 +3,14 @@
 In `NCCL_PROTO=LL cd /srv && python server.py`, the assignment is part of the `cd` simple command and
 reaches only its environment (GNU Bash manual §3.7.1, §3.7.4); `NCCL_PROTO=LL; python server.py`
 sets an unexported shell variable. Both are only visible while the shell is: bash 5 execs the last
-command of `bash -c 'A && B'`, replacing itself, so where no shell is left nothing is claimed.
+command of `bash -c 'A && B'`, replacing itself, so where no shell is left nothing is claimed (unless
+a witness saw the shell's image before the exec: run's watch, or run's own CMD).
+
+The command that became the child may also filter what it gets: `env -i`, `env -u NAME`, `exec env …`,
+sudo (env_reset, unless -E/--preserve-env), `su -`/`su --login` (runuser -l): those are pitfalls too,
+with what they keep. Every pitfall names the script's line (`lex`: a small lexer for shell syntax:
+quotes, escapes, `$(…)` and backquotes as one word, line continuations, lists and pipes, comments,
+here-document bodies skipped; no expansion).
 """
 from __future__ import annotations
 
@@ -14,11 +21,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ncclprobe.model.watched import REDACTED
+from ncclprobe.witnesses.shellsyntax import lex
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"})
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
-_SEPARATORS = {";", "&&", "||", "|", "&", "|&", ";;", "\n"}
-_REDIRECT = re.compile(r"^[<>]+&?$|^&>>?$")
 # Words that start a list element without being its command.
 _KEYWORDS = {"then", "do", "else", "elif", "if", "while", "until", "!", "{", "(", "time", "}", ")", "fi", "done"}
 # Commands that run the rest of their arguments as the command (the prefix still reaches it).
@@ -36,6 +42,9 @@ class SimpleCommand:
     text: str  # as written, for evidence
     exported: tuple[str, ...] = ()  # names made environment variables by `export`/`declare -x`
     tokens: tuple[str, ...] = ()  # the words as written, keywords and wrappers included
+    line: int = 0  # the script's line it starts on (1-based; 0: not known)
+    # the wrappers before the command, outermost first: (program, its options, the NAME=VALUE it passes)
+    wrappers: tuple[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]], ...] = ()
 
     def display(self, show: Callable[[str, str], str | None] | None = None) -> str:
         """The text with each NAME=VALUE word's value as show(NAME, VALUE) gives it (None: redacted),
@@ -53,74 +62,54 @@ class SimpleCommand:
         return " ".join(words)
 
 
-def strip_comments(script: str) -> str:
-    """The script without its comments (a `#` that starts a word, outside quotes, to the end of its
-    line; the newline stays: it ends the command before it). A quote inside a comment (`# don't`) is
-    no quote."""
-    out: list[str] = []
-    quote, i, n = "", 0, len(script)
-    while i < n:
-        ch = script[i]
-        if quote:
-            if ch == "\\" and quote == '"' and i + 1 < n:
-                out.append(script[i:i + 2])
-                i += 2
-                continue
-            if ch == quote:
-                quote = ""
-        elif ch == "\\" and i + 1 < n:
-            out.append(script[i:i + 2])
-            i += 2
-            continue
-        elif ch in "'\"":
-            quote = ch
-        elif ch == "#" and (i == 0 or script[i - 1] in " \t\n;&|()"):
-            j = script.find("\n", i)
-            i = n if j < 0 else j
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
-
-
 def split_script(script: str) -> list[SimpleCommand]:
-    """The simple commands of a shell list (`;`, `&&`, `||`, `|`, `&`, newlines), shlex-level: no
-    expansion, quotes honoured, comments dropped. Raises ValueError on unbalanced quotes."""
-    lex = shlex.shlex(strip_comments(script), posix=True, punctuation_chars=";&|<>()\n")
-    lex.whitespace = " \t\r"
-    lex.whitespace_split = True
-    # comments by hand: shlex's own commenters swallow the newline that ends the command before them
-    lex.commenters = ""
+    """The simple commands of a shell list (`;`, `&&`, `||`, `|`, `&`, newlines), each with the line it
+    starts on: no expansion, quotes honoured, comments and here-document bodies dropped, a command
+    substitution one word. Raises ValueError on unbalanced quotes."""
     commands: list[SimpleCommand] = []
     current: list[str] = []
+    first_line = 0
 
     def flush():
         if current:
-            commands.append(_simple(current))
+            commands.append(_simple(current, first_line))
             current.clear()
 
     skip_next = False
-    for tok in lex:
+    for tok in lex(script):
         if skip_next:
             skip_next = False
             continue
-        if tok and set(tok) <= set(";&|\n()") and tok not in ("(", ")"):
-            flush()
-            continue
-        if _REDIRECT.match(tok):
+        if tok.op and tok.text[0] in "<>" or tok.text in ("&>", "&>>"):
             skip_next = True  # the redirection's target is not an argument
             if current and current[-1].isdigit():
                 current.pop()  # `2>&1`: the fd number is not an argument either
             continue
-        if tok in ("(", ")"):
+        if tok.op:
             flush()
             continue
-        current.append(tok)
+        if not current:
+            first_line = tok.line
+        current.append(tok.text)
     flush()
     return commands
 
 
-def _simple(tokens: list[str]) -> SimpleCommand:
+# options of a wrapper that take the next word as their value (not the command)
+_OPTION_ARGS = {"env": {"-u", "--unset", "-C", "--chdir", "-S", "--split-string"},
+                "sudo": {"-u", "--user", "-g", "--group", "-C", "--close-from", "-D", "--chdir", "-h", "--host",
+                         "-p", "--prompt", "-r", "--role", "-t", "--type", "-U", "--other-user", "-T",
+                         "--command-timeout"},
+                "su": {"-c", "--command", "-s", "--shell", "-g", "--group", "-G", "--supp-group", "-w",
+                       "--whitelist-environment"},
+                "runuser": {"-c", "--command", "-s", "--shell", "-g", "--group", "-G", "--supp-group", "-w",
+                            "--whitelist-environment", "-u", "--user"},
+                "nice": {"-n", "--adjustment"}, "ionice": {"-c", "-n", "-p", "--class", "--classdata"},
+                "taskset": set(), "chrt": set(), "numactl": set(), "timeout": {"-s", "--signal", "-k", "--kill-after"},
+                "stdbuf": {"-i", "-o", "-e"}}
+
+
+def _simple(tokens: list[str], line: int = 0) -> SimpleCommand:
     text = " ".join(shlex.quote(t) if t != "" else "''" for t in tokens)
     written = tuple(tokens)
     while tokens and tokens[0] in _KEYWORDS:
@@ -135,17 +124,50 @@ def _simple(tokens: list[str]) -> SimpleCommand:
     exported: list[str] = []
     if words and words[0] in ("export", "declare", "typeset") and (words[0] == "export" or "-x" in words[1:]):
         exported = [w.split("=", 1)[0] for w in words[1:] if not w.startswith("-")]
-    while words and os.path.basename(words[0]) in _WRAPPERS:
+    wrappers: list[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]] = []
+    while words and os.path.basename(words[0]) in _WRAPPERS | {"su", "runuser"}:
         wrapper = os.path.basename(words[0])
         words = words[1:]
-        while words and (words[0].startswith("-") or (wrapper == "env" and _ASSIGN.match(words[0]))):
+        options: list[str] = []
+        given: list[tuple[str, str]] = []  # the NAME=VALUE words the wrapper itself passes on (env, sudo)
+        takes = _OPTION_ARGS.get(wrapper, set())
+        while words and (words[0].startswith("-") or (wrapper in ("env", "sudo") and _ASSIGN.match(words[0]))):
             m = _ASSIGN.match(words[0])
             if m:
+                given.append((m.group(1), m.group(2)))
                 assigns.append((m.group(1), m.group(2)))
+            else:
+                options.append(words[0])
+                if words[0] in takes and len(words) > 1:
+                    options.append(words[1])
+                    words = words[1:]
+                if words[0] == "--":
+                    words = words[1:]
+                    break
             words = words[1:]
+        if wrapper in ("su", "runuser"):  # su [-] [USER] [-c CMD]: the command is the -c string
+            rest = list(words)
+            words = []
+            while rest:  # options may follow the user too (`su - bob -c CMD`)
+                w = rest.pop(0)
+                options.append(w)
+                if w in takes and rest:
+                    options.append(rest.pop(0))
+            cmd = next((options[k + 1] for k, o in enumerate(options[:-1]) if o in ("-c", "--command")), None)
+            words = tuple(split_script(cmd)[-1].words) if cmd and _safe_split(cmd) else ()
+            wrappers.append((wrapper, tuple(options), tuple(given)))
+            break
         if wrapper in ("timeout",) and words and re.match(r"^\d", words[0]):
             words = words[1:]
-    return SimpleCommand(tuple(assigns), tuple(words), text, tuple(exported), written)
+        wrappers.append((wrapper, tuple(options), tuple(given)))
+    return SimpleCommand(tuple(assigns), tuple(words), text, tuple(exported), written, line, tuple(wrappers))
+
+
+def _safe_split(cmd: str) -> bool:
+    try:
+        return bool(split_script(cmd))
+    except ValueError:
+        return False
 
 
 def wrapped_command(argv: list[str]) -> list[str]:
@@ -214,23 +236,115 @@ def _words_match(words: list[str], argv: list[str]) -> bool:
 
 
 def _leads_to(cmd: SimpleCommand, child: list[str]) -> bool:
-    """Is this simple command the one that became `child` (its exec'ed command line)? Words with
-    parameter expansions ($here/w.py, "$@") match what they can expand to."""
+    """Is this simple command the one that became `child` (its exec'ed command line, or a wrapper that
+    forks it: `sudo python3 w.py`)? Words with parameter expansions ($here/w.py, "$@") match what they
+    can expand to."""
     if not cmd.words or not child:
         return False
-    if not _word_matches(os.path.basename(cmd.words[0]), os.path.basename(child[0])):
-        # an interpreter may show its real name (python3.11 for python); compare the arguments
+    inner = wrapped_command(child)
+    return any(_leads_to_one(cmd, c) for c in ([child, inner] if inner and inner != child else [child]))
+
+
+def _leads_to_one(cmd: SimpleCommand, child: list[str]) -> bool:
+    first, name = os.path.basename(cmd.words[0]), os.path.basename(child[0])
+    if not _word_matches(first, name):
+        # an interpreter may show its real name (python3.11 for python): the arguments then say
+        if not (name.startswith(first) or first.startswith(name) or "$" in first or "`" in first):
+            return False
         return len(cmd.words) > 1 and _words_match(list(cmd.words[1:]), child[1:])
     return _words_match(list(cmd.words[1:]), child[1:]) or len(cmd.words) == 1
 
 
 @dataclass(frozen=True)
 class PrefixPitfall:
-    var: str
+    var: str  # "*" for a wrapper that drops every variable but those it keeps
     value: str
     command: str  # the simple command that received the assignment ("" for a bare assignment)
     led_to_target: str  # the simple command that became the path to the target
-    kind: str  # prefix (scoped to another command) | unexported (bare assignment, never exported)
+    kind: str  # prefix (scoped to another command) | unexported (bare assignment, never exported) |
+    # a wrapper of the command that filters its environment: env -i | env -u | sudo | su
+    line: int = 0  # the script's line of the assignment (of the wrapper, for a filtering one)
+    kept: tuple[str, ...] = ()  # the names a filtering wrapper passes on
+
+
+FILTERS = ("env -i", "env -u", "sudo", "su")
+
+
+def _option(options, short: str, long: str) -> list[str]:
+    """The values of a wrapper's option (`-u A`, `-uA`, `--unset A`, `--unset=A`), in order."""
+    out, it = [], iter(options)
+    for o in it:
+        if o in (short, long):
+            out.append(next(it, ""))
+        elif o.startswith(long + "="):
+            out.append(o.split("=", 1)[1])
+        elif o.startswith(short) and not o.startswith("--") and len(o) > len(short):
+            out.append(o[len(short):])
+    return [v for v in out if v]
+
+
+def _flag(options, letter: str, *longs: str) -> bool:
+    return any(o in longs or (o.startswith("-") and not o.startswith("--") and letter in o[1:2]) for o in options)
+
+
+SUDOERS = ("/etc/sudoers", "/etc/sudoers.d")
+_ENV_KEEP = re.compile(r"\benv_keep\s*(\+?=|-=)\s*(\"[^\"]*\"|\S+)")
+_policy: dict[tuple, tuple[bool, tuple[str, ...]]] = {}
+
+
+def sudo_policy(paths: tuple[str, ...] = SUDOERS) -> tuple[bool, tuple[str, ...]]:
+    """(env_reset, env_keep) as this host's sudoers files say, where they can be read (root only): every
+    `Defaults` line, whoever it is for (what sudo keeps for someone only makes a claim less sure), its
+    env_keep names and patterns (`LC_*`); `!env_reset` keeps the whole environment. Unreadable: sudo's
+    default (env_reset on, none kept beyond its own short list)."""
+    if paths in _policy:
+        return _policy[paths]
+    reset, keep = True, []
+    files = []
+    for path in paths:
+        try:
+            names = sorted(os.listdir(path)) if os.path.isdir(path) else [""]
+        except OSError:
+            continue
+        files += [os.path.join(path, n) if n else path for n in names if "." not in n and not n.endswith("~")]
+    for path in files:
+        text = read_script(path) or ""
+        for line in text.replace("\\\n", " ").splitlines():
+            line = line.split("#", 1)[0].strip()
+            if not line.startswith("Defaults"):
+                continue
+            if re.search(r"!\s*env_reset\b", line):
+                reset = False
+            for op, value in _ENV_KEEP.findall(line):
+                names = value.strip('"').split()
+                keep = [n for n in keep if n not in names] if op == "-=" else (keep + names if op == "+=" else names)
+    _policy[paths] = (reset, tuple(keep))
+    return _policy[paths]
+
+
+def filtering(cmd: SimpleCommand) -> list[tuple[str, str, tuple[str, ...]]]:
+    """The wrappers of a simple command that filter the environment its command gets: (kind, the name
+    it drops or "*" for all, the names it keeps). `env -i A=1 cmd` drops all but A; `env -u A` drops A;
+    sudo resets it (env_reset, unless sudoers says !env_reset) unless -E/--preserve-env, keeping
+    --preserve-env=LIST, NAME=VALUE and sudoers' env_keep (sudo_policy: names or patterns);
+    `su -`/`su -l`/`su --login` (runuser likewise) keep only -w/--whitelist-environment's (and TERM)."""
+    out: list[tuple[str, str, tuple[str, ...]]] = []
+    for k, (prog, options, given) in enumerate(cmd.wrappers):
+        later = tuple(n for _, _, g in cmd.wrappers[k:] for n, _ in g)  # what this and the inner wrappers pass on
+        if prog == "env":
+            if "-" in options or _flag(options, "i", "--ignore-environment"):
+                out.append(("env -i", "*", later))
+            out += [("env -u", name, ()) for name in _option(options, "-u", "--unset") if name not in later]
+        elif prog == "sudo":
+            reset, env_keep = sudo_policy()
+            if _flag(options, "E", "--preserve-env") or not reset:
+                continue
+            kept = tuple(n for v in _option(options, "--preserve-env", "--preserve-env") for n in v.split(","))
+            out.append(("sudo", "*", kept + later + env_keep))
+        elif prog in ("su", "runuser") and ("-" in options or _flag(options, "l", "--login")):
+            kept = tuple(n for v in _option(options, "-w", "--whitelist-environment") for n in v.split(","))
+            out.append(("su", "*", kept + ("TERM",)))
+    return out
 
 
 def pitfalls(script: str, child: list[str], watched, shell_env=None,
@@ -253,15 +367,20 @@ def pitfalls(script: str, child: list[str], watched, shell_env=None,
     exported = {n for c in commands[:lead_index] for n in c.exported}
     prefixed_lead = {n for n, _ in lead.assignments}
     out = []
-    for c in commands[:lead_index] + commands[lead_index + 1:]:
+    for kind, name, kept in filtering(lead):  # the command's own wrappers: what they drop never reaches it
+        if name == "*" or watched(name):
+            out.append(PrefixPitfall(name, "", lead.display(show), lead.display(show), kind, lead.line, kept))
+    for i, c in enumerate(commands):
+        if i == lead_index:
+            continue
         for name, value in c.assignments:
             if not watched(name) or name in prefixed_lead:
                 continue
             if c.words:
-                out.append(PrefixPitfall(name, value, c.display(show), lead.display(show), "prefix"))
+                out.append(PrefixPitfall(name, value, c.display(show), lead.display(show), "prefix", c.line))
             elif (shell_env is not None and name not in shell_env and name not in exported
-                  and commands.index(c) < lead_index):
-                out.append(PrefixPitfall(name, value, "", lead.display(show), "unexported"))
+                  and i < lead_index):
+                out.append(PrefixPitfall(name, value, "", lead.display(show), "unexported", c.line))
     return out
 
 
@@ -303,11 +422,14 @@ def _shell_script_of(path: str) -> str | None:
 
 def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: bool = True) -> list[dict]:
     """Shell pitfalls found from the model alone (no live /proc reading): the script of each shell
-    process whose command line names it by an absolute path (or whose `script` the watch recorded),
-    against each of its children; and a wrapper script that exec'd its command (`torchrun --no-python
-    wrap.sh`, where bash became the worker): the script its parent's command line names, against the
-    process it became. Shell pids in `covered` were read live already. Values of unwatched assignments
-    are not shown."""
+    process (its -c string, or the file its command line names: by an absolute path, by one relative to
+    the shell's working directory, or as its fd 255 named it when the watch saw it), against each of its
+    children; a shell that exec'd its command (`bash -c 'exec env -i … python3 w.py'`: the pid ran the
+    shell, then became the command), against what it became; and a wrapper script that exec'd its
+    command (`torchrun --no-python wrap.sh`, where bash became the worker): the script its parent's
+    command line names (relative ones against the parent's working directory), against the process it
+    became. Shell pids in `covered` were read live already. Values of unwatched assignments are not
+    shown."""
     from ncclprobe.model.watched import is_watched, redact_assignments
     watched = watched or is_watched
 
@@ -326,42 +448,113 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
             stack.extend(kids.get((q.host, q.pid), []))
         return sorted(out)
 
-    def is_shell(p) -> bool:
-        return os.path.basename((p.exe or "") or (p.argv or [""])[0]) in SHELL_NAMES
+    def is_shell(argv, exe=None) -> bool:
+        return os.path.basename(exe or (argv or [""])[0]).lstrip("-") in SHELL_NAMES
 
     def one(text: str) -> str:
         return " ".join(text.split())
 
+    def script_of(argv, script, cwd) -> tuple[str, str, str | None] | None:
+        """(its text, the name a hint gives it, its path) of a shell command line's script."""
+        inline = shell_script(argv)
+        if inline is not None:
+            return inline, f"`{os.path.basename(argv[0]).lstrip('-')} -c`", None
+        path = script or resolve(script_file(argv) or "", cwd) if script_file(argv) else script
+        text = read_script(path) if path else None
+        return (text, os.path.basename(path), path) if text is not None else None
+
+    def record(pf, shell_pid, shell_argv, name, subtree_of, **extra) -> dict:
+        return {"shell": shell_pid, "shell_command": redact_assignments(one(" ".join(shell_argv)))[:200],
+                "pids": subtree(subtree_of), "var": pf.var, "value": pf.value,
+                "command": redact_assignments(one(pf.command)),
+                "led_to_target": redact_assignments(one(pf.led_to_target)), "kind": pf.kind, **pitfall_fields(pf, name), **extra}
+
     out: list[dict] = []
     for s in m.processes.values() if shells else ():
-        if s.pid in covered or not s.argv or not is_shell(s):
+        if s.pid in covered or not s.argv or not is_shell(s.argv, s.exe):
             continue
-        path = getattr(s, "script", None) or script_file(s.argv)
-        script = shell_script(s.argv) or (read_script(path) if path and path.startswith("/") else None)
-        if script is None:
+        found = script_of(s.argv, getattr(s, "script", None), getattr(s, "cwd", None))
+        if found is None:
             continue
+        script, name, path = found
         env = s.proc_exec_env if s.proc_exec_env is not None else s.start_env
         for child in kids.get((s.host, s.pid), []):
             if child.argv == s.argv or not child.argv:
                 continue
             for pf in pitfalls(script, child.argv, watched, env, show):
-                out.append({"shell": s.pid, "shell_command": redact_assignments(one(" ".join(s.argv)))[:200], "pids": subtree(child),
-                            "var": pf.var, "value": pf.value, "command": redact_assignments(one(pf.command)),
-                            "led_to_target": redact_assignments(one(pf.led_to_target)), "kind": pf.kind})
+                out.append(record(pf, s.pid, s.argv, name, child, **({"script": path} if path else {})))
+    became: set = set()  # the processes a shell's own image (seen, or run's CMD) already explained
+    for x in m.processes.values() if shells else ():  # a shell that exec'd its command: the pid became it
+        if x.pid in covered or not x.argv or is_shell(x.argv, x.exe):
+            continue
+        given = m.given_for(x) or {}  # what the run that started it gave its CMD
+        first = [given["command"]] if x.ppid == given.get("pid") and given.get("command") else []  # run's CMD
+        for image in reversed(first + [i for i in x.images if i != given.get("command")]):
+            if not is_shell(image):
+                continue
+            found = script_of(image, None, getattr(x, "cwd", None))
+            if found is not None:
+                became.add((x.host, x.pid))
+                for pf in pitfalls(found[0], x.argv, watched, None, show):
+                    if pf.kind != "unexported":  # its own environment then is unknown: no claim of that kind
+                        out.append(record(pf, x.pid, image, found[1], x, exec=True, script=found[2] or found[1],
+                                          started_by=x.ppid))
+            break
     scripts: dict[int, tuple] = {}  # the shell scripts a command line names, once per command line
     for x in m.processes.values():  # a wrapper script that exec'd: the shell became x
         parent = m.processes.get((x.host, x.ppid)) if x.ppid else None
-        if parent is None or not parent.argv or not x.argv or is_shell(parent) or x.pid in covered:
+        if parent is None or not parent.argv or not x.argv or is_shell(parent.argv, parent.exe) or x.pid in covered \
+                or (x.host, x.pid) in became:
             continue
         hit = scripts.get(id(parent.argv))
         if hit is None:
-            named = [(a, s) for a in parent.argv[1:] if a.startswith("/") for s in [_shell_script_of(a)] if s]
+            named = [(a, p, s) for a in parent.argv[1:] if not a.startswith("-")
+                     for p in [resolve(a, getattr(parent, "cwd", None))] if p for s in [_shell_script_of(p)] if s]
             hit = scripts[id(parent.argv)] = (parent.argv, named)
-        for arg, script in hit[1]:
+        for arg, path, script in hit[1]:
             for pf in pitfalls(script, x.argv, watched, None, show):
-                if pf.kind == "prefix":  # the wrapper's own environment is unknown: only prefixes are sure
-                    out.append({"shell": x.pid, "shell_command": f"{arg} (a wrapper script that exec'd)",
-                                "pids": subtree(x), "var": pf.var, "value": pf.value, "command": redact_assignments(one(pf.command)),
-                                "led_to_target": redact_assignments(one(pf.led_to_target)), "kind": pf.kind,
-                                "exec": True, "script": arg, "started_by": parent.pid})
+                if pf.kind != "unexported":  # the wrapper's own environment is unknown: only what it wrote is sure
+                    out.append(record(pf, x.pid, [arg], os.path.basename(path), x, exec=True, script=path,
+                                      started_by=parent.pid,
+                                      shell_command=f"{arg} (a wrapper script that exec'd)"))
     return out
+
+def cwd_and_script(reader, base: str, argv: list[str] | None) -> tuple[str | None, str | None]:
+    """A process's working directory (base: its /proc/PID), and for a shell that runs a script file
+    (`bash run.sh`, not `-c`), the script as its fd 255 names it: bash keeps the script it reads open
+    there (shell.c, default_buffered_input), so it names it after the script changed directory. Only
+    where the descriptor names a file of the script's name (else fd 255 is put to another use).
+    Never raises."""
+    try:
+        cwd = reader.readlink(base + "/cwd")
+    except (OSError, ValueError):
+        cwd = None
+    path = script_file(list(argv)) if argv else None
+    script = None
+    if path is not None:
+        try:
+            target = reader.readlink(base + "/fd/255")
+        except (OSError, ValueError):
+            target = None
+        if target and target.startswith("/") and os.path.basename(target) == os.path.basename(path.rstrip("/")):
+            script = target
+    return cwd, script
+
+
+def resolve(path: str, cwd: str | None) -> str | None:
+    """A script path as a process named it, made absolute against its working directory (None where it
+    is relative and the directory is not known)."""
+    if path.startswith("/"):
+        return path
+    return os.path.normpath(os.path.join(cwd, path)) if cwd and cwd.startswith("/") else None
+
+
+def where(pf: PrefixPitfall, name: str) -> str:
+    """FILE:LINE of a pitfall (name: the script's file, or `bash -c` for an inline one)."""
+    return f"{name}:{pf.line}" if pf.line else name
+
+
+def pitfall_fields(pf: PrefixPitfall, name: str) -> dict:
+    """The fields of a pitfall record that say where it is and what a filtering wrapper keeps (the
+    model's and inspect's records alike)."""
+    return {"line": pf.line or None, "where": where(pf, name), "kept": list(pf.kept)}
