@@ -19,11 +19,11 @@ from ncclprobe.model.watched import redact_argv
 SHOWN_VARS_MAX = 8
 # witness -> its name in the processes table (one line per process at 80 columns)
 WITNESS_SHORT = {"boot": "boot", "preload": "pre", "profiler": "prof", "envplugin": "env", "nccl-log": "log",
-                 "proc": "proc", "live": "live", "run": "run", "ras": "ras"}
+                 "proc": "proc", "live": "live", "run": "run", "ras": "ras", "edge": "edge"}
 WITNESS_WORDS = {"boot": "boot probe", "preload": "preload hook", "profiler": "profiler plugin",
                  "envplugin": "env plugin", "nccl-log": "NCCL's log", "proc": "run's /proc watch",
                  "live": "its memory (run --live)", "run": "ncclprobe run (CMD, as it started it)",
-                 "ras": "NCCL's RAS service"}
+                 "ras": "NCCL's RAS service", "edge": "its parent's record of the call that started it"}
 
 
 def load(dirs, nccl_logs=()) -> Model:
