@@ -588,8 +588,10 @@ def start():
             _rest()
             _wrap_fork_exec(sys.modules["_posixsubprocess"])
         else:
-            _finder.find_spec = _finder
-            sys.meta_path.insert(0, _finder)
+            # (globals holding only a weak reference, as the fork hook's: see there)
+            finder = type(_import_hook)(_import_hook.__code__, {"_ref": _weakref.ref(_spawn_import)})
+            finder.find_spec = finder
+            sys.meta_path.insert(0, finder)
     except Exception as exc:
         _emit("probe_error", ("spawn", exc))
 
@@ -785,10 +787,16 @@ def _spawn_hook(name, args, kw, pid):
         _emit("probe_error", ("spawn", exc))
 
 
-def _finder(name, path=None, target=None):
+def _import_hook(name, path=None, target=None):
     # sys.meta_path's first entry until _posixsubprocess is imported (its find_spec is itself): wraps it
-    if name != "_posixsubprocess":
-        return None
+    if name == "_posixsubprocess":
+        hook = _ref()  # noqa: F821 (a global of the copy start() registers; see there)
+        if hook is not None:
+            return hook(name, path, target)
+    return None
+
+
+def _spawn_import(name, path, target):
     try:
         _rest()
         return _fork_exec_spec(name, path, target)
@@ -2061,14 +2069,13 @@ SPAWN_ARGV = 512  # elements of a started command line kept (as process_start ke
 
 
 def _fork_exec_spec(name, path, target):
-    """_posixsubprocess's spec from the finders after _finder, its loader made to wrap fork_exec once the
-    module is made; None (the import goes on as without the probe) where the loader is no instance of its
-    own (a built-in module: its class is shared, never patched)."""
-    try:
-        sys.meta_path.remove(_finder)
-    except ValueError:
-        pass
+    """_posixsubprocess's spec from the finders after start()'s import hook (which leaves sys.meta_path here),
+    its loader made to wrap fork_exec once the module is made; None (the import goes on as without the probe)
+    where the loader is no instance of its own (a built-in module: its class is shared, never patched)."""
+    ours = _import_hook.__code__
     for finder in sys.meta_path:
+        if getattr(finder, "__code__", None) is ours:
+            continue
         find = getattr(finder, "find_spec", None)
         spec = find(name, path, target) if find is not None else None
         if spec is not None:
@@ -2088,6 +2095,8 @@ def _fork_exec_spec(name, path, target):
             _fail("spawn", exc)
 
     loader.exec_module = exec_module
+    # the hook is done (the import machinery iterates sys.meta_path: it is replaced, not changed in place)
+    sys.meta_path = [f for f in sys.meta_path if getattr(f, "__code__", None) is not ours]
     return spec
 
 

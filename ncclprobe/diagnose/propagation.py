@@ -402,6 +402,11 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
                 return Edge("unseen", var, x, [below or x], via=k.via(below or x), witnesses=tl.witnesses)
             return Edge("overwritten_in_child", var, x, [x], w.where, w.t, w.old, w.new, k.via(x),
                         witnesses=tl.witnesses, written_after=getattr(w, "after", None))
+        sp = x.started_by
+        if sp is not None and sp.exec and sp.env_given and sp.env is not None and _get(sp.env, var) != target:
+            # it exec'd with an environment of its own that lacked it (os.execve, execve's envp)
+            return Edge("curated_env", var, x, [x], via="exec", launcher=_launcher(k, "curated_env", [x]),
+                        witnesses=tl.witnesses + ("edge",), spawn=sp)
         pit = _pitfall(m, x, e, var)
         if pit is not None:
             by = pit.get("started_by", pit["shell"])

@@ -351,6 +351,7 @@ def _spawn(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
         if proc.t_start is not None and proc.t_start <= t:
             proc.exec_after_boot = True
             proc.start_env = proc.exec_env = None
+        proc.proc_exec_env = proc.proc_env_reason = None  # a sighting so far was of the image before (a later one wins)
         return
     c = b.m.process(proc.host, child)
     if c.started_by is None:
@@ -421,7 +422,9 @@ def _cmd_of_runs(m: Model) -> None:
         if not p.argv and not p.images:
             p.argv = redact_argv([str(a) for a in command])
         given = m.given
-        if p.proc_exec_env is None and p.proc_env_reason is None and given is not None and len(m.runs) == 1:
+        exec_ed = p.started_by is not None and p.started_by.exec  # it exec'd since, with an environment of its own
+        if (p.proc_exec_env is None and p.proc_env_reason is None and given is not None and len(m.runs) == 1
+                and not exec_ed):
             p.proc_exec_env = dict(given["env"])  # exactly what run gave it (watched part)
             p.proc_env_source = "exec"
 
