@@ -2147,8 +2147,9 @@ def _spawned(name, args, kw, pid):
     args/kw and started pid (None: an exec, this process itself)."""
     exe = env = None
     if name == "fork_exec":  # (args, executable_list, close_fds, pass_fds, cwd, env, ...): 3.8 to 3.14
-        if kw or len(args) < 6 or not isinstance(args[1], (list, tuple)) or not (
-                args[5] is None or isinstance(args[5], (list, tuple))):
+        if kw or len(args) < 6 or not isinstance(args[0], (list, tuple)) or not isinstance(args[1], (list, tuple)) or not (
+                args[5] is None or isinstance(args[5], (list, tuple)) and all(type(e) is bytes and b"=" in e
+                                                                             for e in args[5])):
             return
         argv, env = args[0], args[5]
         for path in args[1]:  # the child tries them in order
@@ -2203,9 +2204,9 @@ def _spawn_caller(name):
             if not _is_stdlib(fn):
                 where = "%s:%d" % (fn, frame.f_lineno)
                 break
-            base = fn.rsplit("/", 2)
-            seen.add(base[-2] if base[-2] in ("multiprocessing", "asyncio") else base[-1])
-            if base[-1] == "os.py":
+            base = fn[8:-1] + ".py" if fn.startswith("<frozen ") else fn.rsplit("/", 1)[-1]  # <frozen os>: 3.11+
+            seen.add("multiprocessing" if "/multiprocessing/" in fn else base)
+            if base == "os.py":
                 outer_os = frame.f_code.co_name
         frame = frame.f_back
     if "multiprocessing" in seen:

@@ -37,12 +37,14 @@ os.execve(sys.executable, [sys.executable, "-S", "-c", {WORKER!r}, sys.argv[1]],
 }
 
 
-def _run(tmp_path: Path, cmd: list[str], *expect: str, **extra: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _run(tmp_path: Path, cmd: list[str], *expect: str, stdin=None, **extra: str) -> tuple[subprocess.CompletedProcess,
+                                                                                          dict]:
     env = clean_env(NCCL_PROTO="LL", NCCLPROBE_WATCH_KERNEL="0", **extra)
     args = [*NCCLPROBE, "run", "--json", "--dir", str(tmp_path / "logs")]
     for e in expect:
         args += ["--expect", e]
-    out = subprocess.run([*args, "--", *cmd], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = subprocess.run([*args, "--", *cmd], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
+                         stdin=stdin)
     return out, json.loads(out.stdout)  # (with --json, what CMD prints goes to stderr)
 
 
@@ -145,3 +147,30 @@ def test_an_expectation_the_edge_record_cannot_hold_is_not_checked_there(tmp_pat
     un = doc["verdict"]["unchecked"]
     assert un and len(un["unread"]) == 1 and "FOO" in un["reason"] and "main.py:37" in un["reason"]
     assert not [f for f in doc["findings"] if f["severity"] == "error"]
+
+
+def test_each_way_python_starts_a_process_is_named_as_the_caller_spelled_it(tmp_path):
+    # fork children that exec (os.spawnlp, pty.spawn) record from the child, asyncio goes through Popen
+    script = """
+import asyncio, os, pty, subprocess
+
+async def co():
+    p = await asyncio.create_subprocess_exec("true")  # asyncio
+    await p.wait()
+
+asyncio.run(co())
+os.spawnlp(os.P_WAIT, "true", "true")  # spawnlp
+pty.spawn(["true"])  # pty
+pid = os.posix_spawnp("true", ["true"], dict(os.environ))  # posix_spawnp
+os.waitpid(pid, 0)
+""".lstrip()
+    parent = tmp_path / "parent.py"
+    parent.write_text(script)
+    out, _ = _run(tmp_path, [sys.executable, str(parent)], stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, (out.stdout, out.stderr)
+    lines = {text.rsplit("# ", 1)[1]: i for i, text in enumerate(script.splitlines(), 1) if "# " in text}
+    got = {(r["call"], r["where"], r["exec"]) for r in events(tmp_path / "logs", "spawn")}
+    assert got == {("subprocess.Popen", f"{parent}:{lines['asyncio']}", False),
+                   ("os.spawnlp", f"{parent}:{lines['spawnlp']}", True),
+                   ("pty.spawn", f"{parent}:{lines['pty']}", True),
+                   ("os.posix_spawnp", f"{parent}:{lines['posix_spawnp']}", False)}, got
