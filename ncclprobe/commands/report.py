@@ -360,8 +360,9 @@ def watch_line(w: dict[str, Any], host: str | None = None) -> str:
     text = (f"/proc watch{' on ' + host if host else ''}: {w.get('seen', 0)} process(es) seen"
             + (f", {w.get('kernel_reads', 0)} of them read at their exec (the kernel's process events)" if kernel else "")
             + f" and {w.get('scans', 0)} scan(s) every {w.get('interval_s')} s")
-    text += (f"; {missed} short-lived process(es) known to have run that no read caught (their boot probe, the "
-             "kernel or run's reaping saw them)" if missed else "; none known missed")
+    text += (f"; {missed} short-lived process(es) known to have run that no read caught (their boot probe, their "
+             "parent's record of the call that started them, the kernel or run's reaping saw them)" if missed
+             else "; none known missed")
     if kernel:
         if w.get("kernel_overruns"):
             text += f"; the kernel's event queue overflowed {w['kernel_overruns']} time(s): events were lost"

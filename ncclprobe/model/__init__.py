@@ -299,7 +299,8 @@ class Model:
     nccl_log: Any = None
     shell_pitfalls: list[dict[str, Any]] = field(default_factory=list)  # witnesses.shells, per ancestor shell
     # run's /proc watch per host: its watch_summary, plus missed_started (pids whose boot probe recorded
-    # a process_start that no scan saw) and missed_started_pids
+    # a process_start, or whose parent's probe recorded the call that started them, that no scan saw) and
+    # missed_started_pids
     watch: dict[str, dict[str, Any]] = field(default_factory=dict)
     # comms_of's index: (host, pid) -> its communicators, over the first _indexed[1] of the list _indexed[0];
     # _by_time: comms_by_time's, dropped whenever the index grows

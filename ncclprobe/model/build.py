@@ -396,9 +396,9 @@ def build(log: EventLog) -> Model:
         if handler is not None:
             handler(b, proc, e, t)
     _cmd_of_runs(m)
-    for host, w in m.watch.items():  # Python processes the watch missed: their boot probe says they ran
-        unseen = sorted(p.pid for p in m.processes.values()
-                        if p.node == host and p.t_start is not None and "proc" not in p.sources)
+    for host, w in m.watch.items():  # processes the watch missed: their boot probe, or their parent's record of
+        unseen = sorted(p.pid for p in m.processes.values()  # the call that started them, says they ran
+                        if p.node == host and (p.t_start is not None or "edge" in p.sources) and "proc" not in p.sources)
         w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
     # a stream's counts are complete only once it has been consumed
     m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}, **log.skipped_files}
