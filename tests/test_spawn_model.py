@@ -123,3 +123,17 @@ def test_the_reader_checks_every_field_of_a_spawn_line(tmp_path):
     [e] = list(log.events)
     assert e["ev"] == "spawn" and "child" not in e and "extra" not in e  # a bad type and an unknown field: dropped
     assert (e["argv_dropped"], e["ppid"], e["env"], e["env_count"], e["where"]) == (3, 7, LL, 3, WHERE)
+
+
+def test_a_native_exec_record_of_an_unprobed_fork_child_is_its_edge():
+    # a C daemon (no boot probe) forked a child that exec'd python with an envp of its own: the preload's line
+    # of the child (pid 20, its parent in ppid) is all any witness saw of it
+    native = spawn(20, 1.0, None, {}, src="preload", call="execve", where=None, count=1, ppid=5)
+    m = build([start(1, 0, LL, argv=["python", "main.py"]),
+               ev("proc_seen", 5, 0.5, "proc", ppid=1, start=0.4, argv=["daemon"], exe="/usr/bin/daemon",
+                  exec_env=LL, execs=0), native])
+    p = m.processes[(H, 20)]
+    assert p.ppid == 5 and p.started_by.exec and p.started_by.witnesses == {"preload"}
+    [f] = errors(diagnose.rules(m, EXPECT))
+    assert f.pids == (20,) and f.edge["kind"] == "curated_env" and f.edge["spawn"]["call"] == "execve"
+    assert f.message.startswith("execve in pid 20 started `_worker.py` with env={1 variable}: NCCL_PROTO not passed")

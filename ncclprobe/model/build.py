@@ -344,6 +344,8 @@ def _spawn(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
                     setattr(known, name, getattr(edge, name))
             return
     proc.spawned.append(edge)
+    if is_exec and proc.ppid is None and isinstance(e.get("ppid"), int):  # a native fork child's line
+        proc.ppid = e["ppid"]
     if is_exec:  # this pid runs another program from here, with the environment it exec'd with
         if proc.argv and argv and proc.argv != argv:
             proc.images.append(proc.argv)
