@@ -848,8 +848,7 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         missing = ", ".join(names)
         msg = (f"{sp.site} started `{started}` with {sp.env_text()}: {missing} not passed"
                f" ({pid_text}: {lost}; {pdesc} had {them}{via_inter})")
-        culprit = f"curated env at {sp.site.split(' ')[0].strip('`')}" if sp.where else (
-            f"curated env from {program(parent.argv) if parent else '?'}")
+        culprit = f"curated env from {program(parent.argv) if parent else '?'}"
     elif kind == "curated_env":
         msg = (f"{pid_text}: {lost}; {pdesc} had {them} when it started them{via_inter}, with an environment of "
                "its own")
