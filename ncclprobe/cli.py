@@ -148,7 +148,11 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
               help="Also re-apply K=V inside every Python interpreter of the tree that the boot probe reaches, "
                    "even one started without it (repeatable); the report lists it as injected.")
 @click.option("--pin", "pins", multiple=True, metavar="K", help="Refuse in-process writes to K (the value stays).")
-@click.option("--dir", "log_dir", type=click.Path(file_okay=False), help="Log directory (default: a fresh private one).")
+@click.option("--dir", "log_dir", type=click.Path(file_okay=False),
+              help="Log directory (default: a fresh private one); one that holds an earlier run is refused.")
+@click.option("--append", is_flag=True,
+              help="With --dir: add this run to a directory earlier runs (or other hosts) use; runs are kept "
+                   "apart by run id, and `report` of it merges them.")
 @click.option("--no-preload", is_flag=True, help="Do not LD_PRELOAD the probe library.")
 @click.option("--no-plugins", is_flag=True, help="Do not set NCCL_PROFILER_PLUGIN / NCCL_ENV_PLUGIN.")
 @click.option("--no-boot", is_flag=True, help="Do not wire the Python boot probe in.")
@@ -166,7 +170,7 @@ def inspect(pids, pgrep, expects, expect_file, scope, all_vars, no_redact, dirs,
 @json_option
 @click.option("--strict", is_flag=True, help="When CMD exits 0, exit 1 on warnings too, not only on errors.")
 @click.argument("cmd", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot, gpu_timing, expects, live, quiet,
+def run(sets, defaults, enforces, pins, log_dir, append, no_preload, no_plugins, no_boot, gpu_timing, expects, live, quiet,
         as_json, strict, cmd):
     """Run CMD with the probes wired in, then print the report.
 
@@ -200,6 +204,8 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
     """
     from ncclprobe.commands import launch, profile as profile_mod
     from ncclprobe import render
+    if append and log_dir is None:
+        raise click.UsageError("--append needs --dir: a fresh directory holds no earlier run")
     given = _guarded("run", as_json, profile_mod.from_cli, sets, defaults, [])
     profile = _guarded("run", as_json, profile_mod.from_cli, enforces, [], pins, set_option="--enforce")
     expect = _assignments(expects, "--expect")
@@ -207,7 +213,10 @@ def run(sets, defaults, enforces, pins, log_dir, no_preload, no_plugins, no_boot
         result = _guarded("run", as_json, launch.run_command, list(cmd), profile=profile, given=given,
                           log_dir=log_dir,
                           preload=not no_preload, plugins=not no_plugins, boot=not no_boot,
-                          expect=expect, stdout_to_stderr=as_json, gpu_timing=gpu_timing, live=live)
+                          expect=expect, stdout_to_stderr=as_json, gpu_timing=gpu_timing, live=live,
+                          append=append)
+    except launch.DirUsed as exc:
+        raise click.UsageError(str(exc)) from None
     except launch.LaunchError as exc:
         if not as_json:
             render.error(str(exc))

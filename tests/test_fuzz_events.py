@@ -272,14 +272,15 @@ def test_run_json_variants_never_traceback(tmp_path):
     for name, data in RUN_VARIANTS.items():
         d = tmp_path / name
         write_log(d, base_events(40))
-        (d / "run.json").write_bytes(data)
+        (d / "run.json").write_bytes(data)  # an older version's name, and this version's
+        (d / "run-h-20261204T120000Z-0123456789ab.json").write_bytes(data)
 
         def case(d=d):
             code, doc = report_json([d])
             assert code in (0, 1), doc.get("error")
             for run in doc["runs"]:
                 assert all(isinstance(n, str) for n in run.get("notes", []))
-            assert doc["runs"] or any("run.json" in k for k in doc["skipped"]), doc["skipped"]
+            assert doc["runs"] or any("run metadata" in k for k in doc["skipped"]), doc["skipped"]
         check(failures, name, case)
         # text output reads the same runs (header_doc's notes)
         r = RUNNER.invoke(main, ["report", str(d)])

@@ -22,6 +22,7 @@ import pytest
 from ncclprobe import model, schemas
 from ncclprobe.model import LIVE_WHERE
 from ncclprobe.witnesses import events, livemem, livewatch
+from rundirs import run_meta
 from test_run_watch import NCCLPROBE, WAIT_S, Run, records, runs, wait_until  # noqa: F401 (runs: a fixture)
 
 TICK_S = 0.011  # propagation.TICK_S: a start is known to the clock tick
@@ -191,7 +192,7 @@ def test_live_with_the_watch_off_says_it_is_off_too(tmp_path):
                        env={**os.environ, "NCCLPROBE_WATCH_S": "0"}, capture_output=True, text=True, timeout=WAIT_S)
     assert r.returncode == 0, r.stderr
     assert not any(e["ev"] in ("live_env", "proc_seen") for e in records(tmp_path / "off"))
-    meta = json.loads((tmp_path / "off" / "run.json").read_text())
+    meta = run_meta(tmp_path / "off")
     assert meta["live_s"] is None and any("--live reads through the watch, so it is off too" in n for n in meta["notes"])
     bad = subprocess.run([*NCCLPROBE, "run", "--live", "--dir", str(tmp_path / "bad"), "--", "true"],
                          env={**os.environ, "NCCLPROBE_LIVE_S": "often"}, capture_output=True, text=True,

@@ -19,6 +19,7 @@ import pytest
 
 from users import made_dir
 from boot_support import PYTHON, make_venv, site_packages
+from rundirs import run_files, run_meta
 
 NCCLPROBE = [sys.executable, "-m", "ncclprobe"]
 TIMEOUT = 60  # a run that blocks (a FIFO opened for writing) fails instead of hanging the suite
@@ -94,8 +95,7 @@ def test_run_creates_a_missing_leaf_private(tmp_path):
 def _entries(d: str) -> set[str]:
     """What ncclprobe would have written into d: the system's own files (useradd's *.lock, a package
     manager's) come and go under a test that runs beside others, and are not ours to compare."""
-    return {n for n in os.listdir(d) if n == "run.json" or n.endswith(".jsonl")
-            or n.startswith(("boot-", ".run.json.", "ncclprobe-"))}
+    return {n for n in os.listdir(d) if n.endswith(".jsonl") or n.startswith(("run-", "boot-", ".run-", "ncclprobe-"))}
 
 
 @ROOT_ONLY
@@ -104,9 +104,9 @@ def test_run_refuses_etc_as_root():
     try:
         refused(cli("run", "--dir", "/etc", "--", PYTHON, "-c", "pass"), "it is a system directory")
         assert _entries("/etc") == before
-    finally:  # what a run that accepted /etc wrote there (run.json, boot-*)
+    finally:  # what a run that accepted /etc wrote there (run-*.json, boot-*)
         for name in _entries("/etc") - before:
-            if name == "run.json" or name.startswith(("boot-", ".run.json.")):
+            if name.startswith(("run-", "boot-", ".run-")):
                 path = Path("/etc", name)
                 shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
@@ -126,7 +126,7 @@ def test_run_may_log_below_var_tmp_as_root():
     d = Path("/var/tmp") / f"ncclprobe-test-{uuid.uuid4().hex[:12]}"
     try:
         r = cli("run", "--dir", str(d), "--", PYTHON, "-c", "pass")
-        assert r.returncode == 0 and (d / "run.json").is_file(), r.stderr
+        assert r.returncode == 0 and len(run_files(d)) == 1, r.stderr
     finally:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -179,11 +179,13 @@ def test_default_directory_in_a_sticky_tmpdir_is_fresh_and_private(tmp_path):
     assert st.st_uid == os.geteuid()
 
 
-# ---------------------------------------------------------------------------- run.json
+# ---------------------------------------------------------------------------- run-<host>-<run id>.json
 
 def _run_with_fifo_at_its_temp_name(d: Path) -> subprocess.CompletedProcess:
-    """`run` exec'd by a shell that first plants a FIFO at .run.json.<its own pid> (exec keeps the pid)."""
-    script = 'mkfifo "$1/.run.json.$$" || exit 99; shift; exec "$@"'
+    """`run` exec'd by a shell that first plants FIFOs where its temporary file could be named: beside
+    .run-<host>-*.json.<its own pid>.* (the run id and the suffix are random), the old .run.json.<pid>."""
+    script = ('mkfifo "$1/.run.json.$$" "$1/.run-$(hostname)-x.json.$$" "$1/.run-$(hostname)-x.json.$$.0" || exit 99; '
+              'shift; exec "$@"')
     return subprocess.run(["sh", "-c", script, "sh", str(d), *NCCLPROBE, "run", "--dir", str(d), "--", "true"],
                           capture_output=True, text=True, timeout=TIMEOUT)
 
@@ -192,10 +194,11 @@ def test_a_fifo_at_the_temporary_name_never_blocks_run(tmp_path):
     d = made_dir(tmp_path / "log")
     r = _run_with_fifo_at_its_temp_name(d)
     assert r.returncode == 0, r.stderr
-    assert stat.S_ISREG(os.lstat(d / "run.json").st_mode)
-    assert json.loads((d / "run.json").read_text())["status"] == "exited with code 0"
-    (planted,) = [p for p in d.iterdir() if p.name.startswith(".run.json.")]  # left as it was
-    assert stat.S_ISFIFO(os.lstat(planted).st_mode)
+    (meta,) = run_files(d)
+    assert stat.S_ISREG(os.lstat(meta).st_mode)
+    assert run_meta(d)["status"] == "exited with code 0"
+    planted = [p for p in d.iterdir() if p.name.startswith((".run.json.", ".run-"))]  # left as they were
+    assert len(planted) == 3 and all(stat.S_ISFIFO(os.lstat(p).st_mode) for p in planted)
 
 
 def test_a_fifo_in_a_shared_directory_is_refused_at_once(tmp_path):
@@ -204,15 +207,18 @@ def test_a_fifo_in_a_shared_directory_is_refused_at_once(tmp_path):
     refused(r, "group or others can write to it")
 
 
-def test_run_json_is_never_written_through_a_symlink(tmp_path):
+def test_run_metadata_is_never_written_through_a_symlink(tmp_path):
+    """A symlink at an older version's run.json, or at a run-*.json name, is neither followed nor read."""
     d = made_dir(tmp_path / "log")
     victim = tmp_path / "victim"
     victim.write_text("the user's file\n")
     (d / "run.json").symlink_to(victim)
-    r = cli("run", "--dir", str(d), "--", "true")
+    (d / f"run-{os.uname().nodename}-x.json").symlink_to(victim)
+    r = cli("run", "--dir", str(d), "--append", "--", "true")
     assert r.returncode == 0, r.stderr
-    assert victim.read_text() == "the user's file\n" and not (d / "run.json").is_symlink()
-    assert stat.S_IMODE(os.stat(d / "run.json").st_mode) == 0o600
+    assert victim.read_text() == "the user's file\n" and (d / "run.json").is_symlink()
+    (meta,) = [p for p in run_files(d) if not p.is_symlink()]
+    assert stat.S_IMODE(os.stat(meta).st_mode) == 0o600
 
 
 def test_boot_directory_and_its_bytecode_cache_are_private(tmp_path):

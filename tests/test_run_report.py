@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from rundirs import run_meta
 
 NCCLPROBE = [sys.executable, "-m", "ncclprobe"]
 
@@ -30,7 +31,7 @@ def test_run_passes_the_exit_code_and_records_the_environment_write(tmp_path):
     assert f and f[0]["evidence"]["old"] == "LL" and f[0]["evidence"]["new"] == "Simple"
     assert (os.stat(d).st_mode & 0o777) == 0o700
     assert all((os.stat(p).st_mode & 0o777) == 0o600 for p in d.glob("*.jsonl"))
-    meta = json.loads((d / "run.json").read_text())
+    meta = run_meta(d)
     assert meta["returncode"] == 7 and meta["boot"] is True
 
 
@@ -70,9 +71,9 @@ def test_a_given_directory_keeps_the_launch_failure_in_run_json(tmp_path):
     d = tmp_path / "l"
     r = cli("run", "--dir", str(d), "--", "/no/such/command-xyz")
     assert r.returncode == 127 and "command not found" in r.stderr and r.stdout == ""
-    meta = json.loads((d / "run.json").read_text())
+    meta = run_meta(d)
     assert meta["error"]["reason"] == "command_not_found" and meta["status"].startswith("not started")
-    q = cli("run", "--dir", str(d), "--quiet", "--json", "--", "/no/such/command-xyz")  # --quiet: no report, still the error
+    q = cli("run", "--dir", str(d), "--append", "--quiet", "--json", "--", "/no/such/command-xyz")  # --quiet: no report, still the error
     assert q.returncode == 127 and json.loads(q.stdout)["error"]["reason"] == "command_not_found"
 
 
@@ -233,7 +234,7 @@ def test_run_keeps_a_profiler_plugin_the_user_set_and_says_so(tmp_path):
     assert seen_env.endswith("libncclprobe.so") and preload.split()[0].endswith("libncclprobe.so")
     assert "NCCL_PROFILER_PLUGIN=/opt/site/libnccl-profiler-inspector.so was set by you and kept" in \
         " ".join(r.stdout.split())  # wrapped at 80 columns
-    meta = json.loads((d / "run.json").read_text())
+    meta = run_meta(d)
     assert meta["plugins"] == ["env"] and meta["preload"] is True
 
 

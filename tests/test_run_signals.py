@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from rundirs import run_meta
 
 NCCLPROBE = [sys.executable, "-m", "ncclprobe"]
 WAIT_S = 60  # generous: a loaded 2-core machine is slow, and nothing here waits for a timeout to pass
@@ -120,7 +121,7 @@ class Run:
             self.stderr.append(line)
 
     def meta(self) -> dict:
-        return json.loads((self.dir / "run.json").read_text())
+        return run_meta(self.dir)
 
 
 def wait_for(path: Path) -> str:
@@ -208,7 +209,7 @@ def test_each_further_sigint_takes_the_next_step_at_once(tmp_path):
 
 def test_a_second_sigint_during_cleanup_escalates_instead_of_aborting(tmp_path):
     """CMD ends on the first Ctrl-C but leaves a grandchild (own session) that ignores SIGTERM: the
-    second Ctrl-C kills it at once; no "Aborted!", run.json has the status, the report is printed."""
+    second Ctrl-C kills it at once; no "Aborted!", its run metadata has the status, the report is printed."""
     ready, pidfile = tmp_path / "ready", tmp_path / "pid"
     run = Run(tmp_path, "--", *grandchild_cmd("new session", ready, pidfile, stubborn=True), grace=600)
     grandchild = None
@@ -245,7 +246,7 @@ def test_a_daemon_left_after_a_normal_exit_is_listed_and_left_running(tmp_path, 
         doc = json.loads(r.stdout)
         assert doc["left_running"] == [{"pid": daemon[0], "name": "sleep"}] and doc["stopped"] == []
         assert doc["interrupted_by"] is None and running(daemon)
-        assert json.loads((tmp_path / "l" / "run.json").read_text())["left_running"] == doc["left_running"]
+        assert run_meta(tmp_path / "l")["left_running"] == doc["left_running"]
         kill_if_running(daemon)
         pidfile.unlink()
         r = subprocess.run([*NCCLPROBE, "run", "--dir", str(tmp_path / "t"), "--", *cmd],

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from rundirs import run_meta
 
 from ncclprobe.witnesses import events
 from ncclprobe import model
@@ -270,7 +271,7 @@ def test_watch_off_and_a_bad_interval_are_said(tmp_path):
                          env={**os.environ, "NCCLPROBE_WATCH_S": "0"}, capture_output=True, text=True, timeout=WAIT_S)
     assert off.returncode == 0, off.stderr
     assert not any(e["ev"] in ("proc_seen", "watch_summary") for e in records(tmp_path / "off"))
-    meta = json.loads((tmp_path / "off" / "run.json").read_text())
+    meta = run_meta(tmp_path / "off")
     assert meta["watch_s"] == 0 and any("/proc watch is off" in n for n in meta["notes"])
     bad = subprocess.run([*NCCLPROBE, "run", "--dir", str(tmp_path / "bad"), "--", "true"],
                          env={**os.environ, "NCCLPROBE_WATCH_S": "fast"}, capture_output=True, text=True,

@@ -16,6 +16,7 @@ from ncclprobe.model import watched
 from ncclprobe._lib import ncclprobe_boot as boot
 from ncclprobe.commands.inject import ephemeral_env
 from boot_support import PYTHON, clean_env, starts_by_pid
+from rundirs import run_meta
 
 NCCLPROBE = [sys.executable, "-m", "ncclprobe"]
 # The secrets of the command lines below; none may appear in any output or file.
@@ -163,7 +164,7 @@ def test_run_header_run_json_and_report_json_redact_the_command(tmp_path):
     r = cli("run", "--dir", str(d), "--", PYTHON, "-c", "pass", *ARGS)
     assert r.returncode == 0, r.stderr
     assert "--api-key <redacted>" in " ".join(r.stdout.split())  # the header (wrapped at 80 columns)
-    meta = json.loads((d / "run.json").read_text())
+    meta = run_meta(d)
     assert meta["command"][3:5] == ["--api-key", "<redacted>"]
     rep = cli("report", str(d), "--json")
     (proc,) = json.loads(rep.stdout)["processes"]
@@ -199,7 +200,7 @@ def test_run_json_and_header_never_hold_a_non_watched_expectation(tmp_path):
     r = cli("run", "--dir", str(d), "--expect", "HF_TOKEN=hunter2", "--expect", "NCCL_PROTO=LL", "--",
             PYTHON, "-c", "pass")
     assert r.returncode == 1, r.stderr  # NCCL_PROTO is not in the environment run gave CMD: ENV_MISSING
-    assert json.loads((d / "run.json").read_text())["expect"] == {"HF_TOKEN": "<redacted>", "NCCL_PROTO": "LL"}
+    assert run_meta(d)["expect"] == {"HF_TOKEN": "<redacted>", "NCCL_PROTO": "LL"}
     assert "hunter2" not in r.stdout + r.stderr and files_holding(d, b"hunter2") == []
 
 

@@ -141,8 +141,9 @@ def test_the_subprocess_env_example_as_typed_in_scan_mode(tmp_path, variant, cod
 
 def test_an_expectation_the_edge_record_cannot_hold_is_not_checked_there(tmp_path):
     # FOO is outside the watched set: the record of the call holds none of it, and no witness read the worker
-    out, doc = _run(tmp_path, [sys.executable, "examples/subprocess_env/main.py", "ok-nopythonpath"], "NCCL_PROTO=LL",
-                    "FOO=1", FOO="1")
+    # (the /proc watch is off: a scan that caught the worker would read FOO there, and check it)
+    out, doc = _run(tmp_path, [sys.executable, "examples/subprocess_env/main.py", "ok-nopythonpath"],
+                    "NCCL_PROTO=LL", "FOO=1", FOO="1", NCCLPROBE_WATCH_S="0")
     assert out.returncode == 3, (out.stdout, out.stderr)
     un = doc["verdict"]["unchecked"]
     assert un and len(un["unread"]) == 1 and "FOO" in un["reason"] and "main.py:37" in un["reason"]

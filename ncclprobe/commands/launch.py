@@ -17,7 +17,7 @@ from typing import Any
 from ncclprobe.commands import logdir, supervise, watch as proc_watch
 from ncclprobe.doc import Result, Text, Unexaminable
 from ncclprobe.witnesses import procs
-from ncclprobe.witnesses.events import RUN_META
+from ncclprobe.witnesses import events
 from ncclprobe.commands.supervise import Group, printable
 from ncclprobe.model.watched import redact_argv, redact_text, shown_values
 
@@ -42,15 +42,35 @@ class Wiring:
         return None
 
 
-def make_log_dir(log_dir: str | os.PathLike | None) -> Path:
+class DirUsed(Exception):
+    """--dir names a directory an earlier run wrote, and --append was not given (a usage error: exit 2)."""
+
+
+def make_log_dir(log_dir: str | os.PathLike | None, append: bool = False) -> Path:
     """A private log directory under the log discipline (logdir): fresh by default; a given one is
-    used if fit, or created 0700 (its last component only)."""
+    used if fit, or created 0700 (its last component only). A given one that holds an earlier run is
+    refused (DirUsed) unless append: a report of it would merge the runs."""
     try:
-        return logdir.fresh("ncclprobe-") if log_dir is None else logdir.check(log_dir)
+        d = logdir.fresh("ncclprobe-") if log_dir is None else logdir.check(log_dir)
     except logdir.Unfit as exc:
         raise Unexaminable(str(exc), "bad log directory",
                            {"hint": "give a directory of yours that only you can write (mode 0700), or leave "
                                     "--dir out for a fresh one"}) from None
+    if log_dir is not None and not append:
+        try:
+            used = events.holds_run(d)
+        except OSError as exc:
+            raise Unexaminable(f"log directory {d}: {exc.strerror or exc}", "bad log directory") from None
+        if used is not None:
+            raise DirUsed(f"log directory {d} holds an earlier run ({used}): give a new directory, or --append "
+                          "to add this run to it (the runs are kept apart by their run id; `ncclprobe report` "
+                          "of the directory merges them)")
+    return d
+
+
+def new_run_id() -> str:
+    """A run's id: its start (UTC, to the second, so ids sort by time) and 48 random bits."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(6).hex()
 
 
 def wire(base_env: dict[str, str], log_dir: Path, profile=None, preload: bool = True, plugins: bool = True,
@@ -123,13 +143,15 @@ def _watched_job_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def _write_meta(log_dir: Path, meta: dict[str, Any]) -> None:
-    """run.json, replaced whole in the re-checked log directory (logdir.replace_file)."""
+    """The run's metadata (run-<host>-<run id>.json: no other run or host writes that name), replaced
+    whole in the re-checked log directory (logdir.replace_file)."""
+    name = events.run_meta_name(meta["host"], meta["run_id"])
     try:
-        logdir.replace_file(log_dir, RUN_META, json.dumps(meta, indent=1, default=str).encode())
+        logdir.replace_file(log_dir, name, json.dumps(meta, indent=1, default=str).encode())
     except logdir.Unfit as exc:
-        raise Unexaminable(f"cannot write {RUN_META}: {exc}", "bad log directory") from None
+        raise Unexaminable(f"cannot write {name}: {exc}", "bad log directory") from None
     except OSError as exc:
-        raise Unexaminable(f"cannot write {log_dir / RUN_META}: {exc.strerror or exc}", "bad log directory") from None
+        raise Unexaminable(f"cannot write {log_dir / name}: {exc.strerror or exc}", "bad log directory") from None
 
 
 def describe_status(code: int | None) -> tuple[str, int]:
@@ -192,16 +214,17 @@ def _interpreter(path: str) -> str | None:
 def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True, plugins: bool = True,
                 boot: bool = True, expect: dict[str, str] | None = None,
                 stdout_to_stderr: bool = False, given=None, gpu_timing: bool = False,
-                live: bool = False) -> Result:
+                live: bool = False, append: bool = False) -> Result:
     """Run cmd under the probes and return the report, with exit code CMD's own when it is not 0
     (Result.code; None lets the findings decide). With stdout_to_stderr (for --json) CMD's output
     goes to stderr so that stdout carries only the JSON document. A fresh log directory is removed
-    again when CMD could not be started; a given one keeps run.json with what happened.
+    again when CMD could not be started; a given one keeps the run's metadata with what happened.
     given: the --set/--set-default values (a Profile), put into CMD's environment exactly as
     `env K=V CMD` would; profile: what the boot probe re-applies in every interpreter (--enforce, --pin);
-    live: the watch also reads the environment each process of the tree holds (--live)."""
+    live: the watch also reads the environment each process of the tree holds (--live); append: a given
+    log directory may hold earlier runs (the report at the end is this run's alone)."""
     fresh = log_dir is None
-    d = make_log_dir(log_dir)
+    d = make_log_dir(log_dir, append)
     shown = redact_argv(cmd)  # as the boot probe logs it: stored and printed only so
     started, wiring, removal = False, None, None
     try:
@@ -214,8 +237,8 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
             notes = wiring.notes + ([grace_note] if grace_note else [])
             watch_s = proc_watch.interval_from_env(os.environ)[0]  # 0: off (a note says so)
             live_s = proc_watch.live_from_env(os.environ)[0] if live and watch_s else None
-            meta = {"command": shown, "host": socket.gethostname(), "started": time.time(), "log_dir": str(d),
-                    "notes": notes, "expect": shown_values(expect or {}),
+            meta = {"run_id": new_run_id(), "command": shown, "host": socket.gethostname(), "started": time.time(),
+                    "log_dir": str(d), "notes": notes, "expect": shown_values(expect or {}),
                     "profile": profile.to_json() if profile is not None else None,
                     "run_pid": os.getpid(), "pidns": procs.pidns_of("/proc"), "set": shown_values(set_env),
                     "enforced": shown_values(dict(profile.sets)) if profile is not None else {},
@@ -266,17 +289,17 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
 
 
 def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: supervise.Outcome,
-            meta: dict[str, Any] | None = None) -> Result:
+            meta: dict[str, Any]) -> Result:
     from ncclprobe.commands import report
     header = [Text(f"{report.one_line(' '.join(cmd), 100)}: {words}", "warn" if code else "good"),
               Text(f"log directory: {d}", "dim")]
     header += [Text(n, "note") for n in notes]
     header += _outcome_lines(outcome)
     try:
-        result = report.build_report([d], expect=expect)
+        result = report.build_report([d], expect=expect, run_id=meta["run_id"])  # not the others of --append
     except Unexaminable as exc:
         result = Result("run", doc=[Text(f"No probe events: {exc}", "warn")])
-    except KeyboardInterrupt:  # CMD has ended and its status is in run.json: print what is known
+    except KeyboardInterrupt:  # CMD has ended and its status is in its metadata: print what is known
         result = Result("run", doc=[Text("Report not built: interrupted", "warn")])
     result.command = "run"
     if expect and not any(c.get("env") is not None for c in result.data.get("communicators", [])) and \
@@ -286,7 +309,7 @@ def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: sup
                            "environment (the boot probe's and /proc's witnesses), not at communicator creation",
                            "warn"))
     result.doc[:0] = header
-    result.data.update(log_dir=str(d), returncode=rc, exit_status=words, injected=report.injected(meta or {}),
+    result.data.update(log_dir=str(d), returncode=rc, exit_status=words, injected=report.injected(meta),
                        **outcome.to_json())
     result.code = code or result.code  # CMD's own failure first; else the report's (3: checked nowhere)
     return result

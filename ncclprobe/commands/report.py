@@ -26,7 +26,7 @@ WITNESS_WORDS = {"boot": "boot probe", "preload": "preload hook", "profiler": "p
                  "ras": "NCCL's RAS service", "edge": "its parent's record of the call that started it"}
 
 
-def load(dirs, nccl_logs=()) -> Model:
+def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
     if not dirs and not nccl_logs:
         raise Unexaminable("give a log directory or --nccl-log FILE", "nothing to read")
     events.check_sources(dirs, nccl_logs)
@@ -36,7 +36,8 @@ def load(dirs, nccl_logs=()) -> Model:
                            {"hint": "the probes write at most NCCLPROBE_MAX_FILES files per host: report the "
                                     "directories of fewer hosts at once, or raise NCCLPROBE_REPORT_MAX_FILES "
                                     "where the memory is there"})
-    m = model_mod.build(log)
+    m = model_mod.build(log, run_id)
+    m.dirs = list(log.dirs)
     if nccl_logs:
         from ncclprobe.witnesses import nccllog_model
         nccllog_model.merge(m, nccl_logs)
@@ -61,10 +62,12 @@ def load(dirs, nccl_logs=()) -> Model:
     return m
 
 
-def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_view=None) -> Result:
+def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_view=None,
+                 run_id: str | None = None) -> Result:
     """The report of log directories (and NCCL logs); proc_view: a model holding a /proc view of the same
-    job (the demo's live inspect), whose /proc witness joins the model before the rules run."""
-    m = load(dirs, nccl_logs)
+    job (the demo's live inspect), whose /proc witness joins the model before the rules run; run_id: only
+    that run's part of them (`run`'s own report in a directory it shares with other runs)."""
+    m = load(dirs, nccl_logs, run_id)
     if proc_view is not None:
         model_mod.add_proc_view(m, proc_view)
     findings = diagnose.rules(m, expect or {})
@@ -255,6 +258,12 @@ def injected_lines(meta: dict[str, Any]) -> list[str]:
     return lines
 
 
+def merged(m: Model) -> dict[str, int]:
+    """How many runs, hosts (of the runs and of the processes) and log directories the model merges."""
+    hosts = {r["host"] for r in m.runs if isinstance(r.get("host"), str)} | {p.node for p in m.processes.values()}
+    return {"runs": len(m.runs), "hosts": len(hosts), "dirs": len(m.dirs)}
+
+
 def header_doc(m: Model, dirs, title: bool = True) -> list:
     doc: list = []
     if title:
@@ -264,13 +273,18 @@ def header_doc(m: Model, dirs, title: bool = True) -> list:
         on = f" on {len(hosts)} hosts" if len(hosts) > 1 else ""
         doc.append(Title(f"ncclprobe report: {len(m.processes)} process(es), {len(m.comms)} communicator(s){on} "
                          f"from {where}"))
+        got = merged(m)
+        if got["runs"] > 1 or got["hosts"] > 1:
+            doc.append(Text(f"merged {got['runs']} run(s) of {got['hosts']} host(s) from {got['dirs']} log "
+                            f"director{'y' if got['dirs'] == 1 else 'ies'}", "note"))
     if m.simulated:
         doc.append(Text("SIMULATED NCCL: these communicators ran on ncclprobe's simulated NCCL (no GPU); "
                         "algorithms and protocols are the simulator's choices, not a real machine's.", "warn"))
     for run in m.runs:
+        who = f"run {run.get('run_id') or run.get('file', '?')} on {run.get('host', '?')}" if len(m.runs) > 1 else "run"
         for note in run.get("notes", []):
-            doc.append(Text(f"run: {note}", "note"))
-        doc += [Text(line, "note") for line in injected_lines(run)]
+            doc.append(Text(f"{who}: {note}", "note"))
+        doc += [Text(line if who == "run" else f"{who}: {line}", "note") for line in injected_lines(run)]
     for host, w in sorted(m.watch.items()):
         doc.append(Text(watch_line(w, host if len(m.watch) > 1 else None), "dim"))
     for p in unseen_execs(m):
@@ -357,7 +371,8 @@ def watch_line(w: dict[str, Any], host: str | None = None) -> str:
     """run's /proc watch in one line: what it saw, and what it knows it missed."""
     missed = int(w.get("missed_known") or 0) + int(w.get("missed_started") or 0)
     kernel = w.get("mode") == "kernel"
-    text = (f"/proc watch{' on ' + host if host else ''}: {w.get('seen', 0)} process(es) seen"
+    runs = f" ({w['runs']} runs)" if (w.get("runs") or 1) > 1 else ""
+    text = (f"/proc watch{' on ' + host if host else ''}{runs}: {w.get('seen', 0)} process(es) seen"
             + (f", {w.get('kernel_reads', 0)} of them read at their exec (the kernel's process events)" if kernel else "")
             + f" and {w.get('scans', 0)} scan(s) every {w.get('interval_s')} s")
     text += (f"; {missed} short-lived process(es) known to have run that no read caught (their boot probe, their "
@@ -596,7 +611,7 @@ def model_json(m: Model) -> dict[str, Any]:
               "activity": c.activity.__dict__ if c.activity is not None else None, "ras": c.ras} for c in m.comms]
     return {"processes": procs, "communicators": comms, "simulated": m.simulated,
             "skipped": m.skipped, "reading": _reading_json(m), "runs": [_run_json(r) for r in m.runs],
-            "watch": _watch_json(m)}
+            "merged": merged(m), "watch": _watch_json(m)}
 
 
 def _reading_json(m: Model) -> dict[str, Any]:

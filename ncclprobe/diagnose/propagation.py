@@ -286,9 +286,14 @@ class Knowledge:
                   and not [c for c in self.children[p.key] if not self.helper(c)]]
         if not users and any(is_python(p) for p in leaves):
             leaves = [p for p in leaves if is_python(p)]
-        if not users:  # the workers are the ones that stayed, not those that retired before them
-            stayed = [q for q in leaves if "proc" in q.sources]
-            leaves = [p for p in leaves if not self.retired(p, stayed)]
+        if not users:  # the workers are the ones that stayed, not those that retired before them (of its run:
+            # a later run appended to the directory retires none of an earlier one's)
+            run = {p.key: id(self.m.run_of(p)) for p in leaves} if len(self.m.runs) > 1 else {}
+            stayed: dict = {}
+            for q in leaves:
+                if "proc" in q.sources:
+                    stayed.setdefault(run.get(q.key), []).append(q)
+            leaves = [p for p in leaves if not self.retired(p, stayed.get(run.get(p.key), []))]
         return [p for p in scoped if p.key in users] + leaves
 
     def retired(self, p: ProcessView, stayed: list[ProcessView]) -> bool:
@@ -418,7 +423,7 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
             return Edge("unseen", var, None, [x], via=k.via(x), witnesses=tl.witnesses,
                         parent_label=f"the process outside pid namespace {x.pidns} that started it")
         if parent is None:
-            given = m.given
+            given = m.given_for(x)
             if given is not None and x.ppid == given.get("pid") and _get(given["env"], var) == target:
                 return Edge("curated_env", var, None, [x], via="exec", launcher=_launcher(k, "curated_env", [x], given),
                             witnesses=tl.witnesses + ("run",),
@@ -631,15 +636,16 @@ def variables(m: Model, k: Knowledge, expect: dict[str, str]) -> list[str]:
 def _reference(k: Knowledge, e: ProcessView, var: str) -> tuple[bool, str | None]:
     """(found, value): the value of var of e's nearest ancestor that had it (its latest value)."""
     parent = k.m.parent(e)
-    key = (parent.key if parent else None, var)
+    key = (parent.key if parent else ("root", e.key), var)  # a root's reference is what its own run gave
     hit = k.refs.get(key)
     if hit is None:
-        hit = k.refs[key] = _reference_above(k, parent, var)
+        hit = k.refs[key] = _reference_above(k, parent, var, e)
     return hit
 
 
-def _reference_above(k: Knowledge, p: ProcessView | None, var: str) -> tuple[bool, str | None]:
-    seen: set = set()
+def _reference_above(k: Knowledge, p: ProcessView | None, var: str, below: ProcessView | None = None
+                     ) -> tuple[bool, str | None]:
+    given, seen = k.m.given_for(p or below), set()
     while p is not None and p.key not in seen:
         seen.add(p.key)
         tl = k.timeline(p)
@@ -648,7 +654,6 @@ def _reference_above(k: Knowledge, p: ProcessView | None, var: str) -> tuple[boo
             if any(v is not None for v in values):
                 return True, tl.final.get(var) if tl.final.get(var) is not None else values[-1]
         p = k.m.parent(p)
-    given = k.m.given
     if given is not None and var in given["env"]:
         return True, given["env"][var]
     return False, None
@@ -872,7 +877,8 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         culprit = f"lost above pid {parent.pid}" if parent else "lost (edge unseen)"
     else:  # not_in_root
         msg = (f"{pid_text}: {lost}; the root {pdesc} was started without {them}"
-               + (" (ncclprobe run did not give it to CMD)" if m.given else ""))
+               + (" (ncclprobe run did not give it to CMD)"
+                  if m.given_for(parent or next(iter(edge.children), None)) else ""))
         if parent is not None and is_python(parent) and "boot" not in parent.sources:
             msg += (f"; /proc shows only what pid {parent.pid} was started with, so a write inside it (after it "
                     "started these) is not visible here")

@@ -2,6 +2,7 @@
 its source and time. Built from the probes' event log and, where given, NCCL's own INFO log."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -296,6 +297,7 @@ class Model:
     skipped: dict[str, int] = field(default_factory=dict)  # lines and files not read, by reason
     reading: LogReading = field(default_factory=LogReading)
     files: int = 0
+    dirs: list[str] = field(default_factory=list)  # the log directories read
     nccl_log: Any = None
     shell_pitfalls: list[dict[str, Any]] = field(default_factory=list)  # witnesses.shells, per ancestor shell
     # run's /proc watch per host: its watch_summary, plus missed_started (pids whose boot probe recorded
@@ -308,20 +310,48 @@ class Model:
     _indexed: tuple[list | None, int] = field(default=(None, 0), repr=False, compare=False)
     _by_time: dict[tuple, list[CommView]] = field(default_factory=dict, repr=False, compare=False)
     _knowledge: Any = field(default=None, repr=False, compare=False)  # diagnose's Knowledge.of (memo)
+    _runs_indexed: tuple = field(default=(None, None), repr=False, compare=False)  # run_of's index of runs
 
     def parent(self, p: ProcessView) -> ProcessView | None:
         return self.processes.get((p.host, p.ppid)) if p.ppid else None
 
-    @property
-    def given(self) -> dict[str, Any] | None:
-        """What `ncclprobe run` gave CMD (run.json): {"env": watched job environment, "set": --set values,
-        "enforced": --enforce values, "command": argv}, or None outside run."""
-        for r in self.runs:
-            if isinstance(r.get("given_env"), dict):
-                return {"env": _env(r["given_env"]) or {}, "set": _env(r.get("set")) or {},
-                        "enforced": _env(r.get("enforced")) or {}, "command": r.get("command") or [],
-                        "pid": r.get("run_pid")}
-        return None
+    def given_for(self, p: ProcessView | None) -> dict[str, Any] | None:
+        """What the `ncclprobe run` that started p gave its CMD (run_of): {"env": watched job environment,
+        "set": --set values, "enforced": --enforce values, "command": argv, "pid": run's pid}, or None
+        where no run started it (outside run, or a run no witness ties it to). p None: the model's one run."""
+        r = self.run_of(p) if p is not None else (self.runs[0] if len(self.runs) == 1 else None)
+        return given_of(r) if r is not None else None
+
+    def run_of(self, p: ProcessView) -> dict[str, Any] | None:
+        """The run metadata of the `ncclprobe run` that started p: the run whose CMD is p or its nearest
+        ancestor on p's host (lineage); else the one run on that host whose span holds p's start; else,
+        in a model of one run, that run. None where no run, or more than one, could have."""
+        if len(self.runs) == 1:
+            return self.runs[0]
+        by_cmd, by_host = self._run_index()
+        q, seen = p, set()
+        while q is not None and q.key not in seen:
+            seen.add(q.key)
+            found = _during(by_cmd.get((q.node, q.pid), ()), _start(q))
+            if found is None and self.parent(q) is None:  # CMD itself, seen by no witness with its parent
+                found = _during([r for r in by_host.get(q.node, ()) if r.get("run_pid") == q.ppid], _start(q))
+            if found is not None:
+                return found
+            q = self.parent(q)
+        return _during(by_host.get(p.node, ()), _start(p), only=True)
+
+    def _run_index(self) -> tuple[dict, dict]:
+        if self._runs_indexed[0] is not self.runs:
+            by_cmd: dict[tuple, list] = {}
+            by_host: dict[str, list] = {}
+            for r in self.runs:
+                host = r.get("host")
+                if isinstance(host, str):
+                    by_host.setdefault(host, []).append(r)
+                    if isinstance(r.get("cmd_pid"), int):
+                        by_cmd.setdefault((host, r["cmd_pid"]), []).append(r)
+            self._runs_indexed = (self.runs, (by_cmd, by_host))
+        return self._runs_indexed[1]
 
     def process(self, host: str, pid: int) -> ProcessView:
         key = (host, pid)
@@ -418,6 +448,30 @@ def _id(value: Any) -> str | None:
     foreign log's own name for a communicator) has no other spelling: it is kept as written, to join on."""
     canon = comm_id(value)
     return value if canon is None and isinstance(value, str) and value.strip() else canon
+
+
+def given_of(r: dict[str, Any]) -> dict[str, Any] | None:
+    """What one run gave its CMD (Model.given_for), or None for a run that did not record it."""
+    if not isinstance(r.get("given_env"), dict):
+        return None
+    return {"env": _env(r["given_env"]) or {}, "set": _env(r.get("set")) or {},
+            "enforced": _env(r.get("enforced")) or {}, "command": r.get("command") or [], "pid": r.get("run_pid")}
+
+
+def _start(p: ProcessView) -> float | None:
+    """When p started, as the witnesses tell (the kernel's start time, else the boot probe's record)."""
+    return p.proc_start if p.proc_start is not None else p.t_start
+
+
+def _during(runs, t: float | None, only: bool = False) -> dict[str, Any] | None:
+    """Of runs, the one whose span (started .. ended, open while it runs) holds t; where t is not known,
+    the only run. only: None where more than one holds it (concurrent runs on one host)."""
+    runs = list(runs)
+    if t is not None:  # /proc's start is boot time (whole seconds, /proc/stat btime) plus ticks: 1 s of slack
+        runs = [r for r in runs if r.get("started", 0) - 1.0 <= t <= (r.get("ended") or math.inf) + 1.0]
+    if len(runs) == 1 or (runs and not only):
+        return runs[-1]
+    return None
 
 
 def _env(obj: Any) -> dict[str, str] | None:

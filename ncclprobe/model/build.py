@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from dataclasses import fields as _fields
 
 from ncclprobe.model import (INIT_PIDNS, CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead, ProcessView,
-                             SpawnEdge, _env, _id, space_of, version_code)
+                             SpawnEdge, _env, _id, given_of, space_of, version_code)
 from ncclprobe.model.tuning import canonical
 from ncclprobe.model.watched import is_watched, redact_argv
 
@@ -376,19 +376,22 @@ HANDLERS: dict[str, Handler] = {
 }
 
 
-def build(log: EventLog) -> Model:
+def build(log: EventLog, run_id: str | None = None) -> Model:
     """The model of one event log, iterating its events once, in time order (events.stream_dirs gives
     them as an iterator, checked against events.FIELDS). Every id (comm, parent, uid, comm_hash) is read
     in comm_id's spelling (_id), so witnesses join whatever spelling wrote them (older probes dropped
-    leading zeros)."""
+    leading zeros). run_id: only what that run started (its own report in a directory of several runs)."""
     m = Model(runs=list(log.runs), files=len(log.files))
     b = _Build(m)
+    watches: dict[tuple[str, int], dict[str, Any]] = {}
     for e in log.events:
         host, pid, kind, t = e.get("host", "?"), e["pid"], e["ev"], float(e["t"])
         if e.get("dropped"):  # lines this writer lost before this one
             m.reading.dropped[(host, pid)] = m.reading.dropped.get((host, pid), 0) + e["dropped"]
         if kind == "watch_summary":  # its pid is run's, no process of the job
-            m.watch[host] = {k: v for k, v in e.items() if k not in ("ev", "host", "pid", "src")}
+            w = watches[(host, pid)] = {k: v for k, v in e.items() if k not in ("ev", "host", "pid", "src")}
+            earlier = [v for (h, p), v in watches.items() if h == host and p != pid]
+            m.watch[host] = _merged_watch(earlier, w)
             continue
         if "pidns" in e:
             (host, pid), e = b.route(host, pid, e)
@@ -398,6 +401,8 @@ def build(log: EventLog) -> Model:
         if handler is not None:
             handler(b, proc, e, t)
     _cmd_of_runs(m)
+    if run_id is not None:
+        _only_run(m, run_id, watches)
     for host, w in m.watch.items():  # processes the watch missed: their boot probe, or their parent's record of
         unseen = sorted(p.pid for p in m.processes.values()  # the call that started them, says they ran
                         if p.node == host and (p.t_start is not None or "edge" in p.sources) and "proc" not in p.sources)
@@ -407,6 +412,46 @@ def build(log: EventLog) -> Model:
     m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
     _label_simulated(m)
     return m
+
+
+# watch_summary fields that add up over the runs of one host (run --append); the others are the latest run's
+WATCH_SUMS = ("scans", "walks", "seen", "missed_known", "cpu_s", "wall_s", "errors", "lost_lines", "live_reads",
+              "live_processes", "live_bytes", "live_cpu_s", "kernel_events", "kernel_reads", "kernel_vanished",
+              "kernel_overruns", "kernel_cpu_s")
+
+
+def _merged_watch(earlier: list[dict[str, Any]], w: dict[str, Any]) -> dict[str, Any]:
+    """The watch of one host over its runs: counts and costs added up, every run's missed pids, stuck if one
+    was; scans only (and why) if one run's watch had no kernel events. `runs`: how many were merged."""
+    if not earlier:
+        return w
+    every = [*earlier, w]
+    out = {**w, "runs": len(every), "stuck": any(x.get("stuck") for x in every),
+           "missed_pids": [pid for x in every for pid in x.get("missed_pids") or []]}
+    for k in WATCH_SUMS:
+        if any(x.get(k) is not None for x in every):
+            out[k] = sum(x.get(k) or 0 for x in every)
+    scans_only = next((x for x in every if x.get("mode") != "kernel"), None)
+    if scans_only is not None:
+        out["mode"], out["kernel_refused"] = scans_only.get("mode"), scans_only.get("kernel_refused")
+    return out
+
+
+def _only_run(m: Model, run_id: str, watches: dict[tuple[str, int], dict[str, Any]]) -> None:
+    """Keep of m what the run run_id started (Model.run_of): its processes, their communicators, its watch;
+    the other runs of a directory `run --append` shares are left out whole."""
+    own = next((r for r in m.runs if r.get("run_id") == run_id), None)
+    if own is None:
+        return
+    keep = {id(p) for p in m.processes.values() if m.run_of(p) is own}
+    m.comms = [c for c in m.comms if id(m.owner(c)) in keep]
+    m.processes = {k: p for k, p in m.processes.items() if id(p) in keep}
+    writers = {(p.host, p.pid) for p in m.processes.values()}
+    m.reading.budget = {k: v for k, v in m.reading.budget.items() if k in writers}
+    m.reading.dropped = {k: v for k, v in m.reading.dropped.items() if k in writers}
+    watch = watches.get((own.get("host"), own.get("run_pid")))
+    m.watch = {own["host"]: watch} if watch is not None else {}
+    m.runs = [own]
 
 
 def _cmd_of_runs(m: Model) -> None:
@@ -423,11 +468,10 @@ def _cmd_of_runs(m: Model) -> None:
             p.ppid = r.get("run_pid")
         if not p.argv and not p.images:
             p.argv = redact_argv([str(a) for a in command])
-        given = m.given
+        given = given_of(r)
         exec_ed = p.started_by is not None and p.started_by.exec  # it exec'd since, with an environment of its own
-        if (p.proc_exec_env is None and p.proc_env_reason is None and given is not None and len(m.runs) == 1
-                and not exec_ed):
-            p.proc_exec_env = dict(given["env"])  # exactly what run gave it (watched part)
+        if p.proc_exec_env is None and p.proc_env_reason is None and given is not None and not exec_ed:
+            p.proc_exec_env = dict(given["env"])  # exactly what this run gave it (watched part)
             p.proc_env_source = "exec"
 
 

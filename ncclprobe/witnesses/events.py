@@ -107,11 +107,12 @@ and `parent` (ncclComm_t pointers) are strings of "0x" and 16 lowercase hex digi
 kept ("0x0bdba985b4a6820a"), or null. Readers normalise every id with ncclprobe.model.comm_id, so
 logs of older probes (which dropped leading zeros and wrote `uid` without "0x") still join; a string
 that is no hex number (a hand-made log's name for a communicator) is kept as written.
-A log directory may also hold `run.json`, written by `ncclprobe run` (the command, what it set, what
-it left alone, exit status).
+A log directory may also hold run metadata, written by `ncclprobe run` (the command, what it set, what
+it left alone, exit status): `run-<host>-<run id>.json`, one file per run, so that several hosts (and
+`run --append`) writing one directory never collide; older versions wrote one `run.json`, still read.
 
-Readers read only *.jsonl (and run.json): the writers' `<host>.files` counter is no event file.
-Readers never trust the files. Every field of every kind (and of run.json) is checked against FIELDS
+Readers read only *.jsonl (and the run metadata): the writers' `<host>.files` counter is no event file.
+Readers never trust the files. Every field of every kind (and of run metadata) is checked against FIELDS
 (RUN_FIELDS) on read, here and nowhere else: a field of the wrong type, out of range or too big is
 dropped (treated as absent; counted in EventLog.dropped) or, where the table says "skip", the whole
 line is skipped and counted with its reason; fields the table does not know are dropped. Torn,
@@ -136,7 +137,9 @@ from typing import Any, Callable, Iterable, Iterator
 from ncclprobe.witnesses import jsonlines
 
 SOURCES = ("preload", "profiler", "envplugin", "boot", "proc")
-RUN_META = "run.json"
+RUN_META = "run.json"  # older versions of `run`: one per directory (run_meta_name's files since)
+RUN_PREFIX = "run-"
+RUNS_MAX = 4096      # run metadata files one report reads (all directories given); more are skipped, counted
 MAX_LINE = jsonlines.MAX_LINE
 MAX_RUN_META = 1 << 20
 # event files one report reads (all directories given): each costs a merge head and a process in the model,
@@ -289,8 +292,9 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
               "env_count": (OU64, "drop"), "rc": (OI32, "drop")},
 }
 KINDS = tuple(FIELDS)
-# run.json as `ncclprobe run` writes it (launch.py); an open object in the JSON, but only these are kept
-RUN_FIELDS = {"command": (_list(T), "drop"), "host": (S, "drop"), "started": (_num(0, 1e12), "drop"),
+# run metadata as `ncclprobe run` writes it (launch.py); an open object in the JSON, but only these are kept
+RUN_FIELDS = {"run_id": (lambda v: v if is_run_id(v) else BAD, "drop"),
+              "command": (_list(T), "drop"), "host": (S, "drop"), "started": (_num(0, 1e12), "drop"),
               "ended": (_num(0, 1e12), "drop"), "log_dir": (T, "drop"), "notes": (_list(T), "drop"),
               "expect": (_map(T), "drop"),
               "profile": (_null(lambda v: v if type(v) is dict and set(v) == {"set", "default", "pin"} and
@@ -316,7 +320,7 @@ class EventLog:
     unknown: Counter = field(default_factory=Counter)   # unknown kind -> lines
     dropped: Counter = field(default_factory=Counter)   # "kind.field" -> values refused, line kept
     resorted: list[str] = field(default_factory=list)   # files not in time order, sorted whole
-    runs: list[dict[str, Any]] = field(default_factory=list)  # run.json of each directory
+    runs: list[dict[str, Any]] = field(default_factory=list)  # each run's metadata, in start order
     dirs: list[str] = field(default_factory=list)
 
     @property
@@ -470,19 +474,63 @@ def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
         yield e
 
 
+def is_run_id(v: Any) -> bool:
+    """A run id as `run` makes them (launch.new_run_id): a short word of letters, digits, '.', '_', '-'."""
+    return type(v) is str and 0 < len(v) <= 64 and v.isascii() and all(c.isalnum() or c in "._-" for c in v)
+
+
+def run_meta_name(host: str, run_id: str) -> str:
+    """The metadata file of one run: per host and per run, so no two runs in one directory share it."""
+    return f"{RUN_PREFIX}{host.replace('/', '_')}-{run_id}.json"
+
+
+def is_run_meta(name: str) -> bool:
+    """Whether a directory entry is run metadata: this version's per-run files or an older `run.json`."""
+    return name == RUN_META or (name.startswith(RUN_PREFIX) and name.endswith(".json") and len(name) <= NAME)
+
+
+def holds_run(d: str | os.PathLike) -> str | None:
+    """What in d shows that a run (or a probe) wrote there already: the first run metadata or event file
+    by name, or None for a directory no run used."""
+    with os.scandir(d) as it:
+        for entry in it:
+            if is_run_meta(entry.name) or entry.name.endswith(".jsonl"):
+                return entry.name
+    return None
+
+
 def _read_run(path: Path, log: EventLog) -> dict[str, Any] | None:
     try:
         data = jsonlines.read_small(path, MAX_RUN_META)
     except OSError as exc:
-        log.skipped_files[f"run.json {exc.strerror if isinstance(exc, jsonlines.NotRegular) else 'unreadable'}"] += 1
+        why = exc.strerror if isinstance(exc, jsonlines.NotRegular) else "unreadable"
+        log.skipped_files[f"run metadata {why}"] += 1
         return None
     run, reason = (None, "oversized") if len(data) > MAX_RUN_META else _parse(data)
     if not reason and not isinstance(run, dict):
         reason = "not an object"
     if reason:
-        log.skipped_files[f"malformed run.json ({reason})"] += 1
+        log.skipped_files[f"malformed run metadata ({reason})"] += 1
         return None
     return checked(run, RUN_FIELDS, "run.json.", log.dropped)[0]
+
+
+def _read_runs(d: Path, names: list[str], log: EventLog) -> None:
+    """The run metadata files of d (names: as _event_files listed them, at most RUNS_MAX in all), each
+    checked; a symlink or anything not a regular file is never opened."""
+    for name in sorted(names):
+        path = d / name
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):  # read_small refuses it too (O_NOFOLLOW, fstat)
+            _skip_file(log, str(path), "symlink (not followed)" if stat.S_ISLNK(mode) else
+                       f"not a regular file ({jsonlines.kind_of(mode)})")
+            continue
+        run = _read_run(path, log)
+        if run is not None:
+            log.runs.append({**run, "dir": str(d), "file": name})
 
 
 def _knob(name: str, default: int) -> int:
@@ -491,14 +539,20 @@ def _knob(name: str, default: int) -> int:
     return int(text) if text.isdigit() and 0 < len(text) < 19 and int(text) > 0 else default
 
 
-def _event_files(d: Path, log: EventLog, seen: set, cap: int) -> list[Path] | None:
+def _event_files(d: Path, log: EventLog, seen: set, cap: int, metas: list[str]) -> list[Path] | None:
     """The *.jsonl files of d, by name (another name of a file listed before is left out), listed without
-    holding more than `cap` entries: None as soon as more than `cap` are found in all."""
+    holding more than `cap` entries: None as soon as more than `cap` are found in all. The names of run
+    metadata files are added to metas."""
     found = []
     with os.scandir(d) as it:
         for entry in it:
             if not entry.name.endswith(".jsonl"):
-                continue  # run.json, <host>.files (the writers' file counter), nccl-debug*: not events
+                if is_run_meta(entry.name):
+                    if len(log.runs) + len(metas) < RUNS_MAX:
+                        metas.append(entry.name)
+                    else:  # bounded: listed no further, counted
+                        log.skipped_files[f"more than {RUNS_MAX} run metadata files"] += 1
+                continue  # run metadata, <host>.files (the writers' file counter), nccl-debug*: not events
             try:
                 st = entry.stat(follow_symlinks=False)  # lstat: a device or FIFO is never opened
             except OSError:
@@ -540,8 +594,9 @@ def stream_dirs(dirs) -> EventLog:
             continue  # a directory named twice is read once
         seen.add((ident.st_dev, ident.st_ino) if ident is not None else (None, str(d)))
         log.dirs.append(str(d))
+        metas: list[str] = []
         try:
-            found = _event_files(d, log, seen, cap)
+            found = _event_files(d, log, seen, cap, metas)
         except OSError as exc:
             log.skipped_files[f"unreadable directory ({exc.strerror})"] += 1
             continue
@@ -552,11 +607,8 @@ def stream_dirs(dirs) -> EventLog:
             return log
         paths += found
         log.files += map(str, found)
-        meta = d / RUN_META
-        if meta.is_file() and not meta.is_symlink():
-            run = _read_run(meta, log)
-            if run is not None:
-                log.runs.append({**run, "dir": str(d)})
+        _read_runs(d, metas, log)
+    log.runs.sort(key=lambda r: r.get("started", 0))
     log.events = heapq.merge(*(_file_events(p, log) for p in paths), key=_sort_key)
     return log
 

@@ -123,7 +123,7 @@ def size_words(n: int) -> str:
 
 
 def read_small(path: Path | str, cap: int) -> bytes:
-    """A small regular file whole (run.json), at most cap + 1 bytes (more means oversized)."""
+    """A small regular file whole (run metadata), at most cap + 1 bytes (more means oversized)."""
     fd, _ = open_regular(path)
     try:
         out = b""
