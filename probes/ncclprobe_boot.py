@@ -576,6 +576,24 @@ def start():
             _fork_hook.__code__, {"_ref": _weakref.ref(_rest)}))
     except Exception as exc:
         _emit("probe_error", ("fork", exc))
+    if _dir is None:  # silent: no edge to record
+        return
+    try:  # the processes this one starts (`spawn`): os's exec and posix_spawn now, Popen's and
+        # multiprocessing's _posixsubprocess.fork_exec when it is imported (most processes never do)
+        for name in ("execv", "execve", "posix_spawn", "posix_spawnp"):
+            real = getattr(os, name, None)
+            if real is not None:
+                setattr(os, name, _edge(real, name))
+        if "_posixsubprocess" in sys.modules:
+            _rest()
+            _wrap_fork_exec(sys.modules["_posixsubprocess"])
+        else:
+            # (globals holding only a weak reference, as the fork hook's: see there)
+            finder = type(_import_hook)(_import_hook.__code__, {"_ref": _weakref.ref(_spawn_import)})
+            finder.find_spec = finder
+            sys.meta_path.insert(0, finder)
+    except Exception as exc:
+        _emit("probe_error", ("spawn", exc))
 
 
 def _scrub(argv):
@@ -743,6 +761,48 @@ def unsetenv(name):
 
 putenv.__doc__ = _real_putenv.__doc__
 unsetenv.__doc__ = _real_unsetenv.__doc__
+
+
+def _edge(real, name):
+    """os.<name> (real) that records the process it starts: an exec before the call (it does not come
+    back), posix_spawn after it (with the child's pid). Calls, passes and returns exactly as real."""
+    if name.startswith("exec"):
+        def edge(*args, **kw):
+            _spawn_hook(name, args, kw, None)
+            return real(*args, **kw)
+    else:
+        def edge(*args, **kw):
+            pid = real(*args, **kw)
+            _spawn_hook(name, args, kw, pid)
+            return pid
+    edge.__doc__ = real.__doc__
+    return edge
+
+
+def _spawn_hook(name, args, kw, pid):
+    try:
+        _rest()
+        _spawned(name, args, kw, pid)
+    except Exception as exc:
+        _emit("probe_error", ("spawn", exc))
+
+
+def _import_hook(name, path=None, target=None):
+    # sys.meta_path's first entry until _posixsubprocess is imported (its find_spec is itself): wraps it
+    if name == "_posixsubprocess":
+        hook = _ref()  # noqa: F821 (a global of the copy start() registers; see there)
+        if hook is not None:
+            return hook(name, path, target)
+    return None
+
+
+def _spawn_import(name, path, target):
+    try:
+        _rest()
+        return _fork_exec_spec(name, path, target)
+    except Exception as exc:
+        _emit("probe_error", ("spawn", exc))
+    return None
 
 
 def _fork_hook():
@@ -2001,3 +2061,162 @@ def _write(name, new, op, base_op):
 def _read_text(path):
     with open(path, "rb") as f:
         return f.read().decode("utf-8", "surrogateescape")
+
+
+# ---------------------------------------------------------------------------- spawn: the edges it starts
+
+SPAWN_ARGV = 512  # elements of a started command line kept (as process_start keeps its own)
+
+
+def _fork_exec_spec(name, path, target):
+    """_posixsubprocess's spec from the finders after start()'s import hook (which leaves sys.meta_path here),
+    its loader made to wrap fork_exec once the module is made; None (the import goes on as without the probe)
+    where the loader is no instance of its own (a built-in module: its class is shared, never patched)."""
+    ours = _import_hook.__code__
+    for finder in sys.meta_path:
+        if getattr(finder, "__code__", None) is ours:
+            continue
+        find = getattr(finder, "find_spec", None)
+        spec = find(name, path, target) if find is not None else None
+        if spec is not None:
+            break
+    else:
+        return None
+    loader = spec.loader
+    real = getattr(loader, "exec_module", None)
+    if loader is None or isinstance(loader, type) or real is None:
+        return None
+
+    def exec_module(module):
+        real(module)
+        try:
+            _wrap_fork_exec(module)
+        except Exception as exc:
+            _fail("spawn", exc)
+
+    loader.exec_module = exec_module
+    # the hook is done (the import machinery iterates sys.meta_path: it is replaced, not changed in place)
+    sys.meta_path = [f for f in sys.meta_path if getattr(f, "__code__", None) is not ours]
+    return spec
+
+
+def _wrap_fork_exec(module):
+    """module.fork_exec (what subprocess.Popen and multiprocessing's spawn and forkserver call) recording
+    the child it started: after it returned the child's pid, where its arguments read as this probe knows
+    them (checked at each call: any other shape is left unrecorded)."""
+    real = getattr(module, "fork_exec", None)
+    if real is None or getattr(real, "_ncclprobe", False):
+        return
+
+    def fork_exec(*args, **kw):
+        pid = real(*args, **kw)
+        try:
+            _spawned("fork_exec", args, kw, pid)
+        except Exception as exc:
+            _fail("spawn", exc)
+        return pid
+
+    fork_exec.__doc__ = real.__doc__
+    fork_exec._ncclprobe = True
+    module.fork_exec = fork_exec
+
+
+def _text(v):
+    return v if type(v) is str else os.fsdecode(v)
+
+
+def _env_of(env):
+    """(watched part, count) of an environment passed: a mapping or a list of b"NAME=VALUE" entries."""
+    found = {}
+    items = env.items() if hasattr(env, "items") else (_text(e).partition("=")[::2] for e in env)
+    n = 0
+    for k, v in items:
+        n += 1
+        k = _text(k)
+        if is_watched(k):
+            found[k] = _text(v)
+    return found, n
+
+
+def _executable(path):
+    return type(path) is int or os.access(path, os.X_OK)
+
+
+def _spawned(name, args, kw, pid):
+    """One `spawn` line: `name` (execv, execve, posix_spawn, posix_spawnp, fork_exec) was called with
+    args/kw and started pid (None: an exec, this process itself)."""
+    exe = env = None
+    if name == "fork_exec":  # (args, executable_list, close_fds, pass_fds, cwd, env, ...): 3.8 to 3.14
+        if kw or len(args) < 6 or not isinstance(args[0], (list, tuple)) or not isinstance(args[1], (list, tuple)) or not (
+                args[5] is None or isinstance(args[5], (list, tuple)) and all(type(e) is bytes and b"=" in e
+                                                                             for e in args[5])):
+            return
+        argv, env = args[0], args[5]
+        for path in args[1]:  # the child tries them in order
+            if _executable(path):
+                exe = _text(path)
+                break
+        else:
+            return  # nothing it could run: no child ran (Popen raises)
+    else:
+        path = args[0] if args else kw.get("path")
+        argv = args[1] if len(args) > 1 else kw.get("argv")
+        if name in ("execve", "posix_spawn", "posix_spawnp"):
+            env = args[2] if len(args) > 2 else kw.get("env")
+        if name == "posix_spawnp" and type(path) is not int and "/" not in _text(path):
+            for d in (_getenv("PATH") or os.defpath).split(":"):
+                if _executable(os.path.join(d or ".", _text(path))):
+                    exe = os.path.join(d or ".", _text(path))
+                    break
+        elif type(path) is int:
+            try:
+                exe = os.readlink("/proc/self/fd/%d" % path)
+            except OSError:
+                pass
+        elif _executable(path):
+            exe = _text(path)
+        elif name.startswith("exec"):
+            return  # os.execvp tries each PATH entry: only the one that can run is an edge
+    call, where = _spawn_caller(name)
+    argv = list(argv or ())
+    fields = {"call": call, "where": where}
+    if len(argv) > SPAWN_ARGV:
+        fields["argv_dropped"] = len(argv) - SPAWN_ARGV
+        del argv[SPAWN_ARGV:]
+    fields["argv"] = _scrub([_text(a) for a in argv])
+    if env is None:
+        watched, count = _watched_now(), len(os.environ._data)
+    else:
+        watched, count = _env_of(env)
+    fields.update(exe=exe, child=pid if type(pid) is int else None, exec=pid is None,
+                  env_given=env is not None, env=watched, env_count=count)
+    _emit("spawn", fields)
+
+
+def _spawn_caller(name):
+    """(call, where): what the code outside the standard library called, as it spelled it (subprocess.Popen,
+    multiprocessing, pty.spawn, os.execvpe, os.spawnlp, ...), and its "file:line"."""
+    own = (start.__code__.co_filename, _spawned.__code__.co_filename)
+    frame, outer_os, seen, where = sys._getframe(1), None, set(), None
+    while frame is not None:
+        fn = frame.f_code.co_filename
+        if fn not in own:
+            if not _is_stdlib(fn):
+                where = "%s:%d" % (fn, frame.f_lineno)
+                break
+            base = fn[8:-1] + ".py" if fn.startswith("<frozen ") else fn.rsplit("/", 1)[-1]  # <frozen os>: 3.11+
+            seen.add("multiprocessing" if "/multiprocessing/" in fn else base)
+            if base == "os.py":
+                outer_os = frame.f_code.co_name
+        frame = frame.f_back
+    if "multiprocessing" in seen:
+        call = "multiprocessing"
+    elif "pty.py" in seen:
+        call = "pty.spawn"
+    elif "subprocess.py" in seen:
+        call = "subprocess.Popen"
+    elif outer_os and not outer_os.startswith("_"):
+        call = "os." + outer_os
+    else:
+        call = "_posixsubprocess.fork_exec" if name == "fork_exec" else "os." + name
+    return call, where

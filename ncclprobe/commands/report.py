@@ -19,11 +19,11 @@ from ncclprobe.model.watched import redact_argv
 SHOWN_VARS_MAX = 8
 # witness -> its name in the processes table (one line per process at 80 columns)
 WITNESS_SHORT = {"boot": "boot", "preload": "pre", "profiler": "prof", "envplugin": "env", "nccl-log": "log",
-                 "proc": "proc", "live": "live", "run": "run", "ras": "ras"}
+                 "proc": "proc", "live": "live", "run": "run", "ras": "ras", "edge": "edge"}
 WITNESS_WORDS = {"boot": "boot probe", "preload": "preload hook", "profiler": "profiler plugin",
                  "envplugin": "env plugin", "nccl-log": "NCCL's log", "proc": "run's /proc watch",
                  "live": "its memory (run --live)", "run": "ncclprobe run (CMD, as it started it)",
-                 "ras": "NCCL's RAS service"}
+                 "ras": "NCCL's RAS service", "edge": "its parent's record of the call that started it"}
 
 
 def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
@@ -375,8 +375,9 @@ def watch_line(w: dict[str, Any], host: str | None = None) -> str:
     text = (f"/proc watch{' on ' + host if host else ''}{runs}: {w.get('seen', 0)} process(es) seen"
             + (f", {w.get('kernel_reads', 0)} of them read at their exec (the kernel's process events)" if kernel else "")
             + f" and {w.get('scans', 0)} scan(s) every {w.get('interval_s')} s")
-    text += (f"; {missed} short-lived process(es) known to have run that no read caught (their boot probe, the "
-             "kernel or run's reaping saw them)" if missed else "; none known missed")
+    text += (f"; {missed} short-lived process(es) known to have run that no read caught (their boot probe, their "
+             "parent's record of the call that started them, the kernel or run's reaping saw them)" if missed
+             else "; none known missed")
     if kernel:
         if w.get("kernel_overruns"):
             text += f"; the kernel's event queue overflowed {w['kernel_overruns']} time(s): events were lost"

@@ -26,7 +26,8 @@ from typing import Any
 from ncclprobe.diagnose.visibility import LIVE_VIEW, NOT_SHOWN
 from ncclprobe.model.images import runs_forkserver
 from ncclprobe.diagnose.findings import Finding, at
-from ncclprobe.model import LIVE_NATIVE, LIVE_WHERE, LIVE_WHERES, LiveReading, LiveWrite, Model, ProcessView
+from ncclprobe.model import (LIVE_NATIVE, LIVE_WHERE, LIVE_WHERES, LiveReading, LiveWrite, Model, ProcessView,
+                             SpawnEdge)
 from ncclprobe.model import launchers, wiring
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
 from ncclprobe.model.watched import is_watched, one_line, redact_assignments
@@ -233,6 +234,10 @@ class Knowledge:
         if p.proc_exec_env is not None:
             return Timeline(p.proc_exec_env, writes, "/proc (the environment it was started with)",
                             ("proc",), not is_python(p))
+        edge = p.started_by
+        if edge is not None and edge.env is not None:  # no witness of its own: what the call passed it
+            return Timeline(edge.env, writes, f"the record of {edge.call or 'the call'} at {edge.site} (the "
+                            "environment it passed)", ("edge",), not is_python(p))
         return None
 
     def value_env(self, p: ProcessView) -> dict[str, str] | None:
@@ -355,6 +360,7 @@ class Edge:
     parent_label: str | None = None   # where the parent is no process of the model (ncclprobe run)
     parent_pid: int | None = None     # ... and its pid, where it has one (an ancestor shell outside the tree)
     written_after: float | None = None  # a write the live witness found: made in (written_after, written_at]
+    spawn: SpawnEdge | None = None    # the parent's record of the call that started the child (curated_env)
 
     @property
     def key(self) -> tuple:
@@ -368,7 +374,20 @@ class Edge:
                 "children": sorted({c.pid for c in self.children}), "where": self.where,
                 "written_at": self.written_at, "started_at": min(starts) if starts else None,
                 "via": self.via, "launcher": self.launcher, "witnesses": sorted(set(self.witnesses)),
-                **({"written_after": self.written_after} if self.where in LIVE_WHERES else {})}
+                **({"written_after": self.written_after} if self.where in LIVE_WHERES else {}),
+                **({"spawn": spawn_json(self.spawn)} if self.spawn is not None else {})}
+
+
+def spawn_json(s: SpawnEdge) -> dict[str, Any]:
+    """The edge's record of the call (JSON edge.spawn): no variable outside the watched set is named."""
+    return {"call": s.call, "where": s.where, "pid": s.parent, "child": s.child, "argv": s.argv, "exe": s.exe,
+            "exec": s.exec, "env_given": s.env_given, "env_count": s.env_count, "witnesses": sorted(s.witnesses)}
+
+
+def _spawn_of(parent: ProcessView, x: ProcessView) -> SpawnEdge | None:
+    """The record of the call by which parent started x (or x exec'd), where a probe in it made one."""
+    edge = x.started_by
+    return edge if edge is not None and (edge.parent == parent.pid or edge.parent == x.pid) else None
 
 
 def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float | None) -> Edge:
@@ -390,6 +409,11 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
                 return Edge("unseen", var, x, [below or x], via=k.via(below or x), witnesses=tl.witnesses)
             return Edge("overwritten_in_child", var, x, [x], w.where, w.t, w.old, w.new, k.via(x),
                         witnesses=tl.witnesses, written_after=getattr(w, "after", None))
+        sp = x.started_by
+        if sp is not None and sp.exec and sp.env_given and sp.env is not None and _get(sp.env, var) != target:
+            # it exec'd with an environment of its own that lacked it (os.execve, execve's envp)
+            return Edge("curated_env", var, x, [x], via="exec", launcher=_launcher(k, "curated_env", [x]),
+                        witnesses=tl.witnesses + ("edge",), spawn=sp)
         pit = _pitfall(m, x, e, var)
         if pit is not None and pit["kind"] in FILTERS:  # `env -i` (script.sh:3) started x: what it kept, x got
             by = pit.get("started_by", pit["shell"])
@@ -426,13 +450,15 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
         early = s - TICK_S if s is not None else None
         late = [w for w in ptl.writes if w.var == var and w.new == target and early is not None and w.t > early]
         if _get(ptl.at(early), var) == target:  # the parent had it when x started
-            kind = "curated_env" if is_python(parent) or is_shell(parent) else "dropped_by_intermediate"
+            spawn = _spawn_of(parent, x)
+            kind = ("curated_env" if is_python(parent) or is_shell(parent) or (spawn and spawn.env_given)
+                    else "dropped_by_intermediate")
             wrap = _pitfall(m, parent, e, var)  # the parent is a wrapper a script ran (sudo, su -): its line
             if wrap is not None and wrap["kind"] in FILTERS:
                 return Edge(kind, var, parent, [x], wrap.get("where"), via=k.via(x), launcher=wrap["kind"],
-                            witnesses=ptl.witnesses + tl.witnesses, pitfall=wrap)
+                            witnesses=ptl.witnesses + tl.witnesses, pitfall=wrap, spawn=spawn)
             return Edge(kind, var, parent, [x], via=k.via(x), launcher=_launcher(k, kind, [x]),
-                        witnesses=ptl.witnesses + tl.witnesses)
+                        witnesses=ptl.witnesses + tl.witnesses, spawn=spawn)
         if late:  # ... and got it only after x had started
             w = late[0]
             return Edge("set_after_start", var, parent, [x], w.where, w.t, w.old, w.new, k.via(x),
@@ -531,6 +557,10 @@ def _hint(edge: Edge, items: dict[str, tuple]) -> str:
     if kind == "set_after_start":
         return (f"set {value} before `{child}` is started{at_}: a process copies its parent's environment when it "
                 "starts, and later writes in the parent never reach it")
+    if kind == "curated_env" and edge.spawn is not None and edge.spawn.env_given:
+        return (f"{edge.spawn.call or 'the call'} at {edge.spawn.site} passes its own environment "
+                f"({edge.spawn.env_text()}) to `{child}`: add {value} to that env= mapping, or pass "
+                f"env={{**os.environ, ...}} so it inherits the operator's settings")
     if kind == "curated_env":
         if edge.parent is None:
             return f"something in CMD's command line starts `{child}` without {var}: forward {value} there"
@@ -846,6 +876,13 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
                f"`{pit.get('led_to_target')}`")
         ev.update({"wrapper": pit["kind"], "at": pit.get("where"), "kept": kept, "command": pit.get("led_to_target")})
         culprit = f"dropped by `{pit['kind']}` at {pit.get('where')}"
+    elif kind == "curated_env" and edge.spawn is not None and edge.spawn.env_given:
+        sp = edge.spawn
+        started = program(sp.argv) if sp.argv else program(edge.children[0].argv if edge.children else None)
+        missing = ", ".join(names)
+        msg = (f"{sp.site} started `{started}` with {sp.env_text()}: {missing} not passed"
+               f" ({pid_text}: {lost}; {pdesc} had {them}{via_inter})")
+        culprit = f"curated env from {program(parent.argv) if parent else '?'}"
     elif kind == "curated_env":
         msg = (f"{pid_text}: {lost}; {pdesc} had {them} when it started them{via_inter}, with an environment of "
                "its own")

@@ -61,6 +61,7 @@ class Verdict:
     note: str = ""
     time: list = field(default_factory=list)  # (line, model.timing.CommTime) per communicator the profiler counted
     unchecked: Any = None  # diagnose.coverage.Unchecked: the expectation was checked on no process (exit 3)
+    exit: bool = True      # whether `unchecked` decides the exit code (not where errors were found beside it)
 
     def to_json(self) -> dict[str, Any]:
         return {"holders": self.holders, "witnesses": self.witnesses, "variables": [r.to_json() for r in self.rows],
@@ -72,7 +73,7 @@ class Verdict:
     def code(self) -> int | None:
         """The exit code the verdict itself calls for: 3 when the expectation was checked nowhere."""
         from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE
-        return EXIT_UNEXAMINABLE if self.unchecked is not None else None
+        return EXIT_UNEXAMINABLE if self.unchecked is not None and self.exit else None
 
 
 # ---- what NCCL used -------------------------------------------------------------------------------
@@ -253,6 +254,8 @@ def for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
     k = Knowledge.of(m)  # the rules' timelines, for the holders and the coverage check
     v = _for_model(m, findings, expect, sets, k)
     v.unchecked = coverage.unchecked(m, dict(expect), k)
+    if v.unchecked is not None and v.unchecked.partial and any(f.severity == "error" for f in findings):
+        v.exit = False  # said first all the same; the errors found on the others decide the exit code
     return v
 
 

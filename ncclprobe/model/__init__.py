@@ -50,6 +50,41 @@ class NcclRead:
 
 
 @dataclass
+class SpawnEdge:
+    """One process starting another (or exec'ing), as the probe in the starting process recorded the call
+    (the `spawn` event): what it called, from where, the command line and executable, the child's pid
+    (None: an exec, which keeps the pid, or unknown), and the watched part of the environment it passed
+    (env_given: its own, env=/envp; else the caller's, inherited) with how many variables that held.
+    witnesses: the probes that recorded this one call (boot, preload: both see a Popen)."""
+    host: str
+    parent: int
+    child: int | None
+    call: str | None
+    where: str | None
+    argv: list[str] | None
+    exe: str | None
+    env_given: bool | None
+    env: dict[str, str] | None
+    env_count: int | None
+    exec: bool
+    t: float
+    witnesses: set[str] = field(default_factory=set)
+
+    @property
+    def site(self) -> str:
+        """How a report names the call: `main.py:37` (pid P), or the call and pid where no file is known."""
+        where = (self.where or "").rsplit("/", 1)[-1]
+        return f"`{where}` (pid {self.parent})" if where else f"{self.call or 'a call'} in pid {self.parent}"
+
+    def env_text(self) -> str:
+        """The environment it passed, as a report says it (names of variables outside the watched set never)."""
+        if not self.env_given:
+            return "the caller's own environment"
+        n = self.env_count
+        return "env={%s}" % (f"{n} variable{'s' if n != 1 else ''}" if n is not None else "...")
+
+
+@dataclass
 class ProcessView:
     host: str
     pid: int
@@ -110,6 +145,8 @@ class ProcessView:
     pidns: int | None = None
     retired: float | None = None
     t_exit: float | None = None                   # when it ended (run's watch in kernel mode: proc_exit)
+    spawned: list[SpawnEdge] = field(default_factory=list)  # what it started (or exec'd), as its probes recorded
+    started_by: SpawnEdge | None = None           # the record of the call that started it (or exec'd it)
 
     @property
     def key(self) -> tuple:
@@ -265,7 +302,8 @@ class Model:
     nccl_log: Any = None
     shell_pitfalls: list[dict[str, Any]] = field(default_factory=list)  # witnesses.shells, per ancestor shell
     # run's /proc watch per host: its watch_summary, plus missed_started (pids whose boot probe recorded
-    # a process_start that no scan saw) and missed_started_pids
+    # a process_start, or whose parent's probe recorded the call that started them, that no scan saw) and
+    # missed_started_pids
     watch: dict[str, dict[str, Any]] = field(default_factory=dict)
     # comms_of's index: (host, pid) -> its communicators, over the first _indexed[1] of the list _indexed[0];
     # _by_time: comms_by_time's, dropped whenever the index grows

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from dataclasses import fields as _fields
 
 from ncclprobe.model import (INIT_PIDNS, CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead, ProcessView,
-                             _env, _id, given_of, space_of, version_code)
+                             SpawnEdge, _env, _id, given_of, space_of, version_code)
 from ncclprobe.model.tuning import canonical
 from ncclprobe.model.watched import is_watched, redact_argv
 
@@ -322,6 +322,52 @@ def _comm_end(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None
         c.destroyed = True
 
 
+SPAWN_SAME_S = 2.0  # two probes' records of one call (the boot probe's Popen, the preload's posix_spawn) lie this close
+
+
+def _spawn(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
+    # a probe in this process recorded a process it started (or its own exec): the edge, and the child's
+    # environment at its start where no other witness reads it (Knowledge._witnessed prefers any that does)
+    if e.get("rc") is not None:  # the call failed: nothing was started
+        return
+    child, is_exec = e.get("child"), bool(e.get("exec"))
+    if child is None and not is_exec:
+        return
+    argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None
+    edge = SpawnEdge(proc.host, proc.pid, child, e.get("call"), e.get("where"), argv, e.get("exe"),
+                     e.get("env_given"), _env(e.get("env")), e.get("env_count"), is_exec, t, {e["src"]})
+    for known in proc.spawned:  # the same call seen by the boot probe and the native one: one edge
+        if known.child == child and known.exec == is_exec and abs(known.t - t) <= SPAWN_SAME_S and (
+                child is not None or known.exe == edge.exe):
+            known.witnesses |= edge.witnesses
+            known.call = known.call if known.where else edge.call  # the Python caller's spelling, with its line
+            known.where = known.where or edge.where
+            for name in ("argv", "exe", "env", "env_count", "env_given"):
+                if getattr(known, name) is None:
+                    setattr(known, name, getattr(edge, name))
+            return
+    proc.spawned.append(edge)
+    if is_exec and proc.ppid is None and isinstance(e.get("ppid"), int):  # a native fork child's line
+        proc.ppid = e["ppid"]
+    if is_exec:  # this pid runs another program from here, with the environment it exec'd with
+        if proc.argv and argv and proc.argv != argv:
+            proc.images.append(proc.argv)
+        proc.argv, proc.exe, proc.started_by = argv, edge.exe, edge
+        if proc.t_start is not None and proc.t_start <= t:
+            proc.exec_after_boot = True
+            proc.start_env = proc.exec_env = None
+        proc.proc_exec_env = proc.proc_env_reason = None  # a sighting so far was of the image before (a later one wins)
+        return
+    c = b.m.process(proc.host, child)
+    if c.started_by is None:
+        c.started_by = edge
+    c.sources.add("edge")
+    if c.ppid is None:
+        c.ppid = proc.pid
+    if c.argv is None and not c.images:
+        c.argv, c.exe = argv, c.exe or edge.exe
+
+
 # Every event kind of witnesses/events.py.FIELDS that says something of a process (watch_summary is run's
 # own, no process of the job: build() keeps it apart).
 HANDLERS: dict[str, Handler] = {
@@ -329,7 +375,7 @@ HANDLERS: dict[str, Handler] = {
     "live_env": _live_env, "env_write": _env_write, "log_budget": _log_budget, "probe_error": _probe_error,
     "plugin_load": _plugin_load, "nccl_getenv": _nccl_getenv, "comm_init": _comm_init,
     "comm_plugin_init": _comm_plugin_init, "coll_summary": _coll_summary, "comm_activity": _comm_activity,
-    "comm_destroy": _comm_end, "comm_plugin_finalize": _comm_end,
+    "comm_destroy": _comm_end, "comm_plugin_finalize": _comm_end, "spawn": _spawn,
 }
 
 
@@ -360,9 +406,9 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
     _cmd_of_runs(m)
     if run_id is not None:
         _only_run(m, run_id, watches)
-    for host, w in m.watch.items():  # Python processes the watch missed: their boot probe says they ran
-        unseen = sorted(p.pid for p in m.processes.values()
-                        if p.node == host and p.t_start is not None and "proc" not in p.sources)
+    for host, w in m.watch.items():  # processes the watch missed: their boot probe, or their parent's record of
+        unseen = sorted(p.pid for p in m.processes.values()  # the call that started them, says they ran
+                        if p.node == host and (p.t_start is not None or "edge" in p.sources) and "proc" not in p.sources)
         w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
     # a stream's counts are complete only once it has been consumed
     m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}, **log.skipped_files}
@@ -426,7 +472,8 @@ def _cmd_of_runs(m: Model) -> None:
         if not p.argv and not p.images:
             p.argv = redact_argv([str(a) for a in command])
         given = given_of(r)
-        if p.proc_exec_env is None and p.proc_env_reason is None and given is not None:
+        exec_ed = p.started_by is not None and p.started_by.exec  # it exec'd since, with an environment of its own
+        if p.proc_exec_env is None and p.proc_env_reason is None and given is not None and not exec_ed:
             p.proc_exec_env = dict(given["env"])  # exactly what this run gave it (watched part)
             p.proc_env_source = "exec"
 

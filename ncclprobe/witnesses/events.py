@@ -73,6 +73,16 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            any reading), since (the start of the latest read that still showed the previous
                            env; null for the first reading), execs (the image, as proc_seen's). `t` is the end
                            of the read: a write it shows was made in (since, t]
+  spawn          boot | preload  an edge: this process started another (or exec'd), as the probe in it saw the call:
+                           call (as the caller spelled it: subprocess.Popen, multiprocessing, pty.spawn, os.execve,
+                           os.posix_spawn, ...; execve, posix_spawn, ... from the native probe), where ("file:line"
+                           of the caller outside the standard library; null: native), argv (redacted),
+                           argv_dropped (elements not kept), exe (the executable resolved; null: unknown), child
+                           (its pid; null for an exec, which keeps the pid, or unknown), ppid (optional: the
+                           writer's parent), exec (the call replaces the caller's image), env_given (the caller
+                           passed its own environment: env=, envp; false: the child inherits the caller's), env
+                           (the watched part of the environment passed), env_count (how many variables it held in
+                           all), rc (optional: the call failed, its errno or return code; child is then null)
 
   log_budget     any       reached (bytes | files), limit: the writer's budget (the shared log-bounding policy:
                            NCCLPROBE_MAX_BYTES per process file, NCCLPROBE_MAX_FILES per host and directory)
@@ -277,6 +287,10 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
     "log_budget": {"reached": (lambda v: v if v in ("bytes", "files") else BAD, "need"), "limit": (OU64, "drop")},
     "live_env": {"env": (ENV, "drop"), "reason": (OT, "drop"), "since": (_null(_num(0, 1e12)), "drop"),
                  "execs": (OI32, "drop")},
+    "spawn": {"call": (OS, "drop"), "where": (OT, "drop"), "argv": (_null(_list(T)), "drop"),
+              "argv_dropped": (OU64, "drop"), "exe": (OT, "drop"), "child": (_null(PID), "drop"),
+              "ppid": (_null(PID), "drop"), "exec": (OB, "drop"), "env_given": (OB, "drop"), "env": (ENV, "drop"),
+              "env_count": (OU64, "drop"), "rc": (OI32, "drop")},
 }
 KINDS = tuple(FIELDS)
 # run metadata as `ncclprobe run` writes it (launch.py); an open object in the JSON, but only these are kept

@@ -1,0 +1,139 @@
+"""The `spawn` event (a probe in the parent recorded the call that started a child) through the one door into the
+model and the rules: the child known only from the record gets the environment the call passed, the rules name the
+call site, the boot probe's and the native probe's records of one call are one edge, a later witness of the child
+wins over the record, and an expectation the record cannot hold is said as not checked (never met)."""
+from __future__ import annotations
+
+import json
+
+from ncclprobe import diagnose, model
+from ncclprobe.diagnose import verdict
+from ncclprobe.witnesses.events import EventLog, read_dirs
+
+H = "node1"
+LL = {"NCCL_PROTO": "LL"}
+EXPECT = {"NCCL_PROTO": "LL"}
+WHERE = "/srv/app/main.py:37"
+
+
+def ev(kind, pid, t, src, **kw):
+    return {"ev": kind, "pid": pid, "t": t, "host": H, "src": src, **kw}
+
+
+def start(pid, ppid, env, t=0.0, argv=None):
+    return ev("process_start", pid, t, "boot", ppid=ppid, argv=argv or ["python", f"w{pid}.py"],
+              exe="/usr/bin/python3", env=env, exec_env=env, exec_env_differs=False, start=t)
+
+
+def spawn(pid, t, child, env, src="boot", call="subprocess.Popen", where=WHERE, given=True, count=3, **kw):
+    return ev("spawn", pid, t, src, call=call, where=where, argv=["/usr/bin/python3", "/srv/app/_worker.py"],
+              exe="/usr/bin/python3", child=child, exec=child is None, env_given=given, env=env, env_count=count, **kw)
+
+
+def build(events):
+    return model.build(EventLog(events=sorted(events, key=lambda e: e["t"])))
+
+
+def errors(fs):
+    return [f for f in fs if f.severity == "error"]
+
+
+def test_a_child_known_only_from_the_record_is_named_with_the_call_that_dropped_it():
+    m = build([start(1, 0, LL, argv=["python", "main.py"]), spawn(1, 1.0, 10, {}), spawn(1, 1.01, 11, LL, count=40)])
+    child = m.processes[(H, 10)]
+    assert child.sources == {"edge"} and child.ppid == 1 and child.started_by.where == WHERE
+    assert [e.child for e in m.processes[(H, 1)].spawned] == [10, 11]
+    [f] = errors(diagnose.rules(m, EXPECT))
+    assert (f.code, f.pids, f.edge["kind"]) == ("ENV_MISSING", (10,), "curated_env")
+    assert f.edge["spawn"]["where"] == WHERE and f.edge["spawn"]["call"] == "subprocess.Popen"
+    assert f.message.startswith("`main.py:37` (pid 1) started `_worker.py` with env={3 variables}: NCCL_PROTO not "
+                                "passed"), f.message
+    assert "add NCCL_PROTO=LL to that env= mapping" in f.hint and "os.environ" in f.hint
+    # no variable outside the watched set is named anywhere
+    assert "PATH" not in json.dumps(f.to_json()).replace("PYTHONPATH", "")
+
+
+def test_the_boot_and_the_native_record_of_one_call_are_one_edge_in_either_order():
+    for native_first in (False, True):
+        boot = spawn(1, 1.0, 10, {})
+        native = spawn(1, 1.0 + (-0.002 if native_first else 0.002), 10, {}, src="preload", call="posix_spawn",
+                       where=None, ppid=0)
+        m = build([start(1, 0, LL, argv=["python", "main.py"]), boot, native])
+        [edge] = m.processes[(H, 1)].spawned
+        assert edge.witnesses == {"boot", "preload"}
+        assert (edge.call, edge.where) == ("subprocess.Popen", WHERE)  # the Python caller's spelling and line
+        [f] = errors(diagnose.rules(m, EXPECT))
+        assert f.edge["spawn"]["witnesses"] == ["boot", "preload"] and f.pids == (10,)
+
+
+def test_two_children_started_close_together_stay_two_edges():
+    m = build([start(1, 0, LL), spawn(1, 1.0, 10, {}), spawn(1, 1.0, 11, {}, src="preload", where=None)])
+    assert sorted(e.child for e in m.processes[(H, 1)].spawned) == [10, 11]
+
+
+def test_a_later_witness_of_the_child_wins_over_the_record():
+    # the record says nothing was passed; the child's own boot probe saw it started with the value
+    m = build([start(1, 0, LL), spawn(1, 1.0, 10, {}), start(10, 1, LL, t=1.1)])
+    assert not errors(diagnose.rules(m, EXPECT))
+
+
+def test_an_exec_with_its_own_environment_is_the_edge_of_the_process_itself():
+    m = build([start(1, 0, LL, argv=["python", "main.py"]), spawn(1, 1.0, None, {}, call="os.execve", count=1)])
+    p = m.processes[(H, 1)]
+    assert p.exec_after_boot and p.started_by.exec and p.argv == ["/usr/bin/python3", "/srv/app/_worker.py"]
+    [f] = errors(diagnose.rules(m, EXPECT))
+    assert f.pids == (1,) and f.edge["spawn"]["exec"] is True and f.edge["spawn"]["call"] == "os.execve"
+    assert "env={1 variable}" in f.message
+
+
+def test_a_failed_call_started_nothing():
+    m = build([start(1, 0, LL), spawn(1, 1.0, None, {}, rc=2) | {"exec": False},
+               spawn(1, 1.0, None, {}, call="os.execve", rc=13)])
+    assert list(m.processes) == [(H, 1)] and not m.processes[(H, 1)].spawned
+
+
+def test_an_expectation_the_record_cannot_hold_is_not_checked_not_met():
+    # FOO is outside the watched set: the record holds none of it, and no witness read the child
+    m = build([start(1, 0, LL), spawn(1, 1.0, 10, LL)])
+    expect = {"NCCL_PROTO": "LL", "FOO": "1"}
+    fs = diagnose.rules(m, expect)
+    v = verdict.for_model(m, fs, expect)
+    assert v.unchecked is not None and v.unchecked.unread == [10] and "FOO" in v.unchecked.reason
+    assert v.code == 3 and v.to_json()["unchecked"]["unread"] == [10]
+    # NCCL_PROTO alone: the record holds it, so the child is checked, and fine
+    v = verdict.for_model(m, diagnose.rules(m, EXPECT), EXPECT)
+    assert v.unchecked is None and v.code is None
+
+
+def test_not_checked_beside_errors_found_on_others_leaves_the_exit_code_to_the_errors():
+    m = build([start(1, 0, LL), spawn(1, 1.0, 10, LL), spawn(1, 1.01, 11, {})])
+    expect = {"NCCL_PROTO": "LL", "FOO": "1"}
+    fs = diagnose.rules(m, expect)
+    assert [f.pids for f in errors(fs)] == [(11,)]
+    v = verdict.for_model(m, fs, expect)
+    assert v.unchecked is not None and v.unchecked.unread == [10, 11] and v.code is None
+
+
+def test_the_reader_checks_every_field_of_a_spawn_line(tmp_path):
+    d = tmp_path / "logs"
+    d.mkdir(mode=0o700)
+    line = spawn(1, 1.7e9, 10, LL, argv_dropped=3, ppid=7, rc=None) | {"child": "ten", "extra": 1}
+    (d / f"{H}-1.jsonl").write_text(json.dumps(line) + "\n")
+    log = read_dirs([d])
+    [e] = list(log.events)
+    assert e["ev"] == "spawn" and "child" not in e and "extra" not in e  # a bad type and an unknown field: dropped
+    assert (e["argv_dropped"], e["ppid"], e["env"], e["env_count"], e["where"]) == (3, 7, LL, 3, WHERE)
+
+
+def test_a_native_exec_record_of_an_unprobed_fork_child_is_its_edge():
+    # a C daemon (no boot probe) forked a child that exec'd python with an envp of its own: the preload's line
+    # of the child (pid 20, its parent in ppid) is all any witness saw of it
+    native = spawn(20, 1.0, None, {}, src="preload", call="execve", where=None, count=1, ppid=5)
+    m = build([start(1, 0, LL, argv=["python", "main.py"]),
+               ev("proc_seen", 5, 0.5, "proc", ppid=1, start=0.4, argv=["daemon"], exe="/usr/bin/daemon",
+                  exec_env=LL, execs=0), native])
+    p = m.processes[(H, 20)]
+    assert p.ppid == 5 and p.started_by.exec and p.started_by.witnesses == {"preload"}
+    [f] = errors(diagnose.rules(m, EXPECT))
+    assert f.pids == (20,) and f.edge["kind"] == "curated_env" and f.edge["spawn"]["call"] == "execve"
+    assert f.message.startswith("execve in pid 20 started `_worker.py` with env={1 variable}: NCCL_PROTO not passed")
