@@ -91,7 +91,13 @@ class _EnvEdit:
         return ev
 
 
-def _debug_log(text: str, host: str, pid: int, new_pid: int, rank=None, nranks=None, hashes=None) -> str:
+def _debug_log(text: str, host: str, pid: int, new_pid: int, rank=None, nranks=None, hashes=None,
+               edit=None) -> str:
+    if edit is not None:  # NCCL's own "NCCL_X set by environment to V" line, as the edited environment gives it
+        said = f"{edit.var} set by environment to {edit.was}\n"
+        text = "".join(line if not line.endswith(said) else
+                       "" if edit.value is None else line.replace(said, f"{edit.var} set by environment to {edit.value}\n")
+                       for line in text.splitlines(keepends=True))
     text = text.replace(f"{HOST}:{pid}:{pid}", f"{host}:{new_pid}:{new_pid}")
     if rank is not None:
         text = re.sub(r"\brank (\d+) (nranks|nRanks) \d+", lambda m: f"rank {rank(int(m[1]))} {m[2]} {nranks}", text)
@@ -167,7 +173,7 @@ def job(out: Path, hosts: int, src: Path = SRC) -> list[Path]:
                 _write(d, host, new_pid, [_rewrite(e, host, m, rank_of, nranks, env_edit=edit) for e in files[pid]])
                 if pid in logs:
                     (d / f"nccl-debug.{host}.{new_pid}").write_text(
-                        _debug_log(logs[pid], host, pid, new_pid, rank_of, nranks))
+                        _debug_log(logs[pid], host, pid, new_pid, rank_of, nranks, edit=edit))
         dirs.append(d)
     return dirs
 

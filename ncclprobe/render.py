@@ -115,8 +115,18 @@ def render_json(result: Result, stream: TextIO | None = None) -> None:
     stream.write("\n")
 
 
+def answer_line(result: Result, code: int) -> str:
+    """The one-line answer a terminal shows last (so it is on screen when the command ends)."""
+    levels = [f.severity for f in result.findings]
+    counts = ", ".join(f"{levels.count(s)} {s}{'s' if levels.count(s) != 1 else ''}" for s in ("error", "warning", "info")
+                       if s in levels)
+    what = f"{len(levels)} cause{'s' if len(levels) != 1 else ''} ({counts})" if levels else "no findings"
+    return f"Answer: {what} · exit {code}"
+
+
 def render_text(result: Result, stream: TextIO | None = None, width: int | None = None,
-                color: bool | None = None) -> None:
+                color: bool | None = None, answer_code: int | None = None) -> None:
+    """answer_code: the exit status, to end with the one-line answer (a terminal's last line)."""
     con = console(stream, width, color)
     drawn = False
     for i, node in enumerate(result.doc):
@@ -129,6 +139,9 @@ def render_text(result: Result, stream: TextIO | None = None, width: int | None 
             _node(con, node)
     if not drawn:
         _findings(con, result)
+    if answer_code is not None:
+        con.print()
+        _out(con, _para(answer_line(result, answer_code), con.width, "bold"))
     con.file.finish()
 
 
@@ -294,14 +307,16 @@ def _findings(con: Console, result: Result) -> None:
             scope = scope_line(f)
             if scope:
                 lines += _para(f"    scope: {scope}", w)
-            for k, v in f.evidence.items():
-                if k in ("t", "merged") or k.endswith("_at") and isinstance(v, float):
+            for k, v in ({} if result.brief else f.evidence).items():
+                if k in ("t", "merged", "fleet") or k.endswith("_at") and isinstance(v, float):
                     continue  # unix times and per-instance evidence: in --json, not worth a line here
                 if isinstance(v, str) and len(v) > 12 and v in f.message:
                     continue  # already in the message
                 lines += _para(f"    {k}: {shorten_paths(_short(v))}", w)
             if f.hint:
                 lines += _para(f"    hint: {shorten_paths(f.hint)}", w, "green")
+        if result.brief:
+            lines += _para("Each finding's evidence, and every host, pid and rank: --details, or --json.", w, "dim")
         _out(con, lines)
     elif result.command in DIAGNOSING and not result.data.get("incomplete") and \
             not (result.data.get("verdict") or {}).get("unchecked") and \
@@ -334,8 +349,12 @@ def scope_line(f) -> str:
         parts.append(("comm " if len(comms) == 1 else f"{len(comms)} comms: ") + ", ".join(comms[:3])
                      + ("…" if len(comms) > 3 else ""))
     hosts = f.hosts
-    if len(hosts) > 1:
-        parts.append(f"{len(hosts)} hosts: {', '.join(hosts[:3])}" + ("…" if len(hosts) > 3 else ""))
+    if len(hosts) > 3:  # a fleet: how many alike, not every pid of every host
+        parts = [p for p in parts if not p.startswith("pid")]
+        parts.insert(0, f"{len(pids)} processes")
+        parts.append(f"{len(hosts)} hosts alike: {hosts[0]} … {hosts[-1]}")
+    elif len(hosts) > 1:
+        parts.append(f"{len(hosts)} hosts: {', '.join(hosts)}")
     elif hosts:
         parts.append(f"host {hosts[0]}")
     return " · ".join(parts)

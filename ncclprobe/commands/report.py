@@ -63,7 +63,7 @@ def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
 
 
 def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_view=None,
-                 run_id: str | None = None) -> Result:
+                 run_id: str | None = None, details: bool = False) -> Result:
     """The report of log directories (and NCCL logs); proc_view: a model holding a /proc view of the same
     job (the demo's live inspect), whose /proc witness joins the model before the rules run; run_id: only
     that run's part of them (`run`'s own report in a directory it shares with other runs)."""
@@ -72,9 +72,31 @@ def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_
         model_mod.add_proc_view(m, proc_view)
     findings = diagnose.rules(m, expect or {})
     v = verdict.for_model(m, findings, expect or {})
-    data = {**model_json(m), "verdict": v.to_json()}
-    doc = [*header_doc(m, [*dirs, *nccl_logs]), *verdictview.doc(v), FindingsHere(), *model_doc(m)]
-    return Result("report", findings=findings, data=data, doc=doc, code=v.code)
+    data = {**model_json(m), "verdict": v.to_json(), "fleet": fleet_json(m, findings)}
+    brief = data["fleet"]["hosts"] > 1 and not details  # many hosts: the answer, the rest behind --details
+    doc = [*header_doc(m, [*dirs, *nccl_logs], per_host=not brief), *verdictview.doc(v), FindingsHere()]
+    if brief:
+        doc.append(Text(f"Details (processes, communicators and the per-host lines of {data['fleet']['hosts']} "
+                        "hosts): --details; everything: --json.", "dim"))
+    else:
+        doc += model_doc(m)
+    return Result("report", findings=findings, data=data, doc=doc, code=v.code, brief=brief)
+
+
+def fleet_json(m: Model, findings) -> dict[str, Any]:
+    """What the report folded across hosts (diagnose/fleet): per finding, on how many hosts it was seen
+    and whether its instances were folded from several hosts alike; processes grouped by command and
+    witnesses, with how many hosts run each group."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for p in m.processes.values():
+        key = (_command(p), ",".join(sorted(p.sources)))
+        g = groups.setdefault(key, {"command": key[0], "witnesses": sorted(p.sources), "processes": 0, "hosts": set()})
+        g["processes"] += 1
+        g["hosts"].add(p.node)
+    return {"hosts": merged(m)["hosts"],
+            "findings": [{"code": f.code, "hosts": len(f.hosts), "alike": "fleet" in f.evidence}
+                         for f in findings],
+            "process_groups": [{**g, "hosts": len(g["hosts"])} for g in groups.values()]}
 
 
 def augment_inspection(result, m: Model, log_dirs, error: Unexaminable | None = None):
@@ -264,7 +286,7 @@ def merged(m: Model) -> dict[str, int]:
     return {"runs": len(m.runs), "hosts": len(hosts), "dirs": len(m.dirs)}
 
 
-def header_doc(m: Model, dirs, title: bool = True) -> list:
+def header_doc(m: Model, dirs, title: bool = True, per_host: bool = True) -> list:
     doc: list = []
     if title:
         names = list(map(str, dirs))
@@ -285,7 +307,7 @@ def header_doc(m: Model, dirs, title: bool = True) -> list:
         for note in run.get("notes", []):
             doc.append(Text(f"{who}: {note}", "note"))
         doc += [Text(line if who == "run" else f"{who}: {line}", "note") for line in injected_lines(run)]
-    for host, w in sorted(m.watch.items()):
+    for host, w in sorted(m.watch.items()) if per_host else ():
         doc.append(Text(watch_line(w, host if len(m.watch) > 1 else None), "dim"))
     for p in unseen_execs(m):
         doc.append(Text(unseen_exec_line(p), "warn"))
