@@ -313,10 +313,11 @@ def _findings(con: Console, result: Result) -> None:
                 if isinstance(v, str) and len(v) > 12 and v in f.message:
                     continue  # already in the message
                 lines += _para(f"    {k}: {shorten_paths(_short(v))}", w)
-            if f.hint:
+            if f.hint and not result.brief:
                 lines += _para(f"    hint: {shorten_paths(f.hint)}", w, "green")
         if result.brief:
-            lines += _para("Each finding's evidence, and every host, pid and rank: --details, or --json.", w, "dim")
+            lines += _para("Each finding's evidence and hint, and every host, pid and rank: --details, or --json.",
+                           w, "dim")
         _out(con, lines)
     elif result.command in DIAGNOSING and not result.data.get("incomplete") and \
             not (result.data.get("verdict") or {}).get("unchecked") and \
