@@ -315,9 +315,6 @@ def _findings(con: Console, result: Result) -> None:
                 lines += _para(f"    {k}: {shorten_paths(_short(v))}", w)
             if f.hint and not result.brief:
                 lines += _para(f"    hint: {shorten_paths(f.hint)}", w, "green")
-        if result.brief:
-            lines += _para("Each finding's evidence and hint, and every host, pid and rank: --details, or --json.",
-                           w, "dim")
         _out(con, lines)
     elif result.command in DIAGNOSING and not result.data.get("incomplete") and \
             not (result.data.get("verdict") or {}).get("unchecked") and \
@@ -335,28 +332,38 @@ def shorten_paths(text: str) -> str:
 
 
 def scope_line(f) -> str:
-    """Everything a finding covers, in one line: pids, ranks, communicators, hosts."""
+    """Everything a finding covers, in one line: pids, ranks, communicators, hosts. Over several hosts:
+    the outliers host → rank → pid; over more than three, how many are alike (the JSON names each)."""
     from ncclprobe.model import ranges
     insts = f.instances
     pids = sorted({i["pid"] for i in insts if isinstance(i.get("pid"), int)}) or list(f.pids)
-    parts = []
-    if pids:
-        parts.append(("pid " if len(pids) == 1 else "pids ") + (ranges(pids) if len(pids) > 8 else ", ".join(map(str, pids))))
     ranks = sorted({i["rank"] for i in insts if isinstance(i.get("rank"), int)})
-    if ranks and not (ranks == [0] and all(i.get("rank") in (0, None) for i in insts) and len(pids) == 1):
-        parts.append(("rank " if len(ranks) == 1 else "ranks ") + ranges(ranks))
     comms = sorted({str(i["comm"]) for i in insts if i.get("comm")})
-    if comms:
-        parts.append(("comm " if len(comms) == 1 else f"{len(comms)} comms: ") + ", ".join(comms[:3])
-                     + ("…" if len(comms) > 3 else ""))
+    comm = (("comm " if len(comms) == 1 else f"{len(comms)} comms: ") + ", ".join(comms[:3])
+            + ("…" if len(comms) > 3 else "")) if comms else ""
     hosts = f.hosts
     if len(hosts) > 3:  # a fleet: how many alike, not every pid of every host
-        parts = [p for p in parts if not p.startswith("pid")]
-        parts.insert(0, f"{len(pids)} processes")
-        parts.append(f"{len(hosts)} hosts alike: {hosts[0]} … {hosts[-1]}")
-    elif len(hosts) > 1:
-        parts.append(f"{len(hosts)} hosts: {', '.join(hosts)}")
-    elif hosts:
+        parts = [f"{len(hosts)} hosts alike", f"{len(pids)} processes"]
+        if ranks:
+            parts.append(("rank " if len(ranks) == 1 else "ranks ") + ranges(ranks))
+        return " · ".join(parts + ([comm] if comm else []))
+    if len(hosts) > 1:
+        per_host = []
+        for h in hosts:
+            mine = [i for i in insts if i.get("host") == h]
+            hr = sorted({i["rank"] for i in mine if isinstance(i.get("rank"), int)})
+            hp = sorted({i["pid"] for i in mine if isinstance(i.get("pid"), int)})
+            rank = (("rank " if len(hr) == 1 else "ranks ") + ranges(hr) + " ") if hr else ""
+            per_host.append(f"{h}: {rank}({'pid' if len(hp) == 1 else 'pids'} {ranges(hp)})")
+        return " · ".join(["; ".join(per_host)] + ([comm] if comm else []))
+    parts = []
+    if pids:
+        parts.append(("pid " if len(pids) == 1 else "pids ") + (ranges(pids) if len(pids) > 2 else ", ".join(map(str, pids))))
+    if ranks and not (ranks == [0] and all(i.get("rank") in (0, None) for i in insts) and len(pids) == 1):
+        parts.append(("rank " if len(ranks) == 1 else "ranks ") + ranges(ranks))
+    if comm:
+        parts.append(comm)
+    if hosts:
         parts.append(f"host {hosts[0]}")
     return " · ".join(parts)
 

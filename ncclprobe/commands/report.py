@@ -76,8 +76,8 @@ def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_
     brief = data["fleet"]["hosts"] > 1 and not details  # many hosts: the answer, the rest behind --details
     doc = [*header_doc(m, [*dirs, *nccl_logs], per_host=not brief), *verdictview.doc(v), FindingsHere()]
     if brief:
-        doc.append(Text(f"Details (processes, communicators and the per-host lines of {data['fleet']['hosts']} "
-                        "hosts): --details; everything: --json.", "dim"))
+        doc.append(Text(f"Each finding's evidence and hint, the processes, communicators and per-host lines of "
+                        f"{data['fleet']['hosts']} hosts: --details; everything: --json.", "dim"))
     else:
         doc += model_doc(m)
     return Result("report", findings=findings, data=data, doc=doc, code=v.code, brief=brief)

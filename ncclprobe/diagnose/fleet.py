@@ -60,14 +60,10 @@ def fold(findings: list[Finding]) -> list[Finding]:
         evidence["fleet"] = {"hosts": len(hosts), "findings": len(group), "shown": group[0].hosts,
                              "merged": folded.evidence.get("merged", [])}
         out.append(replace(folded, evidence=evidence,
-                           message=(f"on {len(hosts)} hosts alike ({_host_range(hosts)}), as on "
+                           message=(f"on {len(hosts)} hosts alike, as on "
                                     f"{', '.join(group[0].hosts) or 'the first'}: {group[0].message}"
                                     if len(hosts) > 1 else group[0].message)))
     return out
-
-
-def _host_range(hosts: list[str]) -> str:
-    return ", ".join(hosts) if len(hosts) <= 3 else f"{hosts[0]} … {hosts[-1]}"
 
 
 def odd_ones(values: dict[str, dict[str, list[Any]]], key=lambda x: x) -> tuple[frozenset, dict[str, str]]:
