@@ -35,7 +35,7 @@ def _print(result, as_json: bool, code: int | None = None) -> None:
     sys.stdout.flush()
 
 
-ANSWERING = ("report", "inspect")  # in a terminal these end with the one-line answer and the exit status
+ANSWERING = ("report", "inspect", "demo")  # in a terminal these end with the one-line answer and the exit status
 
 
 def _unexaminable(exc, command: str, as_json: bool):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -70,8 +71,10 @@ def test_answer_first_within_the_line_budget(job):
     out = io.StringIO()
     render.render_text(result, out, width=100, color=False)
     lines = out.getvalue().splitlines()
-    assert len(lines) <= 80, len(lines)
-    assert "--details" in "".join(lines[-2:])
+    verdict = next(i for i, line in enumerate(lines) if line.startswith("Verdict:"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("Each finding's evidence"))
+    assert verdict < 8 and end - verdict <= 60, (verdict, end)  # the answer first, within 60 lines
+    assert "--details" in "".join(lines[end:]) and len(lines) - end <= 2
     detailed = report.build_report(dirs, details=True)
     out = io.StringIO()
     render.render_text(detailed, out, width=100, color=False)
@@ -89,3 +92,33 @@ def test_json_keeps_everything_and_the_fleet_key(job):
     alike = [f for f in doc["findings"] if f["evidence"].get("fleet")]
     assert alike and all(len(f["evidence"]["fleet"]["merged"]) >= 0 for f in alike)
     assert any(f["hosts"] == [plant["drop_host"]] and f["code"] == "ENV_MISSING" for f in doc["findings"])
+
+
+def test_a_terminal_ends_with_the_answer_and_the_exit_status(job):
+    """In a real terminal (a pty), the last line is the one-line answer and the exit status; piped, not."""
+    import pty
+    dirs, _ = job
+    argv = [sys.executable, "-m", "ncclprobe", "report", *map(str, dirs[:4])]
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["COLUMNS"] = "100"
+        os.execv(sys.executable, argv)
+    chunks = []
+    while True:
+        try:
+            data = os.read(fd, 65536)
+        except OSError:
+            break
+        if not data:
+            break
+        chunks.append(data)
+    _, status = os.waitpid(pid, 0)
+    text = b"".join(chunks).decode(errors="replace")
+    last = [line for line in text.splitlines() if line.strip()][-1]
+    code = os.waitstatus_to_exitcode(status)
+    assert code == 1
+    want = render.answer_line(report.build_report(list(map(str, dirs[:4]))), 1)
+    assert want.startswith("Answer: 8 causes (4 errors, 4 warnings)")
+    assert re.sub(r"\x1b\[[0-9;]*m", "", last).strip() == want
+    piped = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert piped.returncode == 1 and "Answer:" not in piped.stdout
