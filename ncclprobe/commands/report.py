@@ -421,21 +421,28 @@ def model_doc(m: Model) -> list:
     procs = sorted(m.processes.values(), key=lambda p: (p.host, p.t_start or 0, p.pid))
     hosts = {p.node for p in procs}
     rows: dict[tuple, list] = {}
+    fold = len(hosts) > FOLD_HOSTS  # many hosts: one row per kind of process, with how many hosts run it
     for p in procs:
         ranks = sorted({c.rank for c in m.comms_of(p.host, p.pid, p.retired) if c.rank is not None})
-        key = (p.node if len(hosts) > 1 else "", p.ppid, _command(p),
+        key = ("" if fold else p.node if len(hosts) > 1 else "", None if fold else p.ppid, _command(p),
                ",".join(WITNESS_SHORT.get(s, s) for s in sorted(p.sources)), _ns_of(p))
-        rows.setdefault(key, [[], []])
+        rows.setdefault(key, [[], [], set()])
         rows[key][0].append(p.pid)
         rows[key][1].extend(ranks)
+        rows[key][2].add(p.node)
     table = []
-    for (host, ppid, cmd, sources, ns), (pids, ranks) in rows.items():
-        row = [_pids(pids) + ns, str(ppid or "?"), ranges(ranks) or "-", sources, cmd]
+    for (host, ppid, cmd, sources, ns), (pids, ranks, on) in rows.items():
+        if fold:
+            host = f"{len(on)} alike" if len(on) > 1 else next(iter(on))
+            row = [f"{len(pids)}" + ns, "-", ranges(ranks) or "-", sources, cmd]
+        else:
+            row = [_pids(pids) + ns, str(ppid or "?"), ranges(ranks) or "-", sources, cmd]
         table.append([host, *row] if len(hosts) > 1 else row)
-    cols = ["pid", "ppid", "ranks", "witnesses", "command"]
+    cols = ["processes" if fold else "pid", "ppid", "ranks", "witnesses", "command"]
+    host_col = "hosts" if fold else "host"
     used = {s for p in procs for s in p.sources}
     legend = ", ".join(f"{WITNESS_SHORT[k]} = {WITNESS_WORDS[k]}" for k in WITNESS_SHORT if k in used)
-    doc: list = [Title("Processes"), Table(["host", *cols] if len(hosts) > 1 else cols, table, compact=True)]
+    doc: list = [Title("Processes"), Table([host_col, *cols] if len(hosts) > 1 else cols, table, compact=True)]
     if legend:
         doc.append(Text(f"witnesses: {legend}", "dim"))
     doc.extend(_copies_doc(m, procs))
@@ -526,10 +533,15 @@ def _pids(pids: list[int]) -> str:
     return ", ".join(map(str, pids)) if len(pids) <= 4 else f"{len(pids)}: {ranges(pids)}"
 
 
+FOLD_HOSTS = 3  # more hosts than this: rows and blocks alike on several hosts are one (diagnose/fleet)
+
+
 def _comm_records(m: Model) -> list:
     """One block per communicator and tuning: its ranks that were created alike share it."""
+    from ncclprobe.diagnose import fleet
     blocks: dict[tuple, dict] = {}
     versions = lib_versions(m)
+    fold = len({c.host for c in m.comms}) > FOLD_HOSTS
     for c in sorted(m.comms, key=lambda c: (c.t, c.rank or 0)):
         lib = _lib_text(c, versions)
         held_now = (c.env_source or "").startswith("held now")
@@ -540,9 +552,12 @@ def _comm_records(m: Model) -> list:
                   ("NCCL read", _nccl_read(m, c)), ("ran", _realized(c)))
         if c.ras is not None:
             fields += (("RAS", ras_words(c)),)
-        key = (c.group or f"{c.host}:{c.pid}:{c.ident}", fields)
+        ident = c.group or f"{c.host}:{c.pid}:{c.ident}"
+        # many hosts: one block for the communicators alike on every host (replicas: one id each)
+        key = (fleet.alike(ident, (c.host,), (c.pid,)) if fold else ident, fields)
         b = blocks.setdefault(key, {"id": c.group or c.ident, "ranks": [], "pids": [], "hosts": set(),
-                                    "nranks": c.nranks, "name": c.comm_name})
+                                    "nranks": c.nranks, "name": c.comm_name, "ids": set()})
+        b["ids"].add(c.group or c.ident)
         if c.rank is not None:
             b["ranks"].append(c.rank)
         b["pids"].append(c.pid)
@@ -552,8 +567,13 @@ def _comm_records(m: Model) -> list:
         who = (f"rank{'s' if len(b['ranks']) > 1 else ''} {ranges(b['ranks'])} of {b['nranks']}"
                if b["ranks"] else "rank ?")
         where = f"pid {_pids(sorted(set(b['pids'])))}" + (f" on {len(b['hosts'])} hosts" if len(b["hosts"]) > 1 else "")
+        if fold and len(b["hosts"]) > 1:
+            where = f"{len(set(b['pids']))} processes on {len(b['hosts'])} hosts alike; --json names each"
         name = f" {b['name']}" if b["name"] else ""
-        items.append((f"{b['id']}{name}  {who}  ({where})", [(k, v) for k, v in fields]))
+        ids = f" (and {len(b['ids']) - 1} alike)" if len(b["ids"]) > 1 else ""
+        if len(b["ids"]) > 1:
+            who = f"{len(b['pids'])} ranks"
+        items.append((f"{b['id']}{ids}{name}  {who}  ({where})", [(k, v) for k, v in fields]))
     return items
 
 
