@@ -87,6 +87,8 @@ def test_json_keeps_everything_and_the_fleet_key(job):
                           capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 1, proc.stderr
     doc = json.loads(proc.stdout)
+    from ncclprobe import schemas
+    schemas.validate(doc)
     assert doc["fleet"]["hosts"] == HOSTS
     assert len(doc["processes"]) == HOSTS * 12
     alike = [f for f in doc["findings"] if f["evidence"].get("fleet")]
