@@ -124,3 +124,19 @@ def test_a_terminal_ends_with_the_answer_and_the_exit_status(job):
     assert re.sub(r"\x1b\[[0-9;]*m", "", last).strip() == want
     piped = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert piped.returncode == 1 and "Answer:" not in piped.stdout
+
+
+def test_fold_keeps_what_differs_in_kind():
+    """Only the same cause on other hosts folds: another value stays its own finding, and so do two
+    findings of one host."""
+    from ncclprobe.diagnose import fleet
+    from ncclprobe.diagnose.findings import Finding, at
+
+    def f(host, pid, value):
+        return Finding("ENV_MISSING", "warning", f"1 process(es) ({pid}): NCCL_PROTO absent ('{value}' upstream)",
+                       pids=(pid,), var="NCCL_PROTO", instances=(at(host, pid),))
+    folded = fleet.fold([f("a", 10, "LL"), f("b", 20, "LL"), f("c", 30, "LL"), f("d", 40, "Simple")])
+    assert [(x.hosts, x.evidence.get("fleet", {}).get("hosts")) for x in folded] == [(["a", "b", "c"], 3), (["d"], None)]
+    assert folded[0].message.startswith("on 3 hosts alike, as on a: 1 process(es) (10)")
+    same_host = fleet.fold([f("a", 10, "LL"), f("a", 11, "LL")])
+    assert len(same_host) == 2

@@ -45,14 +45,16 @@ def _key(f: Finding) -> tuple:
 
 def fold(findings: list[Finding]) -> list[Finding]:
     """Findings of one cause on several hosts folded into one (the first host's words, every instance,
-    `evidence.fleet`: how many hosts and which); a finding on one host stays as it is."""
+    `evidence.fleet`: how many hosts, each host's own evidence); findings alike on one host, or on hosts
+    that overlap, stay as the rules gave them."""
     groups: dict[tuple, list[Finding]] = {}
     for f in findings:
         groups.setdefault(_key(f), []).append(f)
     out = []
     for group in groups.values():
-        if len(group) == 1:
-            out.append(group[0])
+        hosts_each = [set(f.hosts) for f in group]
+        if len(group) == 1 or not all(hosts_each) or len(set().union(*hosts_each)) != sum(map(len, hosts_each)):
+            out.extend(group)  # one host's findings stay its own: only the same cause on other hosts folds
             continue
         folded = _fold(group)
         hosts = folded.hosts
