@@ -149,14 +149,14 @@ def _ranks_divergent(group: str, comms: list[CommView], odd: frozenset, divergin
     who = (f"rank(s) {ranges(ranks)} on {', '.join(hosts) if len(hosts) <= 3 else f'{len(hosts)} hosts'}"
            if ranks else f"{len(odd_comms)} process(es)")
     # a communicator only RAS listed has no environment at creation: say it is what they hold now
-    said_how = "hold" if now else "were created with"
     parts = [f"{var} {text}" for var, text in said.items()]
     values = {var: {val: [f"rank {c.rank} (pid {c.pid})" for c in cs] for val, cs in vals.items()}
               for var, vals in diverging.items()}
     return Finding(
         "COMM_RANKS_DIVERGENT", "error",
-        f"{who} of communicator {group} ({len(comms)} ranks seen) {said_how} different tuning from the others — "
-        + " | ".join(parts) + (" (their values at creation are unknown)" if now else ""),
+        f"{who} of communicator {group} ({len(comms)} ranks seen) "
+        + ("hold different tuning now (their values at creation are unknown) from the others — " if now else
+           "were created with different tuning from the others — ") + " | ".join(parts),
         pids=tuple(sorted({c.pid for c in odd_comms})), var=next(iter(diverging)) if len(diverging) == 1 else None,
         vars=tuple(diverging) if len(diverging) > 1 else (), instances=tuple(_at(c) for c in odd_comms),
         evidence={"communicator": group, "odd_ranks": ranks, "odd_hosts": hosts,
