@@ -18,19 +18,24 @@ def _version() -> str:
 
 
 def _emit(result, as_json: bool, strict: bool = False, code: int | None = None):
-    _print(result, as_json)
-    sys.exit(result.exit_code(strict) if code is None else code)
+    code = result.exit_code(strict) if code is None else code
+    _print(result, as_json, code)
+    sys.exit(code)
 
 
-def _print(result, as_json: bool) -> None:
+def _print(result, as_json: bool, code: int | None = None) -> None:
     """The result on stdout; a reader that went away (`| head`) is stdstreams' to absorb, so the exit
     code that follows is the command's own."""
     from ncclprobe import render
     if as_json:
         render.render_json(result)
     else:
-        render.render_text(result)
+        tty = code is not None and result.command in ANSWERING and sys.stdout.isatty()
+        render.render_text(result, answer_code=code if tty else None)
     sys.stdout.flush()
+
+
+ANSWERING = ("report", "inspect", "demo")  # in a terminal these end with the one-line answer and the exit status
 
 
 def _unexaminable(exc, command: str, as_json: bool):
@@ -232,9 +237,11 @@ def run(sets, defaults, enforces, pins, log_dir, append, no_preload, no_plugins,
 @click.argument("dirs", nargs=-1, metavar="[DIR|NCCL_LOG]...")
 @click.option("--nccl-log", "nccl_logs", multiple=True, help="Also read this NCCL_DEBUG=INFO log (repeatable).")
 @click.option("--expect", "expects", multiple=True, metavar="K=V", help="Expected value of a variable (repeatable).")
+@click.option("--details", is_flag=True, help="Of many hosts: also each finding's evidence, the processes, "
+              "communicators and per-host lines (one host: always shown).")
 @json_option
 @strict_option
-def report(dirs, nccl_logs, expects, as_json, strict):
+def report(dirs, nccl_logs, expects, details, as_json, strict):
     """Per process and per communicator: what NCCL got, read and ran, from one or more log
     directories (several hosts' directories merge).
 
@@ -246,7 +253,7 @@ def report(dirs, nccl_logs, expects, as_json, strict):
     files = [d for d in dirs if os.path.exists(d) and not os.path.isdir(d)]  # `report nccl.log`: as --nccl-log
     from ncclprobe.commands import report as report_mod
     result = _guarded("report", as_json, report_mod.build_report, [d for d in dirs if d not in files],
-                      nccl_logs=[*nccl_logs, *files], expect=_assignments(expects, "--expect"))
+                      nccl_logs=[*nccl_logs, *files], expect=_assignments(expects, "--expect"), details=details)
     _emit(result, as_json, strict)
 
 

@@ -71,6 +71,7 @@ class Result:
     data: dict[str, Any] = field(default_factory=dict)
     doc: list[Node] = field(default_factory=list)
     code: int | None = None  # None: derived from findings
+    brief: bool = False  # findings without their evidence (a report of many hosts without --details)
 
     def exit_code(self, strict: bool = False) -> int:
         return self.code if self.code is not None else exit_code(self.findings, strict)

@@ -115,8 +115,18 @@ def render_json(result: Result, stream: TextIO | None = None) -> None:
     stream.write("\n")
 
 
+def answer_line(result: Result, code: int) -> str:
+    """The one-line answer a terminal shows last (so it is on screen when the command ends)."""
+    levels = [f.severity for f in result.findings]
+    counts = ", ".join(f"{levels.count(s)} {s}{'s' if levels.count(s) != 1 else ''}" for s in ("error", "warning", "info")
+                       if s in levels)
+    what = f"{len(levels)} cause{'s' if len(levels) != 1 else ''} ({counts})" if levels else "no findings"
+    return f"Answer: {what} · exit {code}"
+
+
 def render_text(result: Result, stream: TextIO | None = None, width: int | None = None,
-                color: bool | None = None) -> None:
+                color: bool | None = None, answer_code: int | None = None) -> None:
+    """answer_code: the exit status, to end with the one-line answer (a terminal's last line)."""
     con = console(stream, width, color)
     drawn = False
     for i, node in enumerate(result.doc):
@@ -129,6 +139,9 @@ def render_text(result: Result, stream: TextIO | None = None, width: int | None 
             _node(con, node)
     if not drawn:
         _findings(con, result)
+    if answer_code is not None:
+        con.print()
+        _out(con, _para(answer_line(result, answer_code), con.width, "bold"))
     con.file.finish()
 
 
@@ -294,13 +307,13 @@ def _findings(con: Console, result: Result) -> None:
             scope = scope_line(f)
             if scope:
                 lines += _para(f"    scope: {scope}", w)
-            for k, v in f.evidence.items():
-                if k in ("t", "merged") or k.endswith("_at") and isinstance(v, float):
+            for k, v in ({} if result.brief else f.evidence).items():
+                if k in ("t", "merged", "fleet") or k.endswith("_at") and isinstance(v, float):
                     continue  # unix times and per-instance evidence: in --json, not worth a line here
                 if isinstance(v, str) and len(v) > 12 and v in f.message:
                     continue  # already in the message
                 lines += _para(f"    {k}: {shorten_paths(_short(v))}", w)
-            if f.hint:
+            if f.hint and not result.brief:
                 lines += _para(f"    hint: {shorten_paths(f.hint)}", w, "green")
         _out(con, lines)
     elif result.command in DIAGNOSING and not result.data.get("incomplete") and \
@@ -319,24 +332,38 @@ def shorten_paths(text: str) -> str:
 
 
 def scope_line(f) -> str:
-    """Everything a finding covers, in one line: pids, ranks, communicators, hosts."""
+    """Everything a finding covers, in one line: pids, ranks, communicators, hosts. Over several hosts:
+    the outliers host → rank → pid; over more than three, how many are alike (the JSON names each)."""
     from ncclprobe.model import ranges
     insts = f.instances
     pids = sorted({i["pid"] for i in insts if isinstance(i.get("pid"), int)}) or list(f.pids)
+    ranks = sorted({i["rank"] for i in insts if isinstance(i.get("rank"), int)})
+    comms = sorted({str(i["comm"]) for i in insts if i.get("comm")})
+    comm = (("comm " if len(comms) == 1 else f"{len(comms)} comms: ") + ", ".join(comms[:3])
+            + ("…" if len(comms) > 3 else "")) if comms else ""
+    hosts = f.hosts
+    if len(hosts) > 3:  # a fleet: how many alike, not every pid of every host
+        parts = [f"{len(hosts)} hosts alike", f"{len(pids)} processes"]
+        if ranks:
+            parts.append(("rank " if len(ranks) == 1 else "ranks ") + ranges(ranks))
+        return " · ".join(parts + ([comm] if comm else []))
+    if len(hosts) > 1:
+        per_host = []
+        for h in hosts:
+            mine = [i for i in insts if i.get("host") == h]
+            hr = sorted({i["rank"] for i in mine if isinstance(i.get("rank"), int)})
+            hp = sorted({i["pid"] for i in mine if isinstance(i.get("pid"), int)})
+            rank = (("rank " if len(hr) == 1 else "ranks ") + ranges(hr) + " ") if hr else ""
+            per_host.append(f"{h}: {rank}({'pid' if len(hp) == 1 else 'pids'} {ranges(hp)})")
+        return " · ".join(["; ".join(per_host)] + ([comm] if comm else []))
     parts = []
     if pids:
-        parts.append(("pid " if len(pids) == 1 else "pids ") + (ranges(pids) if len(pids) > 8 else ", ".join(map(str, pids))))
-    ranks = sorted({i["rank"] for i in insts if isinstance(i.get("rank"), int)})
+        parts.append(("pid " if len(pids) == 1 else "pids ") + (ranges(pids) if len(pids) > 2 else ", ".join(map(str, pids))))
     if ranks and not (ranks == [0] and all(i.get("rank") in (0, None) for i in insts) and len(pids) == 1):
         parts.append(("rank " if len(ranks) == 1 else "ranks ") + ranges(ranks))
-    comms = sorted({str(i["comm"]) for i in insts if i.get("comm")})
-    if comms:
-        parts.append(("comm " if len(comms) == 1 else f"{len(comms)} comms: ") + ", ".join(comms[:3])
-                     + ("…" if len(comms) > 3 else ""))
-    hosts = f.hosts
-    if len(hosts) > 1:
-        parts.append(f"{len(hosts)} hosts: {', '.join(hosts[:3])}" + ("…" if len(hosts) > 3 else ""))
-    elif hosts:
+    if comm:
+        parts.append(comm)
+    if hosts:
         parts.append(f"host {hosts[0]}")
     return " · ".join(parts)
 

@@ -74,7 +74,16 @@ def test_ranks_divergent_one_finding_per_communicator():
     fs = inprocess.comm_ranks_divergent(m)
     assert codes(fs) == ["COMM_RANKS_DIVERGENT"]
     assert set(fs[0].evidence["values"]) == {"NCCL_ALGO", "NCCL_PROTO"}
-    assert fs[0].pids == (10, 11, 12)
+    # the odd rank alone is named (one finding per odd-rank set); the values say who holds what
+    assert fs[0].pids == (12,) and fs[0].evidence["odd_ranks"] == [2] and len(fs[0].evidence["odd_hosts"]) == 1
+
+
+def test_ranks_divergent_one_finding_per_odd_rank_set():
+    m = build([comm(10, 1.0, LL, rank=0, uid="u1"), comm(11, 1.0, LL, rank=1, uid="u1"),
+               comm(12, 1.0, {**LL, "NCCL_ALGO": "Tree"}, rank=2, uid="u1"),
+               comm(13, 1.0, {"NCCL_PROTO": "Simple"}, rank=3, uid="u1"), comm(14, 1.0, LL, rank=4, uid="u1")])
+    fs = inprocess.comm_ranks_divergent(m)
+    assert sorted(f.evidence["odd_ranks"] for f in fs) == [[2], [3]]
 
 
 def test_ranks_divergent_near_miss_other_communicator_or_debug_var():

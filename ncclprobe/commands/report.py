@@ -63,7 +63,7 @@ def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
 
 
 def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_view=None,
-                 run_id: str | None = None) -> Result:
+                 run_id: str | None = None, details: bool = False) -> Result:
     """The report of log directories (and NCCL logs); proc_view: a model holding a /proc view of the same
     job (the demo's live inspect), whose /proc witness joins the model before the rules run; run_id: only
     that run's part of them (`run`'s own report in a directory it shares with other runs)."""
@@ -72,9 +72,31 @@ def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_
         model_mod.add_proc_view(m, proc_view)
     findings = diagnose.rules(m, expect or {})
     v = verdict.for_model(m, findings, expect or {})
-    data = {**model_json(m), "verdict": v.to_json()}
-    doc = [*header_doc(m, [*dirs, *nccl_logs]), *verdictview.doc(v), FindingsHere(), *model_doc(m)]
-    return Result("report", findings=findings, data=data, doc=doc, code=v.code)
+    data = {**model_json(m), "verdict": v.to_json(), "fleet": fleet_json(m, findings)}
+    brief = data["fleet"]["hosts"] > 1 and not details  # many hosts: the answer, the rest behind --details
+    doc = [*header_doc(m, [*dirs, *nccl_logs], per_host=not brief), *verdictview.doc(v), FindingsHere()]
+    if brief:
+        doc.append(Text(f"Each finding's evidence and hint, the processes, communicators and per-host lines of "
+                        f"{data['fleet']['hosts']} hosts: --details; everything: --json.", "dim"))
+    else:
+        doc += model_doc(m)
+    return Result("report", findings=findings, data=data, doc=doc, code=v.code, brief=brief)
+
+
+def fleet_json(m: Model, findings) -> dict[str, Any]:
+    """What the report folded across hosts (diagnose/fleet): per finding, on how many hosts it was seen
+    and whether its instances were folded from several hosts alike; processes grouped by command and
+    witnesses, with how many hosts run each group."""
+    groups: dict[tuple, dict[str, Any]] = {}
+    for p in m.processes.values():
+        key = (_command(p), ",".join(sorted(p.sources)))
+        g = groups.setdefault(key, {"command": key[0], "witnesses": sorted(p.sources), "processes": 0, "hosts": set()})
+        g["processes"] += 1
+        g["hosts"].add(p.node)
+    return {"hosts": merged(m)["hosts"],
+            "findings": [{"code": f.code, "hosts": len(f.hosts), "alike": "fleet" in f.evidence}
+                         for f in findings],
+            "process_groups": [{**g, "hosts": len(g["hosts"])} for g in groups.values()]}
 
 
 def augment_inspection(result, m: Model, log_dirs, error: Unexaminable | None = None):
@@ -264,7 +286,7 @@ def merged(m: Model) -> dict[str, int]:
     return {"runs": len(m.runs), "hosts": len(hosts), "dirs": len(m.dirs)}
 
 
-def header_doc(m: Model, dirs, title: bool = True) -> list:
+def header_doc(m: Model, dirs, title: bool = True, per_host: bool = True) -> list:
     doc: list = []
     if title:
         names = list(map(str, dirs))
@@ -285,7 +307,7 @@ def header_doc(m: Model, dirs, title: bool = True) -> list:
         for note in run.get("notes", []):
             doc.append(Text(f"{who}: {note}", "note"))
         doc += [Text(line if who == "run" else f"{who}: {line}", "note") for line in injected_lines(run)]
-    for host, w in sorted(m.watch.items()):
+    for host, w in sorted(m.watch.items()) if per_host else ():
         doc.append(Text(watch_line(w, host if len(m.watch) > 1 else None), "dim"))
     for p in unseen_execs(m):
         doc.append(Text(unseen_exec_line(p), "warn"))
@@ -400,21 +422,28 @@ def model_doc(m: Model) -> list:
     procs = sorted(m.processes.values(), key=lambda p: (p.host, p.t_start or 0, p.pid))
     hosts = {p.node for p in procs}
     rows: dict[tuple, list] = {}
+    fold = len(hosts) > FOLD_HOSTS  # many hosts: one row per kind of process, with how many hosts run it
     for p in procs:
         ranks = sorted({c.rank for c in m.comms_of(p.host, p.pid, p.retired) if c.rank is not None})
-        key = (p.node if len(hosts) > 1 else "", p.ppid, _command(p),
+        key = ("" if fold else p.node if len(hosts) > 1 else "", None if fold else p.ppid, _command(p),
                ",".join(WITNESS_SHORT.get(s, s) for s in sorted(p.sources)), _ns_of(p))
-        rows.setdefault(key, [[], []])
+        rows.setdefault(key, [[], [], set()])
         rows[key][0].append(p.pid)
         rows[key][1].extend(ranks)
+        rows[key][2].add(p.node)
     table = []
-    for (host, ppid, cmd, sources, ns), (pids, ranks) in rows.items():
-        row = [_pids(pids) + ns, str(ppid or "?"), ranges(ranks) or "-", sources, cmd]
+    for (host, ppid, cmd, sources, ns), (pids, ranks, on) in rows.items():
+        if fold:
+            host = f"{len(on)} alike" if len(on) > 1 else next(iter(on))
+            row = [f"{len(pids)}" + ns, "-", ranges(ranks) or "-", sources, cmd]
+        else:
+            row = [_pids(pids) + ns, str(ppid or "?"), ranges(ranks) or "-", sources, cmd]
         table.append([host, *row] if len(hosts) > 1 else row)
-    cols = ["pid", "ppid", "ranks", "witnesses", "command"]
+    cols = ["processes" if fold else "pid", "ppid", "ranks", "witnesses", "command"]
+    host_col = "hosts" if fold else "host"
     used = {s for p in procs for s in p.sources}
     legend = ", ".join(f"{WITNESS_SHORT[k]} = {WITNESS_WORDS[k]}" for k in WITNESS_SHORT if k in used)
-    doc: list = [Title("Processes"), Table(["host", *cols] if len(hosts) > 1 else cols, table, compact=True)]
+    doc: list = [Title("Processes"), Table([host_col, *cols] if len(hosts) > 1 else cols, table, compact=True)]
     if legend:
         doc.append(Text(f"witnesses: {legend}", "dim"))
     doc.extend(_copies_doc(m, procs))
@@ -505,10 +534,15 @@ def _pids(pids: list[int]) -> str:
     return ", ".join(map(str, pids)) if len(pids) <= 4 else f"{len(pids)}: {ranges(pids)}"
 
 
+FOLD_HOSTS = 3  # more hosts than this: rows and blocks alike on several hosts are one (diagnose/fleet)
+
+
 def _comm_records(m: Model) -> list:
     """One block per communicator and tuning: its ranks that were created alike share it."""
+    from ncclprobe.diagnose import fleet
     blocks: dict[tuple, dict] = {}
     versions = lib_versions(m)
+    fold = len({c.host for c in m.comms}) > FOLD_HOSTS
     for c in sorted(m.comms, key=lambda c: (c.t, c.rank or 0)):
         lib = _lib_text(c, versions)
         held_now = (c.env_source or "").startswith("held now")
@@ -519,9 +553,12 @@ def _comm_records(m: Model) -> list:
                   ("NCCL read", _nccl_read(m, c)), ("ran", _realized(c)))
         if c.ras is not None:
             fields += (("RAS", ras_words(c)),)
-        key = (c.group or f"{c.host}:{c.pid}:{c.ident}", fields)
+        ident = c.group or f"{c.host}:{c.pid}:{c.ident}"
+        # many hosts: one block for the communicators alike on every host (replicas: one id each)
+        key = (fleet.alike(ident, (c.host,), (c.pid,)) if fold else ident, fields)
         b = blocks.setdefault(key, {"id": c.group or c.ident, "ranks": [], "pids": [], "hosts": set(),
-                                    "nranks": c.nranks, "name": c.comm_name})
+                                    "nranks": c.nranks, "name": c.comm_name, "ids": set()})
+        b["ids"].add(c.group or c.ident)
         if c.rank is not None:
             b["ranks"].append(c.rank)
         b["pids"].append(c.pid)
@@ -531,8 +568,13 @@ def _comm_records(m: Model) -> list:
         who = (f"rank{'s' if len(b['ranks']) > 1 else ''} {ranges(b['ranks'])} of {b['nranks']}"
                if b["ranks"] else "rank ?")
         where = f"pid {_pids(sorted(set(b['pids'])))}" + (f" on {len(b['hosts'])} hosts" if len(b["hosts"]) > 1 else "")
+        if fold and len(b["hosts"]) > 1:
+            where = f"{len(set(b['pids']))} processes on {len(b['hosts'])} hosts alike; --json names each"
         name = f" {b['name']}" if b["name"] else ""
-        items.append((f"{b['id']}{name}  {who}  ({where})", [(k, v) for k, v in fields]))
+        ids = f" (and {len(b['ids']) - 1} alike)" if len(b["ids"]) > 1 else ""
+        if len(b["ids"]) > 1:
+            who = f"{len(b['pids'])} ranks"
+        items.append((f"{b['id']}{ids}{name}  {who}  ({where})", [(k, v) for k, v in fields]))
     return items
 
 

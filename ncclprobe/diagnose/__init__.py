@@ -21,7 +21,8 @@ def rules(m, expect: dict[str, str] | None = None) -> list[Finding]:
     found += [*copies.multiple_libs(m), *copies.unhookable(m), *conf.conf_file_values(m),
               *visibility.env_unreadable(m), *nccltime.rules(m, expect), *health.comm_unhealthy(m)]
     found += rasenv.not_said(rasenv.comm_env_divergent(m, expect), found)
-    return aggregate(dedupe(found))
+    from ncclprobe.diagnose import fleet
+    return fleet.fold(aggregate(dedupe(found)))
 
 
 def _covers(f: Finding) -> set[tuple]:

@@ -9,7 +9,7 @@ from collections import defaultdict
 from ncclprobe.model import tuning
 from ncclprobe.diagnose.findings import Finding, at
 from ncclprobe.diagnose.propagation import net_writes
-from ncclprobe.model import CommView, Model, ProcessView
+from ncclprobe.model import CommView, Model, ProcessView, ranges
 
 # Variables that legitimately differ between processes or communicators, or only steer diagnostics.
 NOT_TUNING_PREFIXES = ("NCCL_DEBUG", "NCCLPROBE_", "NCCL_PROFILER_PLUGIN", "NCCL_ENV_PLUGIN",
@@ -111,7 +111,9 @@ def _realized(c: CommView) -> str:
 
 def comm_ranks_divergent(m: Model) -> list[Finding]:
     """Ranks of one communicator (same commHash or unique id) created with different tuning: one
-    finding per communicator, naming every variable that differs."""
+    finding per set of odd ranks (those whose value is not the most common one), naming the variables
+    they differ on; the communicators of one odd set fold into it (diagnose/aggregate)."""
+    from ncclprobe.diagnose.fleet import odd_ones
     out = []
     groups: dict[str, list[CommView]] = defaultdict(list)
     for c in m.comms:
@@ -120,29 +122,48 @@ def comm_ranks_divergent(m: Model) -> list[Finding]:
     for group, comms in groups.items():
         if len({(c.host, c.pid) for c in comms}) < 2:
             continue
-        diverging: dict[str, dict[str, list[str]]] = {}
+        by_odd: dict[frozenset, dict[str, dict[str, list]]] = {}
         for var in sorted({v for c in comms for v in c.env if is_tuning(v)}):
-            by_val: dict[str, list[str]] = defaultdict(list)
+            by_val: dict[str, list[CommView]] = defaultdict(list)
             for c in sorted(comms, key=lambda c: (c.rank is None, c.rank)):
-                by_val["unset" if c.env.get(var) is None else c.env[var]].append(f"rank {c.rank} (pid {c.pid})")
+                by_val["unset" if c.env.get(var) is None else c.env[var]].append(c)
             if len(by_val) > 1:
-                diverging[var] = dict(by_val)
-        if not diverging:
-            continue
-        parts = ["{}: {}".format(var, "; ".join(f"{val} on {len(who)} rank(s)" for val, who in vals.items()))
-                 for var, vals in diverging.items()]
-        # a communicator only RAS listed has no environment at creation: say it is what they hold now
+                odd, _ = odd_ones({var: by_val}, key=_who)
+                by_odd.setdefault(odd, {})[var] = dict(by_val)
         now = any((c.env_source or "").startswith("held now") for c in comms)
-        said = "hold different tuning now (their values at creation are unknown)" if now else \
-            "were created with different tuning"
-        out.append(Finding(
-            "COMM_RANKS_DIVERGENT", "error",
-            f"ranks of communicator {group} {said} — " + " | ".join(parts),
-            pids=tuple(sorted({c.pid for c in comms})), var=next(iter(diverging)) if len(diverging) == 1 else None,
-            vars=tuple(diverging) if len(diverging) > 1 else (), instances=tuple(_at(c) for c in comms),
-            evidence={"communicator": group, "values": diverging}, cause=group,
-            hint="give every rank the same NCCL_* environment: check the launcher that started the odd rank(s)"))
+        for odd, diverging in by_odd.items():
+            out.append(_ranks_divergent(group, comms, odd, diverging, now))
     return out
+
+
+def _who(c: CommView) -> tuple:
+    return (c.host, c.pid, c.rank)
+
+
+def _ranks_divergent(group: str, comms: list[CommView], odd: frozenset, diverging: dict, now: bool) -> Finding:
+    from ncclprobe.diagnose.fleet import odd_ones
+    odd_comms = sorted((c for c in comms if _who(c) in odd), key=lambda c: (c.host, c.rank is None, c.rank, c.pid))
+    _, said = odd_ones(diverging, key=_who)
+    hosts = sorted({c.host for c in odd_comms})
+    ranks = sorted({c.rank for c in odd_comms if c.rank is not None})
+    who = (f"rank(s) {ranges(ranks)} on {', '.join(hosts) if len(hosts) <= 3 else f'{len(hosts)} hosts'}"
+           if ranks else f"{len(odd_comms)} process(es)")
+    # a communicator only RAS listed has no environment at creation: say it is what they hold now
+    parts = [f"{var} {text}" for var, text in said.items()]
+    values = {var: {val: [f"rank {c.rank} (pid {c.pid})" for c in cs] for val, cs in vals.items()}
+              for var, vals in diverging.items()}
+    return Finding(
+        "COMM_RANKS_DIVERGENT", "error",
+        f"{who} of communicator {group} ({len(comms)} ranks seen) "
+        + ("hold different tuning now (their values at creation are unknown) from the others — " if now else
+           "were created with different tuning from the others — ") + " | ".join(parts),
+        pids=tuple(sorted({c.pid for c in odd_comms})), var=next(iter(diverging)) if len(diverging) == 1 else None,
+        vars=tuple(diverging) if len(diverging) > 1 else (), instances=tuple(_at(c) for c in odd_comms),
+        evidence={"communicator": group, "odd_ranks": ranks, "odd_hosts": hosts,
+                  "odd_pids": [{"host": c.host, "pid": c.pid, "rank": c.rank} for c in odd_comms],
+                  "values": values},
+        cause=(odd, tuple(sorted(said.items()))),
+        hint="give every rank the same NCCL_* environment: check the launcher that started the odd rank(s)")
 
 
 def algo_proto_mismatch(m: Model) -> list[Finding]:

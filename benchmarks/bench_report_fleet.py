@@ -1,0 +1,73 @@
+"""`report` of a fleet against a plain `json.loads` of every line of the same files, in the same run.
+
+The logs are benchmarks/fleetgen.py's: one job of --hosts hosts × 8 ranks (real demo lines rewritten),
+one directory per host. Prints the baseline, the report's time (load, rules, rendering) and their
+ratio; with --scale N also the report of N hosts and its time against the first.
+
+    python benchmarks/bench_report_fleet.py [--hosts 256] [--scale 1024] [--profile]
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fleetgen  # noqa: E402
+
+
+def baseline(dirs) -> tuple[float, int]:
+    t0, n = time.perf_counter(), 0
+    for d in dirs:
+        for f in sorted(Path(d).glob("*.jsonl")):
+            with open(f, "rb") as fh:
+                for line in fh:
+                    json.loads(line)
+                    n += 1
+    return time.perf_counter() - t0, n
+
+
+def report_time(dirs) -> float:
+    from ncclprobe import render
+    from ncclprobe.commands import report
+    t0 = time.perf_counter()
+    result = report.build_report([str(d) for d in dirs])
+    render.render_text(result, io.StringIO(), width=100, color=False)
+    return time.perf_counter() - t0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--hosts", type=int, default=256)
+    ap.add_argument("--scale", type=int, default=0, help="also this many hosts: their time against --hosts'")
+    ap.add_argument("--profile", action="store_true", help="cProfile the report (top 25 by cumulative time)")
+    a = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        dirs = fleetgen.job(Path(tmp) / "a", a.hosts)
+        report_time(dirs[:2])  # imports, once
+        base, lines = baseline(dirs)
+        if a.profile:
+            import cProfile
+            import pstats
+            prof = cProfile.Profile()
+            prof.enable()
+        t = report_time(dirs)
+        if a.profile:
+            prof.disable()
+            pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+        print(f"{a.hosts} hosts × 8 ranks: {lines} lines; json.loads {base:.2f} s; report {t:.2f} s; "
+              f"ratio {t / base:.2f} (budget 5)")
+        if a.scale:
+            big = fleetgen.job(Path(tmp) / "b", a.scale)
+            t2 = report_time(big)
+            print(f"{a.scale} hosts: report {t2:.2f} s; {t2 / t:.2f}× the {a.hosts}-host time "
+                  f"(hosts ×{a.scale / a.hosts:g}; budget 4.5×)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
