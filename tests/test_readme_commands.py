@@ -237,7 +237,7 @@ def _kill_session(proc: subprocess.Popen) -> None:
         pass
 
 
-def run_typed(cmd: Command, cwd: Path, work: Path) -> Ran:
+def run_typed(cmd: Command, cwd: Path, work: Path, extra_env: dict[str, str] | None = None) -> Ran:
     bin_dir, rec, tmp = work / "bin", work / "calls", work / "tmp"
     for d in (bin_dir, rec, tmp):
         d.mkdir()
@@ -249,6 +249,7 @@ def run_typed(cmd: Command, cwd: Path, work: Path) -> Ran:
     # this interpreter's own bin directory too (torchrun), as an activated environment has it
     env["PATH"] = os.pathsep.join([str(bin_dir), os.path.dirname(PY), env.get("PATH", "")])
     env["TMPDIR"] = str(tmp)  # run's fresh log directory, the C daemon's build: found here, removed with it
+    env.update(extra_env or {})
     proc = subprocess.Popen(["bash", "-c", cmd.text], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -290,13 +291,15 @@ def summary(doc: dict) -> str:
                      f"edge={(f.get('edge') or {}).get('kind')}" for f in doc.get("findings", [])) or "  (no findings)"
 
 
-def check(cmd: Command, ran: Ran) -> None:
+def check(cmd: Command, ran: Ran, mode: str | None = None) -> None:
     p = cmd.promise
     why = f"\n{cmd.id} as typed:\n{cmd.text}\noutput:\n{ran.output[-4000:]}"
     assert len(ran.calls) == 1, f"ncclprobe called {len(ran.calls)} times, not once{why}"
     (sub, rc, doc), = ran.calls
     why = f"\nfindings:\n{summary(doc)}{why}"
     assert rc == p.exit, f"exit {rc}, the README promises {p.exit}{why}"
+    if mode is not None:
+        assert [w.get("mode") for w in doc["watch"].values()] == [mode], f"{doc['watch']}{why}"
     codes = {f["code"] for f in doc["findings"]}
     assert p.codes <= codes, f"promised {sorted(p.codes)}{why}"
     errors = errors_on_var(doc)
@@ -330,6 +333,12 @@ def _xfail(cmd: Command, where: str) -> str | None:
     return next((why for (r, word, w), why in XFAIL.items() if (r, w) == (readme, where) and word in cmd.text), None)
 
 
+# run's watch: the kernel's process events where they are given (root, CAP_NET_ADMIN), else scans of
+# /proc; both are driven here (scans: NCCLPROBE_WATCH_KERNEL=0), so a root machine also tests what a
+# user without the kernel's events gets
+MODES = {"kernel": {}, "scan": {"NCCLPROBE_WATCH_KERNEL": "0"}}
+
+
 def _params() -> list:
     out = []
     for cmd in ALL:
@@ -339,20 +348,25 @@ def _params() -> list:
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
             if cmd.promise is not None and "torch" in cmd.promise.needs:
                 marks.append(pytest.mark.slow)  # three interpreters import torch: 3-8 s on two shared cores
-            out.append(pytest.param(cmd, cwd, id=f"{cmd.id}-from-{where}", marks=marks))
+            modes = list(MODES) if re.search(r"\bncclprobe run\b", cmd.text) else [None]
+            out += [pytest.param(cmd, cwd, mode, id=f"{cmd.id}-from-{where}" + (f"-{mode}" if mode else ""),
+                                 marks=marks) for mode in modes]
     return out
 
 
-@pytest.mark.parametrize("cmd, cwd", _params())
-def test_command_gives_its_promise(tmp_path, cmd, cwd):
+@pytest.mark.parametrize("cmd, cwd, mode", _params())
+def test_command_gives_its_promise(tmp_path, cmd, cwd, mode):
     if cmd.promise is None:
         assert cmd.readme == ROOT / "README.md", f"{cmd.id}: the block states no 'Expected:' promise"
         pytest.skip("README.md states no promise for this command (the text it needs is in the s5-typed report)")
     if not cwds(cmd):
         pytest.fail(f"{cmd.id}: its paths resolve neither from the repository root nor from examples/")
-    for need in cmd.promise.needs:
+    needs = [n for n in cmd.promise.needs if n != "kernel events"] + ["kernel events"] * (mode == "kernel")
+    if mode == "scan" and "kernel events" in cmd.promise.needs:
+        pytest.skip("its README says it needs the kernel's process events; this is the scan mode")
+    for need in needs:
         lacking = _lacks(need)
         if lacking:
             pytest.skip(lacking)
     assert cmd.promise.exit is not None, f"{cmd.id}: the README's Expected: says no exit code ('exits N')"
-    check(cmd, run_typed(cmd, cwd, tmp_path))
+    check(cmd, run_typed(cmd, cwd, tmp_path, MODES.get(mode)), mode)
