@@ -16,6 +16,9 @@ Every case runs in a session of its own; whatever of that session is still alive
 killed, by pid, and reported (test_case_leaves_nothing_running).
 
 The torchrun cases are marked slow: 3-8 s each on two shared cores (three interpreters import torch).
+
+The examples' README commands exactly as typed (no --hold, workers that live a few milliseconds):
+tests/test_readme_commands.py.
 """
 from __future__ import annotations
 
@@ -435,67 +438,3 @@ def test_case_leaves_nothing_running(case, drive, outcome):
     """Released and reaped: nothing of the case's session outlives it."""
     o = outcome(case, drive)
     assert o.leftover == [], o.why()
-
-
-# -- as the README types it ---------------------------------------------------------------------------
-def _readme_command(example: str) -> str:
-    """The `ncclprobe run` line of an example's README, as a user would paste it."""
-    text = (EXAMPLES / example / "README.md").read_text()
-    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
-    (line,) = [w for w in block.splitlines() if "ncclprobe run" in w]
-    return line
-
-
-def _kernel_events() -> str | None:
-    """Why run's watch cannot follow the kernel's process events here (None: it can)."""
-    from ncclprobe.witnesses.kernelevents import Listener
-    lst = Listener()
-    lst.close()
-    return lst.refused
-
-
-# (example, variant as main.py takes it, exit code, the edge the README promises, needs the kernel's events)
-TYPED = [
-    ("subprocess_env", "fail", 1, None, False),  # the curated worker kept PYTHONPATH: run's boot probe records it
-    ("subprocess_env", "ok", 0, None, False),
-    ("subprocess_env", "fail-nopythonpath", 1, None, True),  # no probe inside: only a read at its exec sees it
-    ("c_daemon", "fail", 1, "dropped_by_intermediate", True),
-    ("c_daemon", "ok", 0, None, True),
-]
-
-
-@pytest.mark.parametrize("example, variant, rc, edge, kernel", TYPED,
-                         ids=[f"{e}-{v}" for e, v, *_ in TYPED])
-def test_examples_typed_as_their_readme_gives_them(tmp_path, example, variant, rc, edge, kernel):
-    """No --hold: the workers live a few milliseconds, less than a /proc scan. Where no probe runs inside
-    them (an allow-list dropped PYTHONPATH), run's watch reads each at its exec from the kernel's process
-    events; the verdict names exactly the workers that lack the value, with the README's edge, and the
-    exit code says so. The healthy variants exit 0."""
-    if kernel and _kernel_events() is not None:
-        pytest.skip(f"the kernel's process events: {_kernel_events()}")
-    bin_dir = tmp_path / "bin"  # `python` and `ncclprobe` as the README names them: this interpreter's
-    bin_dir.mkdir()
-    (bin_dir / "python").symlink_to(PY)
-    shim = bin_dir / "ncclprobe"
-    shim.write_text(f'#!/bin/sh\nexec "{PY}" -m ncclprobe "$@"\n')
-    shim.chmod(0o755)
-    command = (_readme_command(example).replace("main.py fail", f"main.py {variant}")
-               .replace("ncclprobe run", "ncclprobe run --json"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("NCCL_", "NCCLPROBE_"))}
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    res = subprocess.run(["bash", "-c", command], cwd=EXAMPLES.parent, env=env, capture_output=True,
-                         text=True, timeout=120)
-    truth = {}  # the workers' own word: "[worker pid P, parent Q] NCCL_PROTO=V"
-    for line in res.stderr.splitlines() + res.stdout.splitlines():
-        if line.startswith("[worker pid "):
-            words = line.replace(",", " ").replace("]", " ").split()
-            truth[int(words[2])] = line.rsplit("=", 1)[1]
-    assert len(truth) == 2, res.stdout[-2000:] + res.stderr[-2000:]
-    doc = _json(res.stdout[res.stdout.index("{"):], "run --json")
-    assert res.returncode == rc, summary(doc) + res.stderr[-3000:]
-    bad = {pid for pid, value in truth.items() if value != WANT}
-    assert flagged(doc) == bad, summary(doc)
-    if edge is not None:
-        assert {f["edge"]["kind"] for f in errors_on_var(doc)} == {edge}, summary(doc)
-    if kernel:
-        assert [w.get("mode") for w in doc["watch"].values()] == ["kernel"], doc["watch"]
