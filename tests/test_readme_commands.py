@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from rundirs import run_meta
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -274,7 +275,7 @@ def _json_of(sub: str, inspect_json: Path, tmp: Path) -> dict:
         return {}
     dirs = sorted(tmp.glob("ncclprobe-*"))
     assert len(dirs) == 1, f"one fresh log directory of run: {dirs}"
-    expect = json.loads((dirs[0] / "run.json").read_text())["expect"]  # what run was given, as it checked it
+    expect = run_meta(dirs[0])["expect"]  # what run was given, as it checked it
     res = subprocess.run([PY, "-m", "ncclprobe", "report", "--json", *[f"--expect={k}={v}" for k, v in expect.items()],
                           str(dirs[0])], capture_output=True, text=True, timeout=120)
     return json.loads(res.stdout)
@@ -318,14 +319,7 @@ def check(cmd: Command, ran: Ran, mode: str | None = None) -> None:
 # -- the tests ------------------------------------------------------------------------------------------
 # Causes that belong to other items of issue 23, each strict: fixed there, the mark must go.
 # (the README, a word of the command, where it runs from): why it fails today
-XFAIL = {
-    ("examples/bash_prefix/README.md", "bash_prefix/fail_unexported.sh", "root"):
-        "issue 23 item 4 (s5-scripts): a script by a relative path, after `cd examples`, is not read: "
-        "ENV_MISSING at the root instead of SHELL_PREFIX_SCOPE",
-    ("examples/torchrun_wrapper/README.md", "examples/torchrun_wrapper/fail.sh", "root"):
-        "issue 23 item 4 (s5-scripts): torchrun --no-python's script by a relative path is not read: "
-        "ENV_MISSING at the root instead of SHELL_PREFIX_SCOPE",
-}
+XFAIL: dict[tuple[str, str, str], str] = {}  # (README, a word of the command, where it runs): why it fails
 
 
 def _xfail(cmd: Command, where: str) -> str | None:
@@ -358,7 +352,7 @@ def _params() -> list:
 def test_command_gives_its_promise(tmp_path, cmd, cwd, mode):
     if cmd.promise is None:
         assert cmd.readme == ROOT / "README.md", f"{cmd.id}: the block states no 'Expected:' promise"
-        pytest.skip("README.md states no promise for this command (the text it needs is in the s5-typed report)")
+        pytest.skip("README.md states no result for this command (an install, or placeholders for your own job)")
     if not cwds(cmd):
         pytest.fail(f"{cmd.id}: its paths resolve neither from the repository root nor from examples/")
     needs = [n for n in cmd.promise.needs if n != "kernel events"] + ["kernel events"] * (mode == "kernel")
