@@ -262,18 +262,21 @@ typedef int (*spawn_fn)(pid_t*, const char*, const posix_spawn_file_actions_t*, 
 static const char* direct(const char* path) { return path && strchr(path, '/') ? path : NULL; }
 static const char* absolute(const char* path) { return path && path[0] == '/' ? path : NULL; }
 
-/* The exec, recorded before (it does not come back when it works) and again, with rc, when it failed. */
-#define EXEC_CALL(e, call_expr)             \
-  do {                                      \
-    int outer_ = !tl_in_spawn;              \
-    if (outer_) record(&(e), 0, 0);         \
-    tl_in_spawn++;                          \
-    int r_ = (call_expr);                   \
-    tl_in_spawn--;                          \
-    int err_ = errno;                       \
-    if (outer_) record(&(e), 0, err_ ? err_ : -1); \
-    errno = err_;                           \
-    return r_;                              \
+/* The exec, recorded before (it does not come back when it works) and again, with rc, when it failed.
+ * The nesting mark is kept only by a process with its writer: a vfork child shares its parent's memory
+ * (thread-locals included) and an exec that works never comes back to undo it. */
+#define EXEC_CALL(e, call_expr)                      \
+  do {                                               \
+    int outer_ = !tl_in_spawn;                       \
+    int mark_ = outer_ && np_writer_running();       \
+    if (outer_) record(&(e), 0, 0);                  \
+    if (mark_) tl_in_spawn++;                        \
+    int r_ = (call_expr);                            \
+    if (mark_) tl_in_spawn--;                        \
+    int err_ = errno;                                \
+    if (outer_) record(&(e), 0, err_ ? err_ : -1);   \
+    errno = err_;                                    \
+    return r_;                                       \
   } while (0)
 
 NP_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
