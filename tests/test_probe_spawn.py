@@ -124,3 +124,13 @@ def test_the_hints_are_the_boot_probes():
     assert tuple(c) == boot
     lens = [int(x) for x in re.search(r"hint_len\[\] = \{(.*?)\};", src, re.S).group(1).replace("\n", "").split(",")]
     assert lens == [len(h) for h in boot]
+
+
+def test_the_quick_filter_passes_every_watched_name(built):
+    """spawn.c skips an entry on its first two characters: every watched name and prefix starts with a pair it
+    lets through."""
+    src = (ROOT / "probes" / "ncclprobe" / "spawn.c").read_text()
+    pairs = {a + b for a, b in re.findall(r"case '(\w)': return b == '(\w)';", src)}
+    from ncclprobe.model import watched
+    names = [*watched.WATCHED_PREFIXES, *watched.WATCHED_NAMES]
+    assert names and all(n[:2] in pairs for n in names)

@@ -120,6 +120,21 @@ static void jb_argv(np_jb* jb, char* const* argv) {
   if (dropped) jb_ll(jb, "argv_dropped", dropped);
 }
 
+/* Whether a variable starting with a, b may be watched (np_watched's names and prefixes start with these
+ * pairs): most entries of a large environment are passed over without finding their '='. */
+static int may_be_watched(char a, char b) {
+  switch (a) {
+    case 'N': return b == 'C';
+    case 'T': return b == 'O';
+    case 'C': return b == 'U';
+    case 'L': return b == 'D';
+    case 'P': return b == 'Y';
+    case 'S': return b == 'G';
+    case 'V': return b == 'L';
+    default: return 0;
+  }
+}
+
 /* ,"env":{watched of envp},"env_count":N: envp is the caller's array, read once each. */
 static void jb_envp(np_jb* jb, char* const* envp) {
   size_t cap = jb->cap, mark = jb->len;
@@ -131,6 +146,7 @@ static void jb_envp(np_jb* jb, char* const* envp) {
   for (size_t i = 0; envp && envp[i]; i++) {
     const char* s = envp[i];
     count++;
+    if (!may_be_watched(s[0], s[0] ? s[1] : 0)) continue;
     const char* eq = strchr(s, '=');
     if (!eq || !np_watched(s, (size_t)(eq - s)) || jb->full) continue;
     size_t before = jb->len, nlen = (size_t)(eq - s), vlen = strnlen(eq + 1, NP_VALUE_MAX + 1);

@@ -4,7 +4,9 @@
  *   spawn_driver VARIANT          one call of it (execve, execv, ..., posix_spawnp, fork_exec, vfork_exec)
  *   spawn_driver fail             execve and posix_spawn of a missing file
  *   spawn_driver threads T K      T threads, each K times fork + execve
- *   spawn_driver bench N VARS     N vfork + execve of /bin/true with VARS extra variables: microseconds each */
+ *   spawn_driver bench N VARS     N vfork + execve of /bin/true with VARS extra variables: microseconds each
+ *   spawn_driver cost N VARS      N execve of a missing file in this process (the call's own cost, no fork):
+ *                                 microseconds each */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -99,7 +101,7 @@ static int threads(int t, int k) {
   return 0;
 }
 
-static int bench(int n, int vars) {
+static int bench(int n, int vars, int cost) {
   /* room for a 200k-variable environment: the kernel lets exec take a quarter of the stack limit (6 MiB at most) */
   struct rlimit rl = {64 << 20, 64 << 20};
   setrlimit(RLIMIT_STACK, &rl);
@@ -113,7 +115,8 @@ static int bench(int n, int vars) {
   char* a[] = {"/bin/true", NULL};
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i < n && cost; i++) execve("/nonexistent/prog", a, env);
+  for (int i = 0; i < n && !cost; i++) {
     pid_t pid = vfork();
     if (pid == 0) {
       execve("/bin/true", a, env);
@@ -136,6 +139,6 @@ int main(int argc, char** argv) {
   envp[4] = getenv("NCCLPROBE_DIR") ? getenv("NCCLPROBE_DIR") - strlen("NCCLPROBE_DIR=") : NULL;
   if (!strcmp(argv[1], "fail")) return fail();
   if (!strcmp(argv[1], "threads")) return threads(atoi(argv[2]), atoi(argv[3]));
-  if (!strcmp(argv[1], "bench")) return bench(atoi(argv[2]), atoi(argv[3]));
+  if (!strcmp(argv[1], "bench") || !strcmp(argv[1], "cost")) return bench(atoi(argv[2]), atoi(argv[3]), argv[1][0] == 'c');
   return one(argv[1]);
 }
