@@ -134,3 +134,21 @@ def test_the_quick_filter_passes_every_watched_name(built):
     from ncclprobe.model import watched
     names = [*watched.WATCHED_PREFIXES, *watched.WATCHED_NAMES]
     assert names and all(n[:2] in pairs for n in names)
+
+
+@pytest.mark.parametrize("how", ["fork_exec", "vfork_exec"])
+def test_run_names_what_a_native_child_was_execed_with(built, tmp_path, how):
+    """End to end: `ncclprobe run` with the library it builds; the driver's child is exec'd with NCCL_PROTO=LL
+    against an expected Simple, and lives a few milliseconds."""
+    import json
+    import subprocess
+    env = ps.probe_env(None, NCCL_PROTO="Simple")
+    r = subprocess.run([sys.executable, "-m", "ncclprobe", "run", "--json", "--dir", str(tmp_path / "run"),
+                        "--expect", "NCCL_PROTO=Simple", "--", str(built["driver"]), how],
+                       env=env, capture_output=True, text=True, timeout=120)
+    child = int(r.stderr.rsplit("child=", 1)[1]) if "child=" in r.stderr else int(r.stdout.rsplit("child=", 1)[1])
+    assert r.returncode == 1, r.stderr
+    out = json.loads(r.stdout[:r.stdout.rindex("}") + 1] if r.stdout.lstrip().startswith("{") else r.stdout)
+    assert any(f["code"] == "ENV_CHANGED" and child in f["pids"] for f in out["findings"])
+    lines = [json.loads(x) for p in (tmp_path / "run").glob("*.jsonl") for x in p.read_text().splitlines()]
+    assert [e["pid"] for e in lines if e["ev"] == "spawn"] == [child]
