@@ -152,3 +152,13 @@ def test_run_names_what_a_native_child_was_execed_with(built, tmp_path, how):
     assert any(f["code"] == "ENV_CHANGED" and child in f["pids"] for f in out["findings"])
     lines = [json.loads(x) for p in (tmp_path / "run").glob("*.jsonl") for x in p.read_text().splitlines()]
     assert [e["pid"] for e in lines if e["ev"] == "spawn"] == [child]
+
+
+def test_a_python_interpreter_leaves_its_edges_to_the_boot_probe(built, tmp_path):
+    """A Python process (Py_IsInitialized defined) writes no native spawn line: the boot probe records its
+    edges with file:line, and one exec would otherwise stand twice."""
+    log = logdir(tmp_path)
+    r = ps.run([sys.executable, "-S", "-c", "import os, subprocess; subprocess.run(['/bin/true']); "
+                "os.execv('/bin/true', ['true'])"], ps.probe_env(log, built["lib"]))
+    assert r.returncode == 0, r.stderr
+    assert spawns(log) == []

@@ -36,6 +36,10 @@ extern char** environ;
 #define NP_ARGV_SCAN 16384 /* the boot probe's ARGV_SCAN: characters of argv read */
 #define NP_SPAWN_LINE 8192
 
+/* This process is a Python interpreter (the program or a loaded libpython defines Py_IsInitialized): its
+ * edges are the boot probe's, with file:line (its records name the Python call; a second, native record of
+ * the same exec would stand for it without them). Such a process writes no native spawn line. */
+static int g_python;
 static __thread int tl_in_spawn; /* a real exec/spawn that reaches another hooked one: recorded once */
 
 /* ---------------------------------------------------------------- async-signal-safe pieces */
@@ -216,6 +220,7 @@ static void child_begin(np_jb* jb) {
 }
 
 static void record(const struct edge* e, long long child, int rc) {
+  if (g_python) return;
   int saved = errno;
   char buf[NP_SPAWN_LINE];
   np_jb jb;
@@ -238,6 +243,7 @@ static void record(const struct edge* e, long long child, int rc) {
 
 /* posix_spawn* start a process without a fork of this one: always in a normal context. */
 static void record_spawn(const struct edge* e, long long child, int rc) {
+  if (g_python) return;
   int saved = errno;
   if (np_log_enabled()) {
     char buf[NP_SPAWN_LINE];
@@ -261,6 +267,7 @@ static void* g_real[R_N];
 
 __attribute__((constructor)) static void resolve_real(void) {
   int saved = errno;
+  g_python = dlsym(RTLD_DEFAULT, "Py_IsInitialized") != NULL;
   for (int i = 0; i < R_N; i++) __atomic_store_n(&g_real[i], dlsym(RTLD_NEXT, real_name[i]), __ATOMIC_RELEASE);
   errno = saved;
 }
