@@ -77,7 +77,7 @@ def test_a_short_lived_curated_env_worker_is_named_with_its_edge_in_scan_mode(tm
     if how == "posix_spawn":  # what the call returned is what ran
         assert int((tmp_path / "worker.pid.returned").read_text()) == worker
     # the record itself: the watched part of what was passed, no other name
-    (rec,) = [e for e in events(tmp_path / "logs", "spawn") if e.get("where", "").endswith("parent.py:%d" % _line(
+    (rec,) = [e for e in events(tmp_path / "logs", "spawn") if (e.get("where") or "").endswith("parent.py:%d" % _line(
         script.lstrip()))]
     assert rec["env"] == {} and rec["env_count"] == 1 and "PATH" not in json.dumps(rec["env"])
 

@@ -403,3 +403,59 @@ void np_file_forget_in_child(void) {
 }
 
 int np_file_refused(void) { return g_refused; }
+
+/* A fork or vfork child's own line (spawn.c), written async-signal-safely: no malloc, no stdio, no lock,
+ * no global written (a vfork child shares them with its parent). The directory is the one this process
+ * kept, if fstat proves it still is (else NCCLPROBE_DIR, checked as log_dir_fd checks it, never created);
+ * the file is this pid's, created O_EXCL or re-opened only as a private regular file of ours, O_NONBLOCK
+ * and O_NOFOLLOW; one write(), then closed. Returns 1 when the whole line was written. */
+int np_file_child_write(const char* line, size_t n) {
+  struct stat st;
+  int dfd = g_dirfd, own = 0;
+  if (!same_file(dfd, g_ddev, g_dino, &st)) {
+    const char* dir = g_refused ? NULL : getenv("NCCLPROBE_DIR");
+    if (!dir || !*dir || (dfd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) return 0;
+    own = 1;
+    char real[PATH_MAX], link[32] = "/proc/self/fd/";
+    size_t l = 14;
+    char d[12];
+    int k = 0;
+    for (unsigned u = (unsigned)dfd; k == 0 || u; u /= 10) d[k++] = (char)('0' + u % 10);
+    while (k) link[l++] = d[--k];
+    link[l] = 0;
+    ssize_t r;
+    if (fstat(dfd, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() || (st.st_mode & 022) ||
+        (st.st_uid == 0 && ((r = readlink(link, real, sizeof real - 1)) <= 0 || (real[r] = 0, system_dir(real))))) {
+      close(dfd);
+      return 0;
+    }
+  }
+  char name[300], host[256];
+  size_t l = 0;
+  if (g_safe[0]) {
+    l = strlen(g_safe);
+    memcpy(name, g_safe, l);
+  } else {
+    if (gethostname(host, sizeof host - 1) != 0) memcpy(host, "unknown", 8);
+    host[sizeof host - 1] = 0;
+    for (; host[l] && l < 255; l++) name[l] = host[l] == '/' ? '_' : host[l];
+  }
+  name[l++] = '-';
+  char d[12];
+  int k = 0;
+  for (unsigned u = (unsigned)getpid(); k == 0 || u; u /= 10) d[k++] = (char)('0' + u % 10);
+  while (k) name[l++] = d[--k];
+  memcpy(name + l, ".jsonl", 7);
+  const int flags = O_WRONLY | O_APPEND | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
+  int fd = openat(dfd, name, flags | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 && errno == EEXIST) fd = openat(dfd, name, flags);
+  int ok = 0;
+  if (fd >= 0) {
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() && !(st.st_mode & 077) &&
+        (unsigned long long)st.st_size + n <= g_max_bytes - NP_BUDGET_MARGIN)
+      ok = write(fd, line, n) == (ssize_t)n;
+    close(fd);
+  }
+  if (own) close(dfd);
+  return ok;
+}

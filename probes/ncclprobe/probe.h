@@ -106,6 +106,9 @@ int np_file_has_dir(void);
 int np_file_write(char* line, size_t n, const char* src, unsigned long long* dropped);
 void np_file_close(void);
 void np_file_forget_in_child(void); /* async-signal-safe */
+/* A fork or vfork child's line, written by itself into its own file (async-signal-safe; spawn.c). */
+int np_file_child_write(const char* line, size_t n);
+int np_writer_running(void); /* this process has its writer thread (writer.c) */
 
 /* ---------------------------------------------------------------- loaded NCCL libraries (libs.c) */
 typedef struct {

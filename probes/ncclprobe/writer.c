@@ -328,6 +328,9 @@ int np_log_enabled(void) {
   return on;
 }
 
+/* This process has its own writer thread (not a fork or vfork child about to exec: spawn.c). */
+int np_writer_running(void) { return __atomic_load_n(&g_writer, __ATOMIC_ACQUIRE) == getpid(); }
+
 int np_log_active(void) {
   int st = state();
   return (st == ST_OPEN || st == ST_OPENING) && __atomic_load_n(&g_owner, __ATOMIC_ACQUIRE) == getpid();
