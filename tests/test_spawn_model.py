@@ -136,4 +136,20 @@ def test_a_native_exec_record_of_an_unprobed_fork_child_is_its_edge():
     assert p.ppid == 5 and p.started_by.exec and p.started_by.witnesses == {"preload"}
     [f] = errors(diagnose.rules(m, EXPECT))
     assert f.pids == (20,) and f.edge["kind"] == "curated_env" and f.edge["spawn"]["call"] == "execve"
-    assert f.message.startswith("execve in pid 20 started `_worker.py` with env={1 variable}: NCCL_PROTO not passed")
+    assert f.message.startswith("execve in a fork of pid 5 started `_worker.py` with env={1 variable}: "
+                                "NCCL_PROTO not passed") and "pid 5 (daemon) had it" in f.message
+    assert "env= mapping" not in f.hint and "add NCCL_PROTO to the variables it passes on" in f.hint
+
+
+def test_a_native_exec_that_failed_is_taken_back():
+    # the preload writes an exec's line before the call (a successful exec never returns) and, when the call
+    # returns, a second line with its errno: the process stays what it was, and nothing blames the exec
+    before = spawn(1, 1.0, None, {}, src="preload", call="execve", where=None, count=1)
+    failed = spawn(1, 1.001, None, {}, src="preload", call="execve", where=None, count=1, rc=2)
+    m = build([start(1, 0, LL, argv=["python", "main.py"]), before, failed])
+    p = m.processes[(H, 1)]
+    assert not p.spawned and p.started_by is None and not p.exec_after_boot and p.argv == ["python", "main.py"]
+    assert errors(diagnose.rules(m, EXPECT)) == []
+    # the record alone (the exec happened) is the edge, as before
+    m = build([start(1, 0, LL, argv=["python", "main.py"]), before])
+    assert m.processes[(H, 1)].started_by.exec and errors(diagnose.rules(m, EXPECT))

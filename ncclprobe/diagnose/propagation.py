@@ -384,6 +384,39 @@ def spawn_json(s: SpawnEdge) -> dict[str, Any]:
             "exec": s.exec, "env_given": s.env_given, "env_count": s.env_count, "witnesses": sorted(s.witnesses)}
 
 
+def _own_envp(m: Model, x: ProcessView, sp: SpawnEdge | None) -> bool:
+    """Whether the call that started x (or that x exec'd) passed an environment its caller built itself. A
+    shell always passes one (its exported variables; the native probe sees an envp that is not environ):
+    that is a shell's inheritance, whose rules (export, prefixes, `env -i` in its script) are read from the
+    script, not a curated environment."""
+    if sp is None or not sp.env_given:
+        return False
+    if sp.where:  # Python: env= was given
+        return True
+    caller = x.images[-1] if sp.exec and x.images else None
+    if caller is None:  # the fork child exec'd before any witness saw its image: its parent's
+        parent = m.processes.get((x.host, x.ppid)) if sp.exec else m.processes.get((x.host, sp.parent))
+        caller = parent.argv if parent is not None else None
+    return not (caller and caller[0].rsplit("/", 1)[-1] in SHELLS)
+
+
+def _exec_caller(k: Knowledge, x: ProcessView, sp: SpawnEdge | None, var: str, target: str | None
+                 ) -> ProcessView | None:
+    """Who lost var where x exec'd with an environment of its own that lacked it (os.execve, execve's
+    envp): x itself, or, for a fork child that exec'd at once (a C daemon's fork+execve), its parent's
+    program, which made the call, provided it had the value then (else the loss is further up)."""
+    if sp is None or not sp.exec or sp.env is None or _get(sp.env, var) == target or not _own_envp(k.m, x, sp):
+        return None
+    if sp.forked_from is None or x.images:
+        return x
+    parent = k.m.processes.get((x.host, sp.forked_from))
+    ptl = k.timeline(parent) if parent is not None else None
+    s = start_of(x)
+    if ptl is None or s is None or _get(ptl.at(s - TICK_S), var) != target:
+        return None
+    return parent
+
+
 def _spawn_of(parent: ProcessView, x: ProcessView) -> SpawnEdge | None:
     """The record of the call by which parent started x (or x exec'd), where a probe in it made one."""
     edge = x.started_by
@@ -410,9 +443,9 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
             return Edge("overwritten_in_child", var, x, [x], w.where, w.t, w.old, w.new, k.via(x),
                         witnesses=tl.witnesses, written_after=getattr(w, "after", None))
         sp = x.started_by
-        if sp is not None and sp.exec and sp.env_given and sp.env is not None and _get(sp.env, var) != target:
-            # it exec'd with an environment of its own that lacked it (os.execve, execve's envp)
-            return Edge("curated_env", var, x, [x], via="exec", launcher=_launcher(k, "curated_env", [x]),
+        caller = _exec_caller(k, x, sp, var, target)
+        if caller is not None:
+            return Edge("curated_env", var, caller, [x], via="exec", launcher=_launcher(k, "curated_env", [x]),
                         witnesses=tl.witnesses + ("edge",), spawn=sp)
         pit = _pitfall(m, x, e, var)
         if pit is not None and pit["kind"] in FILTERS:  # `env -i` (script.sh:3) started x: what it kept, x got
@@ -451,7 +484,9 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
         late = [w for w in ptl.writes if w.var == var and w.new == target and early is not None and w.t > early]
         if _get(ptl.at(early), var) == target:  # the parent had it when x started
             spawn = _spawn_of(parent, x)
-            kind = ("curated_env" if is_python(parent) or is_shell(parent) or (spawn and spawn.env_given)
+            if spawn is not None and not _own_envp(m, x, spawn):
+                spawn = None  # a shell's exported environment: its own rules say what it passed
+            kind = ("curated_env" if is_python(parent) or is_shell(parent) or spawn is not None
                     else "dropped_by_intermediate")
             wrap = _pitfall(m, parent, e, var)  # the parent is a wrapper a script ran (sudo, su -): its line
             if wrap is not None and wrap["kind"] in FILTERS:
@@ -558,9 +593,15 @@ def _hint(edge: Edge, items: dict[str, tuple]) -> str:
         return (f"set {value} before `{child}` is started{at_}: a process copies its parent's environment when it "
                 "starts, and later writes in the parent never reach it")
     if kind == "curated_env" and edge.spawn is not None and edge.spawn.env_given:
-        return (f"{edge.spawn.call or 'the call'} at {edge.spawn.site} passes its own environment "
-                f"({edge.spawn.env_text()}) to `{child}`: add {value} to that env= mapping, or pass "
-                f"env={{**os.environ, ...}} so it inherits the operator's settings")
+        sp = edge.spawn
+        if sp.where:  # Python: the call's own env= mapping
+            return (f"{sp.call or 'the call'} at {sp.site} passes its own environment ({sp.env_text()}) to "
+                    f"`{child}`: add {value} to that env= mapping, or pass env={{**os.environ, ...}} so it "
+                    "inherits the operator's settings")
+        # native: the envp a C/C++ program built (its source or its configuration says which names it keeps)
+        return (f"the program that called {sp.call or 'exec'} ({sp.site}) built the environment of `{child}` "
+                f"itself ({sp.env_text()}): add {var} to the variables it passes on (its configuration or "
+                f"source), or start it with a launcher option that forwards {var}")
     if kind == "curated_env":
         if edge.parent is None:
             return f"something in CMD's command line starts `{child}` without {var}: forward {value} there"

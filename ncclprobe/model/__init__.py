@@ -69,12 +69,20 @@ class SpawnEdge:
     exec: bool
     t: float
     witnesses: set[str] = field(default_factory=set)
+    # an exec's record comes before the call (a successful one never returns): what the process was before
+    # it, so a later record of the same call's failure (rc) puts it back
+    undo: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    forked_from: int | None = None  # a native exec in a fork child: the process it is a fork of (the caller's program)
 
     @property
     def site(self) -> str:
         """How a report names the call: `main.py:37` (pid P), or the call and pid where no file is known."""
         where = (self.where or "").rsplit("/", 1)[-1]
-        return f"`{where}` (pid {self.parent})" if where else f"{self.call or 'a call'} in pid {self.parent}"
+        if where:
+            return f"`{where}` (pid {self.parent})"
+        if self.exec and self.forked_from is not None:
+            return f"{self.call or 'exec'} in a fork of pid {self.forked_from}"
+        return f"{self.call or 'a call'} in pid {self.parent}"
 
     def env_text(self) -> str:
         """The environment it passed, as a report says it (names of variables outside the watched set never)."""

@@ -111,6 +111,15 @@ class _Build:
         self.m._indexed = (None, 0)
         fresh = self.m.processes[(proc.host, proc.pid)] = ProcessView(proc.host, proc.pid)
         fresh.ns_pid, fresh.pidns = proc.ns_pid, proc.pidns
+        last = proc.spawned[-1] if proc.spawned else None
+        if last is not None and last.exec and last.undo is not None and last.t >= float(start) - REUSE_S:
+            # the native record of an exec written by the new process before it exec'd (no start of its
+            # own, so it went to the pid's earlier process): it is the new one's start
+            _take_back(proc)
+            fresh.spawned.append(last)
+            fresh.argv, fresh.exe, fresh.started_by = last.argv, last.exe, last
+            if last.forked_from is not None:
+                fresh.ppid = last.forked_from
         return fresh
 
     def hashed(self, host: str, pid: int, t: float, e: dict[str, Any], **extra: Any) -> CommView:
@@ -329,6 +338,8 @@ def _spawn(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
     # a probe in this process recorded a process it started (or its own exec): the edge, and the child's
     # environment at its start where no other witness reads it (Knowledge._witnessed prefers any that does)
     if e.get("rc") is not None:  # the call failed: nothing was started
+        if e.get("exec"):  # the native probe wrote the exec before the call: that record did not happen
+            _exec_failed(proc, e.get("call"), t)
         return
     child, is_exec = e.get("child"), bool(e.get("exec"))
     if child is None and not is_exec:
@@ -347,9 +358,12 @@ def _spawn(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
                     setattr(known, name, getattr(edge, name))
             return
     proc.spawned.append(edge)
-    if is_exec and proc.ppid is None and isinstance(e.get("ppid"), int):  # a native fork child's line
-        proc.ppid = e["ppid"]
+    if is_exec and isinstance(e.get("ppid"), int) and e.get("src") == "preload":  # a native fork child's line
+        edge.forked_from = e["ppid"]
+        if proc.ppid is None:
+            proc.ppid = e["ppid"]
     if is_exec:  # this pid runs another program from here, with the environment it exec'd with
+        edge.undo = {name: getattr(proc, name) for name in _EXEC_STATE} | {"images": len(proc.images)}
         if proc.argv and argv and proc.argv != argv:
             proc.images.append(proc.argv)
         proc.argv, proc.exe, proc.started_by = argv, edge.exe, edge
@@ -366,6 +380,30 @@ def _spawn(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
         c.ppid = proc.pid
     if c.argv is None and not c.images:
         c.argv, c.exe = argv, c.exe or edge.exe
+
+
+_EXEC_STATE = ("argv", "exe", "started_by", "exec_after_boot", "start_env", "exec_env", "proc_exec_env",
+               "proc_env_reason")
+
+
+def _exec_failed(proc: ProcessView, call: str | None, t: float) -> None:
+    """A record of an exec's failure (rc): the same call's record from before the call, if it is the last
+    thing this process was seen to do, is taken back, and the process is what it was before."""
+    last = proc.spawned[-1] if proc.spawned else None
+    if last is None or not last.exec or last.undo is None or last.call != call or not 0 <= t - last.t <= SPAWN_SAME_S:
+        return
+    _take_back(proc)
+
+
+def _take_back(proc: ProcessView) -> SpawnEdge:
+    """proc's last record, an exec's (written before the call), taken back: proc is what it was before it."""
+    last = proc.spawned.pop()
+    state = dict(last.undo)
+    last.undo = None
+    del proc.images[state.pop("images"):]
+    for name, value in state.items():
+        setattr(proc, name, value)
+    return last
 
 
 # Every event kind of witnesses/events.py.FIELDS that says something of a process (watch_summary is run's

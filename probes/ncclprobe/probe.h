@@ -13,6 +13,7 @@
 
 /* Probe ABI version: ncclprobe/probelib.py refuses a library whose version differs. */
 #define NCCLPROBE_ABI "1"
+#define NP_INIT_PIDNS "pid:[4026531836]" /* the initial pid namespace (PROC_PID_INIT_INO) */
 
 enum { NP_ROLE_PRELOAD = 1, NP_ROLE_PROFILER = 2, NP_ROLE_ENVPLUGIN = 4 };
 

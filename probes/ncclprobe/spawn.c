@@ -210,8 +210,29 @@ static void child_begin(np_jb* jb) {
   long us = ts.tv_nsec / 1000;
   for (int i = 6; i >= 1; i--, us /= 10) frac[i] = (char)('0' + us % 10);
   np_jb_raw(jb, frac, 7);
-  jb_ll(jb, "pid", getpid());
-  jb_ll(jb, "ppid", getppid());
+  /* In a pid namespace, the pid /proc shows (as writer.c's line_pid names a process) and the pid in there:
+   * readlink only (async-signal-safe). A parent's pid in there cannot be told from outside: no ppid then. */
+  long long pid = getpid(), shown = pid, pidns = 0;
+  char ns[64];
+  ssize_t n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+  if (n > 6 && (size_t)n < sizeof ns) {
+    ns[n] = 0;
+    if (strcmp(ns, NP_INIT_PIDNS) != 0 && strncmp(ns, "pid:[", 5) == 0 && ns[n - 1] == ']') {
+      for (ssize_t i = 5; i < n - 1 && ns[i] >= '0' && ns[i] <= '9'; i++) pidns = pidns * 10 + (ns[i] - '0');
+      char self[32];
+      ssize_t k = readlink("/proc/self", self, sizeof self - 1);
+      long long v = 0;
+      for (ssize_t i = 0; i < k && self[i] >= '0' && self[i] <= '9'; i++) v = v * 10 + (self[i] - '0');
+      if (v > 0) shown = v;
+    }
+  }
+  jb_ll(jb, "pid", shown);
+  if (pidns > 0) {
+    jb_ll(jb, "ns_pid", pid);
+    jb_ll(jb, "pidns", pidns);
+  } else {
+    jb_ll(jb, "ppid", getppid());
+  }
   np_jb_str(jb, "src", "preload");
   char host[256];
   if (gethostname(host, sizeof host - 1) != 0) strcpy(host, "unknown");
@@ -310,7 +331,7 @@ NP_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
     errno = ENOSYS;
     return -1;
   }
-  struct edge e = {"execve", argv, envp, path, 1, 1};
+  struct edge e = {"execve", argv, envp, path, 1, envp != environ};
   EXEC_CALL(e, real(path, argv, envp));
 }
 
@@ -346,7 +367,7 @@ NP_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) 
     errno = ENOSYS;
     return -1;
   }
-  struct edge e = {"execvpe", argv, envp, direct(file), 1, 1};
+  struct edge e = {"execvpe", argv, envp, direct(file), 1, envp != environ};
   EXEC_CALL(e, real(file, argv, envp));
 }
 
@@ -369,7 +390,7 @@ NP_EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
   ssize_t l = fd >= 0 ? readlink(link, exe, sizeof exe - 1) : -1;
   exe[l > 0 ? l : 0] = 0;
   errno = err;
-  struct edge e = {"fexecve", argv, envp, l > 0 ? exe : NULL, 1, 1};
+  struct edge e = {"fexecve", argv, envp, l > 0 ? exe : NULL, 1, envp != environ};
   EXEC_CALL(e, real(fd, argv, envp));
 }
 
@@ -381,7 +402,7 @@ NP_EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* co
     errno = ENOSYS;
     return -1;
   }
-  struct edge e = {"execveat", argv, envp, absolute(path), 1, 1};
+  struct edge e = {"execveat", argv, envp, absolute(path), 1, envp != environ};
   EXEC_CALL(e, real(dirfd, path, argv, envp, flags));
 }
 
@@ -438,7 +459,7 @@ NP_EXPORT int execle(const char* path, const char* arg, ...) {
     errno = ENOSYS;
     return -1;
   }
-  struct edge e = {"execle", argv, envp, path, 1, 1};
+  struct edge e = {"execle", argv, envp, path, 1, envp != environ};
   EXEC_CALL(e, real(path, argv, envp));
 }
 
@@ -454,7 +475,7 @@ static int spawn_common(const char* call, spawn_fn real, pid_t* pid, const char*
   tl_in_spawn--;
   if (outer) {
     int err = errno;
-    struct edge e = {call, argv, envp ? envp : environ, exe, 0, envp != NULL};
+    struct edge e = {call, argv, envp ? envp : environ, exe, 0, envp != NULL && envp != environ};
     record_spawn(&e, rc == 0 ? (long long)*where : 0, rc);
     errno = err;
   }

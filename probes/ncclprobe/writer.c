@@ -347,7 +347,6 @@ static void dead_line(np_jb* jb) {
  * boot probe's _identity): in the initial pid namespace getpid(); in another, the pid the /proc mounted
  * here shows, with "ns_pid" (getpid()) and "pidns" (the namespace's inode), on which the model joins this
  * process's lines with the boot probe's and the /proc witnesses'. Two readlinks per thread and process. */
-#define NP_INIT_PIDNS "pid:[4026531836]" /* PROC_PID_INIT_INO */
 static __thread pid_t tl_ident_for;
 static __thread pid_t tl_ident_shown;
 static __thread char tl_ident_extra[96];
