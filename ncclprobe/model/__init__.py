@@ -93,6 +93,8 @@ class Sighting:
     witness: str                                  # "watch" (run's, over time) | "snapshot" (inspect's, now)
     t: float | None = None                        # time of the read
     start: float | None = None                    # /proc/<pid>/stat start time (unix seconds)
+    ns_pid: int | None = None                     # its pid in its own pid namespace, where that is not the reader's
+    pidns: int | None = None                      # and that namespace's inode
     ppid: int | None = None
     argv: list[str] | None = None                 # redacted
     exe: str | None = None

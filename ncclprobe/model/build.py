@@ -173,32 +173,32 @@ def _process_start(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) ->
 
 def _parent_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
     # a boot probe's record of its parent, not Python: /proc at the child's start
-    if not e.get("of"):  # in its namespace, a parent no witness showed from outside
-        return
-    q = b.m.process(proc.host, e["of"])
-    q.sources.add("proc")
-    if q.proc_start is None:  # the watch's own sighting, where it had one, stays
-        q.proc_exec_env, q.proc_env_reason = _env(e.get("exec_env")), e.get("env_reason")
-        q.proc_start = e.get("start")
-    q.ppid = q.ppid if q.ppid is not None else e.get("ppid")
-    q.exe = q.exe or e.get("exe")
-    q.argv = q.argv or (redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None)
-    q.script = q.script or (e.get("script") if isinstance(e.get("script"), str) else None)
+    if e.get("of"):  # (none: in its namespace, a parent no witness showed from outside)
+        _see(b, Sighting(proc.host, e["of"], "parent", t, **_given(e, _PARENT_KEYS)))
 
 
 def _proc_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
     # run's watch: a later sighting is the same process after an exec, and replaces the earlier
-    _see(b, Sighting(proc.host, proc.pid, "watch", t, **{k: e.get(k) for k in _WATCH_KEYS if e.get(k) is not None}))
+    _see(b, Sighting(proc.host, proc.pid, "watch", t, **_given(e, _WATCH_KEYS)))
 
 
 # what a watch's proc_seen event carries, by the Sighting field that holds it
-_WATCH_KEYS = ("start", "ppid", "argv", "exe", "exec_env", "env_reason", "env_hash", "execs", "cwd", "script")
+_WATCH_KEYS = ("start", "ns_pid", "pidns", "ppid", "argv", "exe", "exec_env", "env_reason", "env_hash", "execs", "cwd",
+               "script")
+
+
+_PARENT_KEYS = ("start", "ppid", "argv", "exe", "exec_env", "env_reason", "script")  # a parent_seen event's
+
+
+def _given(e: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: e[k] for k in keys if e.get(k) is not None}
 
 
 def _see(b: _Build, s: Sighting) -> None:
-    """The /proc door: the only place a sighting of a process (run's watch, inspect's snapshot) enters the
-    model. The watch's later sighting replaces an earlier one (an exec); a snapshot fills in what the
-    in-process witnesses of the same pid did not give."""
+    """The /proc door: the only place a sighting of a process (run's watch, inspect's snapshot, a boot
+    probe's read of its parent) enters the model. The watch's later sighting replaces an earlier one (an
+    exec); a snapshot fills in what the in-process witnesses of the same pid did not give; a parent's
+    sighting, what no other sighting gave."""
     b.m.sightings.append(s)
     proc = b.m.process(s.host, s.pid)
     if s.witness == "watch":
@@ -207,6 +207,9 @@ def _see(b: _Build, s: Sighting) -> None:
     argv = redact_argv(s.argv) if isinstance(s.argv, list) else None
     # (cwd, script: where a relative script path resolves, and the script fd 255 names; witnesses/shells)
     cwd = s.cwd if isinstance(s.cwd, str) else None
+    if s.witness == "parent":
+        _seen_by_child(proc, s, argv)
+        return
     if s.witness != "watch":
         _seen_now(proc, s, cwd)
         return
@@ -228,6 +231,16 @@ def _see(b: _Build, s: Sighting) -> None:
     else:  # the boot probe's, where it had them
         proc.ppid = proc.ppid if proc.ppid is not None else s.ppid
         proc.exe, proc.argv = proc.exe or s.exe, proc.argv if proc.argv is not None else argv
+
+
+def _seen_by_child(q: ProcessView, s: Sighting, argv: list[str] | None) -> None:
+    if q.proc_start is None:  # the watch's own sighting, where it had one, stays
+        q.proc_exec_env, q.proc_env_reason = _env(s.exec_env), s.env_reason
+        q.proc_start = s.start
+    q.ppid = q.ppid if q.ppid is not None else s.ppid
+    q.exe = q.exe or s.exe
+    q.argv = q.argv or argv
+    q.script = q.script or (s.script if isinstance(s.script, str) else None)
 
 
 def _seen_now(p: ProcessView, s: Sighting, cwd: str | None) -> None:
@@ -526,7 +539,7 @@ def _cmd_of_runs(m: Model) -> None:
             p.proc_env_source = "exec"
 
 
-def _exec_since_boot(p: ProcessView, exe: Any, start: Any, t: float) -> bool:
+def _exec_since_boot(p: ProcessView, exe: Any, start: Any, t: float | None) -> bool:
     """Whether a sighting shows the process running another program than the one its boot probe recorded:
     seen after that record with another executable (a fork of a Python driver that exec'd raylet). The same
     executable with another command line may be setproctitle, not an exec: that keeps the record."""

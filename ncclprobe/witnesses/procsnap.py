@@ -527,10 +527,11 @@ class Snapshot:
 
 
 def sightings(recs: list[dict], host: str) -> list[Sighting]:
-    """inspect's records as the typed observation the model takes (model.add_sightings): one per process."""
+    """inspect's records as the typed observation the model takes (model.add_sightings): one per process.
+    The start to the ms, as run's watch gives it (ticks are 10 ms: nothing is lost)."""
     return [Sighting(
-        host, r["pid"], "snapshot", None, start=r.get("_start"), ppid=r.get("ppid"),
-        argv=r.get("cmdline"), exe=r.get("exe"), exec_env=r.get("_watched"), env_reason=r.get("env_reason"),
+        host, r["pid"], "snapshot", None, start=None if r.get("_start") is None else round(r["_start"], 3),
+        ppid=r.get("ppid"), argv=r.get("cmdline"), exe=r.get("exe"), exec_env=r.get("_watched"), env_reason=r.get("env_reason"),
         env_hash=r.get("_hash"), cwd=r.get("_cwd"), expected=r.get("_exp"), env_source=r.get("env_source"),
         denied_by=r.get("env_denied_by"), user=r.get("user"), stale=r.get("stale"), in_scope=r.get("in_scope"),
         nccl_libs=r.get("nccl_libs") or [], gpus=r.get("gpus"), conf_files=r.get("conf_files"),
