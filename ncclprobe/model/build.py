@@ -204,14 +204,14 @@ def _see(b: _Build, s: Sighting) -> None:
     if s.witness == "watch":
         proc = b.incarnation(proc, s.start)
     proc.sources.add("proc")
-    argv = redact_argv(s.argv) if isinstance(s.argv, list) else None
     # (cwd, script: where a relative script path resolves, and the script fd 255 names; witnesses/shells)
     cwd = s.cwd if isinstance(s.cwd, str) else None
+    if s.witness == "snapshot":  # (its argv redacted by inspect already, as it shows it)
+        _seen_now(proc, s, cwd)
+        return
+    argv = redact_argv(s.argv) if isinstance(s.argv, list) else None
     if s.witness == "parent":
         _seen_by_child(proc, s, argv)
-        return
-    if s.witness != "watch":
-        _seen_now(proc, s, cwd)
         return
     if proc.live_readings and proc.live_readings[-1].execs != (s.execs or 0):
         _forget_live(proc)  # what the live witness read was the earlier image's
