@@ -3,6 +3,7 @@ processes (the endpoints, never the intermediates) and stays silent on its near 
 from __future__ import annotations
 
 from ncclprobe import diagnose, model
+from ncclprobe.witnesses import procsnap
 from ncclprobe.witnesses.events import EventLog
 
 H = "node1"
@@ -32,7 +33,7 @@ def comm(pid, t, env, rank=0):
 def build(events, records=()):
     m = model.build(EventLog(events=sorted(events, key=lambda e: e["t"])))
     if records:
-        model.add_records(m, list(records), H)
+        model.add_sightings(m, procsnap.sightings(list(records), H))
     return m
 
 

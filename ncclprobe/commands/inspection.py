@@ -78,7 +78,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
             m = load(dirs, list(nccl_logs or []))
         except Unexaminable as exc:
             in_process_error = exc
-    model_mod.add_records(m, recs, host)
+    model_mod.add_sightings(m, procsnap.sightings(recs, host))
     ras_summary = _ask_ras(m, recs, host, ras, ras_window, ras_diagnostics)
     if ras_summary is not None:
         notes.append(ras_summary["said"])

@@ -1,6 +1,6 @@
 """The answer first: for each NCCL variable the user set or expected (or a finding is about), what each
 communicator ended up with — or each process, where none was created — grouped by value, with the
-culprit of each deviation. Built from the model (report, run, demo) or from inspect's records; every
+culprit of each deviation. Built from the model alone (report, run, inspect, demo); every
 line says which witnesses it rests on."""
 from __future__ import annotations
 

@@ -93,6 +93,39 @@ class SpawnEdge:
 
 
 @dataclass
+class Sighting:
+    """What one read of a process's /proc gave (inspect's snapshot, run's watch): the one typed observation
+    of /proc that enters the model, through model.build._see. A new field: one line here, one in _see."""
+    host: str
+    pid: int
+    witness: str                                  # "watch" (run's, over time) | "snapshot" (inspect's, now)
+    t: float | None = None                        # time of the read
+    start: float | None = None                    # /proc/<pid>/stat start time (unix seconds)
+    ns_pid: int | None = None                     # its pid in its own pid namespace, where that is not the reader's
+    pidns: int | None = None                      # and that namespace's inode
+    ppid: int | None = None
+    argv: list[str] | None = None                 # redacted
+    exe: str | None = None
+    exec_env: dict[str, str] | None = None        # watched exec-time environment (None: unreadable)
+    env_reason: str | None = None                 # why exec_env is missing or incomplete
+    env_hash: str | None = None                   # keyed hash of the raw block (the watch)
+    execs: int = 0                                # execs the watch saw of this pid
+    cwd: str | None = None
+    script: str | None = None                     # a shell's script, as its fd 255 names it
+    # the snapshot's (run's watch does not read them)
+    expected: dict[str, str] | None = None        # /proc's values of expected names (rules only, never shown)
+    env_source: str | None = None                 # exec | empty | unreadable
+    denied_by: str | None = None                  # which ptrace condition refused environ
+    user: str | None = None
+    stale: str | None = None                      # fork, forkserver, clobbered
+    in_scope: bool | None = None
+    nccl_libs: list[dict[str, Any]] = field(default_factory=list)
+    gpus: list[Any] | None = None
+    conf_files: list[dict[str, Any]] | None = None
+    live: dict[str, Any] | None = None            # inspect --live's reading: env, expected, t, reason
+
+
+@dataclass
 class ProcessView:
     host: str
     pid: int
@@ -313,6 +346,7 @@ class Model:
     # a process_start, or whose parent's probe recorded the call that started them, that no scan saw) and
     # missed_started_pids
     watch: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sightings: list[Sighting] = field(default_factory=list)  # every /proc read, in the order it entered (_see)
     # comms_of's index: (host, pid) -> its communicators, over the first _indexed[1] of the list _indexed[0];
     # _by_time: comms_by_time's, dropped whenever the index grows
     _by_proc: dict[tuple, list[CommView]] = field(default_factory=dict, repr=False, compare=False)
@@ -493,4 +527,4 @@ def _env(obj: Any) -> dict[str, str] | None:
 
 # The doors: every witness enters the model in model/build.py (one handler per event or observation kind).
 from ncclprobe.model.build import (add_proc_view as add_proc_view, add_ras as add_ras,  # noqa: I001
-                                   add_records as add_records, build as build)
+                                   add_sightings as add_sightings, build as build)

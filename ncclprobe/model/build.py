@@ -1,5 +1,6 @@
 """The one door into the model: every witness's observations enter here. The probes' event log through
-build() (one handler per event kind, the table HANDLERS), inspect's /proc records through add_records,
+build() (one handler per event kind, the table HANDLERS), inspect's /proc sightings through add_sightings
+(every /proc sighting, run's watch's too, enters through _see),
 another model's /proc view (a live inspect of the same job) through add_proc_view, and NCCL's RAS
 service's communicators through add_ras. A new witness is
 one module in witnesses/ and one handler here; model/__init__.py holds the types."""
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from dataclasses import fields as _fields
 
 from ncclprobe.model import (INIT_PIDNS, CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead, ProcessView,
-                             SpawnEdge, _env, _id, given_of, space_of, version_code)
+                             Sighting, SpawnEdge, _env, _id, given_of, space_of, version_code)
 from ncclprobe.model.tuning import canonical
 from ncclprobe.model.watched import is_watched, redact_argv
 
@@ -181,43 +182,103 @@ def _process_start(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) ->
 
 def _parent_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
     # a boot probe's record of its parent, not Python: /proc at the child's start
-    if not e.get("of"):  # in its namespace, a parent no witness showed from outside
-        return
-    q = b.m.process(proc.host, e["of"])
-    q.sources.add("proc")
-    if q.proc_start is None:  # the watch's own sighting, where it had one, stays
-        q.proc_exec_env, q.proc_env_reason = _env(e.get("exec_env")), e.get("env_reason")
-        q.proc_start = e.get("start")
-    q.ppid = q.ppid if q.ppid is not None else e.get("ppid")
-    q.exe = q.exe or e.get("exe")
-    q.argv = q.argv or (redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None)
-    q.script = q.script or (e.get("script") if isinstance(e.get("script"), str) else None)
+    if e.get("of"):  # (none: in its namespace, a parent no witness showed from outside)
+        _see(b, Sighting(proc.host, e["of"], "parent", t, **_given(e, _PARENT_KEYS)))
 
 
 def _proc_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
     # run's watch: a later sighting is the same process after an exec, and replaces the earlier
-    proc = b.incarnation(proc, e.get("start"))
+    _see(b, Sighting(proc.host, proc.pid, "watch", t, **_given(e, _WATCH_KEYS)))
+
+
+# what a watch's proc_seen event carries, by the Sighting field that holds it
+_WATCH_KEYS = ("start", "ns_pid", "pidns", "ppid", "argv", "exe", "exec_env", "env_reason", "env_hash", "execs", "cwd",
+               "script")
+
+
+_PARENT_KEYS = ("start", "ppid", "argv", "exe", "exec_env", "env_reason", "script")  # a parent_seen event's
+
+
+def _given(e: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: e[k] for k in keys if e.get(k) is not None}
+
+
+def _see(b: _Build, s: Sighting) -> None:
+    """The /proc door: the only place a sighting of a process (run's watch, inspect's snapshot, a boot
+    probe's read of its parent) enters the model. The watch's later sighting replaces an earlier one (an
+    exec); a snapshot fills in what the in-process witnesses of the same pid did not give; a parent's
+    sighting, what no other sighting gave."""
+    b.m.sightings.append(s)
+    proc = b.m.process(s.host, s.pid)
+    if s.witness == "watch":
+        proc = b.incarnation(proc, s.start)
     proc.sources.add("proc")
-    if proc.live_readings and proc.live_readings[-1].execs != (e.get("execs") or 0):
-        _forget_live(proc)  # what the live witness read was the earlier image's
-    proc.proc_exec_env = _env(e.get("exec_env"))
-    proc.proc_start, proc.proc_env_reason = e.get("start"), e.get("env_reason")
-    proc.proc_env_hash = e.get("env_hash")
     # (cwd, script: where a relative script path resolves, and the script fd 255 names; witnesses/shells)
-    proc.cwd = e.get("cwd") if isinstance(e.get("cwd"), str) else proc.cwd
-    proc.script = e.get("script") if isinstance(e.get("script"), str) else proc.script
-    argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None
+    cwd = s.cwd if isinstance(s.cwd, str) else None
+    if s.witness == "snapshot":  # (its argv redacted by inspect already, as it shows it)
+        _seen_now(proc, s, cwd)
+        return
+    argv = redact_argv(s.argv) if isinstance(s.argv, list) else None
+    if s.witness == "parent":
+        _seen_by_child(proc, s, argv)
+        return
+    if proc.live_readings and proc.live_readings[-1].execs != (s.execs or 0):
+        _forget_live(proc)  # what the live witness read was the earlier image's
+    proc.proc_exec_env = _env(s.exec_env)
+    proc.proc_start, proc.proc_env_reason = s.start, s.env_reason
+    proc.proc_env_hash = s.env_hash
+    proc.cwd = cwd if cwd is not None else proc.cwd
+    proc.script = s.script if isinstance(s.script, str) else proc.script
     if proc.t_start is None:  # no process_start (yet): /proc's ancestry and command line
         if proc.argv and argv and proc.argv != argv:  # it exec'd another program since
             proc.images.append(proc.argv)
-        proc.ppid, proc.exe, proc.argv = e.get("ppid"), e.get("exe"), argv
-    elif _exec_since_boot(proc, e, t):  # a new image: the boot probe's record was the one before it
+        proc.ppid, proc.exe, proc.argv = s.ppid, s.exe, argv
+    elif _exec_since_boot(proc, s.exe, s.start, s.t):  # a new image: the boot probe's record was the one before it
         proc.images.append(proc.argv or [])
-        proc.exe, proc.argv, proc.exec_after_boot = e.get("exe"), argv, True
+        proc.exe, proc.argv, proc.exec_after_boot = s.exe, argv, True
         proc.start_env = proc.exec_env = None  # its environment is the one it exec'd with (/proc's)
     else:  # the boot probe's, where it had them
-        proc.ppid = proc.ppid if proc.ppid is not None else e.get("ppid")
-        proc.exe, proc.argv = proc.exe or e.get("exe"), proc.argv if proc.argv is not None else argv
+        proc.ppid = proc.ppid if proc.ppid is not None else s.ppid
+        proc.exe, proc.argv = proc.exe or s.exe, proc.argv if proc.argv is not None else argv
+
+
+def _seen_by_child(q: ProcessView, s: Sighting, argv: list[str] | None) -> None:
+    if q.proc_start is None:  # the watch's own sighting, where it had one, stays
+        q.proc_exec_env, q.proc_env_reason = _env(s.exec_env), s.env_reason
+        q.proc_start = s.start
+    q.ppid = q.ppid if q.ppid is not None else s.ppid
+    q.exe = q.exe or s.exe
+    q.argv = q.argv or argv
+    q.script = q.script or (s.script if isinstance(s.script, str) else None)
+
+
+def _seen_now(p: ProcessView, s: Sighting, cwd: str | None) -> None:
+    # inspect's snapshot: the in-process witnesses of the same pid stay
+    p.ppid = p.ppid if p.ppid is not None else s.ppid
+    p.argv = p.argv or s.argv or None
+    p.exe = p.exe or s.exe
+    readable = s.env_source == "exec"
+    # shared with the sightings of processes started alike (never modified): the rules do them once
+    p.proc_exec_env = (s.exec_env or {}) if readable else None
+    p.proc_expected = (s.expected or {}) if readable else None
+    # the boot probe's and the watch's start are to the tick: a /proc snapshot never replaces them
+    p.proc_start = p.proc_start if p.proc_start is not None else s.start
+    p.proc_env_reason = None if readable else (s.env_reason or s.env_source)
+    p.proc_stale = s.stale
+    p.proc_env_hash = s.env_hash
+    p.nccl_user = bool(s.nccl_libs or s.gpus)
+    p.in_scope = s.in_scope
+    p.proc_env_source, p.proc_denied_by, p.proc_user = s.env_source, s.denied_by, s.user
+    p.nccl_libs = s.nccl_libs or []
+    p.conf_files = s.conf_files
+    p.cwd = cwd or p.cwd  # (where a relative script path on its command line resolves)
+    if s.live is not None:  # inspect --live: one reading, now (after any a run --live log holds)
+        p.live_env, p.live_expected = s.live.get("env"), s.live.get("expected")
+        if p.live_env is not None:
+            p.sources.add("live")
+        p.live_t, p.live_reason, p.live_since = s.live.get("t"), s.live.get("reason"), None
+        if p.live_readings and p.live_env is not None and p.live_t is not None:
+            p.live_readings = [*p.live_readings, LiveReading(p.live_env, p.live_t, None, p.live_readings[-1].execs)]
 
 
 def _proc_exit(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
@@ -516,18 +577,16 @@ def _cmd_of_runs(m: Model) -> None:
             p.proc_env_source = "exec"
 
 
-def _exec_since_boot(p: ProcessView, e: dict[str, Any], t: float) -> bool:
+def _exec_since_boot(p: ProcessView, exe: Any, start: Any, t: float | None) -> bool:
     """Whether a sighting shows the process running another program than the one its boot probe recorded:
     seen after that record with another executable (a fork of a Python driver that exec'd raylet). The same
     executable with another command line may be setproctitle, not an exec: that keeps the record."""
-    exe = e.get("exe")
     if p.exec_after_boot or not isinstance(exe, str) or not p.exe or t < (p.t_start or t):
         return False
     # the boot probe names its interpreter as sys.executable (often a venv's symlink), /proc by its target;
     # another interpreter is the Python image's own re-exec, which writes its own start record
     if exe.rsplit("/", 1)[-1].startswith(("python", "pypy")) or exe == p.exe:
         return False
-    start = e.get("start")
     return start is None or p.proc_start is None or abs(float(start) - p.proc_start) < 0.05
 
 
@@ -570,62 +629,23 @@ def _add_coll(c: CommView, e: dict[str, Any]) -> None:
         s.gpu_hist[b] = s.gpu_hist.get(b, 0) + n
 
 
-def add_records(m: Model, recs, host: str) -> Model:
-    """Feed inspect's /proc records (commands/inspection: the private `_` keys still on them) into the
-    model as the /proc witness of each process; the in-process witnesses of the same pids stay."""
+def add_sightings(m: Model, sightings: list[Sighting]) -> Model:
+    """Feed inspect's /proc sightings (witnesses/procsnap.sightings) into the model through _see, the
+    /proc door; the in-process witnesses of the same pids stay."""
     m._knowledge = None  # what the rules knew of the model is stale now
-    for r in recs:
-        p = m.process(host, r["pid"])
-        p.sources.add("proc")
-        p.ppid = p.ppid if p.ppid is not None else r.get("ppid")
-        p.argv = p.argv or r.get("cmdline") or None
-        p.exe = p.exe or r.get("exe")
-        readable = r.get("env_source") == "exec"
-        # shared with the records of processes started alike (never modified): the rules do them once
-        p.proc_exec_env = (r.get("_watched") or {}) if readable else None
-        p.proc_expected = (r.get("_exp") or {}) if readable else None
-        # the boot probe's and the watch's start are to the tick: a /proc snapshot never replaces them
-        p.proc_start = p.proc_start if p.proc_start is not None else r.get("_start")
-        p.proc_env_reason = None if readable else (r.get("env_reason") or r.get("env_source"))
-        p.proc_stale = r.get("stale")
-        p.proc_env_hash = r.get("_hash")
-        p.nccl_user = bool(r.get("nccl_libs") or r.get("gpus"))
-        p.in_scope = r.get("in_scope")
-        p.proc_env_source, p.proc_denied_by, p.proc_user = r.get("env_source"), r.get("env_denied_by"), r.get("user")
-        p.nccl_libs = r.get("nccl_libs") or []
-        p.conf_files = r.get("conf_files")
-        p.cwd = r.get("_cwd") or p.cwd  # (where a relative script path on its command line resolves)
-        if "live_reason" in r:  # inspect --live: one reading, now (after any a run --live log holds)
-            p.live_env, p.live_expected = r.get("_live_watched"), r.get("_live_exp")
-            if p.live_env is not None:
-                p.sources.add("live")
-            p.live_t, p.live_reason, p.live_since = r.get("live_t"), r.get("live_reason"), None
-            if p.live_readings and p.live_env is not None and p.live_t is not None:
-                p.live_readings = [*p.live_readings, LiveReading(p.live_env, p.live_t, None, p.live_readings[-1].execs)]
+    b = _Build(m)
+    for s in sightings:
+        _see(b, s)
     return m
 
 
 def add_proc_view(m: Model, other: Model) -> Model:
-    """The /proc witness of another model of the same job (a live inspect of it) joined into m."""
+    """The /proc witness of another model of the same job (a live inspect of it) joined into m: its
+    sightings, replayed through _see."""
     m._knowledge = None  # what the rules knew of the model is stale now
-    for key, q in other.processes.items():
-        if "proc" not in q.sources:
-            continue
-        p = m.process(*key)
-        p.sources.add("proc")
-        for name in ("proc_exec_env", "proc_expected", "proc_env_reason", "proc_stale", "proc_env_hash", "nccl_user",
-                     "in_scope", "proc_env_source", "proc_denied_by", "proc_user", "nccl_libs", "conf_files"):
-            setattr(p, name, getattr(q, name))
-        if q.live_env is not None or q.live_reason is not None:  # it was read live: its reading is the latest
-            if q.live_env is not None and p.live_readings and not q.live_readings and q.live_t is not None:
-                p.live_readings = [*p.live_readings, LiveReading(q.live_env, q.live_t, None, p.live_readings[-1].execs)]
-            elif q.live_readings:
-                p.live_readings = list(q.live_readings)
-            for name in ("live_env", "live_expected", "live_t", "live_reason", "live_since"):
-                setattr(p, name, getattr(q, name))
-        p.proc_start = p.proc_start if p.proc_start is not None else q.proc_start
-        p.ppid = p.ppid if p.ppid is not None else q.ppid
-        p.argv, p.exe = p.argv or q.argv, p.exe or q.exe
+    b = _Build(m)
+    for s in other.sightings:
+        _see(b, s)
     m.shell_pitfalls = [*m.shell_pitfalls, *other.shell_pitfalls]
     return m
 

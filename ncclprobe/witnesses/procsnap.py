@@ -14,6 +14,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from ncclprobe.model import Sighting
 from ncclprobe.model.images import runs_forkserver
 from ncclprobe.model.watched import (ASSIGN_WORD as _ASSIGN_WORD, REDACTED, is_watched, looks_secret, one_line,
                                      redact_argv, redact_text, select)
@@ -523,3 +524,16 @@ class Snapshot:
                     break
                 q = self.tree.ancestors[q].ppid
         return sorted(x for r in chain_hits for x in self._subtree(r))
+
+
+def sightings(recs: list[dict], host: str) -> list[Sighting]:
+    """inspect's records as the typed observation the model takes (model.add_sightings): one per process.
+    The start to the ms, as run's watch gives it (ticks are 10 ms: nothing is lost)."""
+    return [Sighting(
+        host, r["pid"], "snapshot", None, start=None if r.get("_start") is None else round(r["_start"], 3),
+        ppid=r.get("ppid"), argv=r.get("cmdline"), exe=r.get("exe"), exec_env=r.get("_watched"), env_reason=r.get("env_reason"),
+        env_hash=r.get("_hash"), cwd=r.get("_cwd"), expected=r.get("_exp"), env_source=r.get("env_source"),
+        denied_by=r.get("env_denied_by"), user=r.get("user"), stale=r.get("stale"), in_scope=r.get("in_scope"),
+        nccl_libs=r.get("nccl_libs") or [], gpus=r.get("gpus"), conf_files=r.get("conf_files"),
+        live={"env": r.get("_live_watched"), "expected": r.get("_live_exp"), "t": r.get("live_t"),
+              "reason": r.get("live_reason")} if "live_reason" in r else None) for r in recs]
