@@ -9,6 +9,7 @@ import pytest
 
 from ncclprobe.witnesses import shells
 from ncclprobe.commands.inspection import inspect_processes
+from ncclprobe.model.launchers import FILTERS
 from ncclprobe.model.watched import is_watched
 
 
@@ -198,7 +199,7 @@ def test_unbalanced_quotes_and_substitutions_claim_nothing():
 
 def filters(script, child):
     return [(p.kind, p.var, p.kept, p.line) for p in shells.pitfalls(script, child, is_watched, {})
-            if p.kind in shells.FILTERS]
+            if p.kind in FILTERS]
 
 
 def test_env_i_and_env_u_in_exec_and_nested_wrappers():

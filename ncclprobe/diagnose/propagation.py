@@ -29,9 +29,9 @@ from ncclprobe.diagnose.findings import Finding, at
 from ncclprobe.model import (LIVE_NATIVE, LIVE_WHERE, LIVE_WHERES, LiveReading, LiveWrite, Model, ProcessView,
                              SpawnEdge)
 from ncclprobe.model import launchers, wiring
+from ncclprobe.model.launchers import FILTERS
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
 from ncclprobe.model.watched import is_watched, one_line, redact_assignments
-from ncclprobe.witnesses.shells import FILTERS
 
 TICK_S = 0.011  # /proc start times are floored to the clock tick (1/100 s)
 RESTORE_WINDOW_S = 1.0   # an unset-and-restore (accelerate's clear_environment) nets out within this
@@ -404,17 +404,18 @@ def _exec_caller(k: Knowledge, x: ProcessView, sp: SpawnEdge | None, var: str, t
                  ) -> ProcessView | None:
     """Who lost var where x exec'd with an environment of its own that lacked it (os.execve, execve's
     envp): x itself, or, for a fork child that exec'd at once (a C daemon's fork+execve), its parent's
-    program, which made the call, provided it had the value then (else the loss is further up)."""
+    program, which made the call. Only where the process it was forked from (else its parent) had the
+    value when x started: a fork starts with its parent's environment, so else the loss is further up
+    (supervisord's, a raylet's own environment)."""
     if sp is None or not sp.exec or sp.env is None or _get(sp.env, var) == target or not _own_envp(k.m, x, sp):
         return None
-    if sp.forked_from is None or x.images:
-        return x
-    parent = k.m.processes.get((x.host, sp.forked_from))
+    pid = sp.forked_from if sp.forked_from is not None else (x.forked_from or x.ppid)
+    parent = k.m.processes.get((x.host, pid)) if pid else None
     ptl = k.timeline(parent) if parent is not None else None
     s = start_of(x)
-    if ptl is None or s is None or _get(ptl.at(s - TICK_S), var) != target:
+    if ptl is not None and s is not None and _get(ptl.at(s - TICK_S), var) != target:
         return None
-    return parent
+    return parent if sp.forked_from is not None and not x.images and ptl is not None else x
 
 
 def _spawn_of(parent: ProcessView, x: ProcessView) -> SpawnEdge | None:

@@ -34,6 +34,8 @@ Image = tuple[Sequence[str] | None, str | None]  # (argv, exe) of one program a 
 
 # a process title's first word ends at a space or a colon (`sshd: user@notty`, `ray::IDLE`)
 _TITLE_ENDS = (" ", ":")
+# wrappers of a command that filter its environment (witnesses/shells.py finds them in scripts): each is a launcher
+FILTERS = ("env -i", "env -u", "sudo", "su")
 INTERPRETERS = ("python", "pypy", "perl")
 _ARG_OPTIONS = frozenset({"-W", "-X"})  # python options that take the next word
 

@@ -267,7 +267,6 @@ class PrefixPitfall:
     kept: tuple[str, ...] = ()  # the names a filtering wrapper passes on
 
 
-FILTERS = ("env -i", "env -u", "sudo", "su")
 
 
 def _option(options, short: str, long: str) -> list[str]:
