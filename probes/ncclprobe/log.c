@@ -409,11 +409,22 @@ int np_file_refused(void) { return g_refused; }
  * kept, if fstat proves it still is (else NCCLPROBE_DIR, checked as log_dir_fd checks it, never created);
  * the file is this pid's, created O_EXCL or re-opened only as a private regular file of ours, O_NONBLOCK
  * and O_NOFOLLOW; one write(), then closed. Returns 1 when the whole line was written. */
+/* NCCLPROBE_DIR as the process had it when the library loaded: `env -i`, clearenv() or an allow-list
+ * built in place empty the environment before the very exec whose line np_file_child_write writes. */
+static char g_dir_at_load[PATH_MAX];
+
+__attribute__((constructor)) static void keep_dir(void) {
+  const char* dir = getenv("NCCLPROBE_DIR");
+  size_t l = dir ? strlen(dir) : 0;
+  if (l > 0 && l < sizeof g_dir_at_load) memcpy(g_dir_at_load, dir, l + 1);
+}
+
 int np_file_child_write(const char* line, size_t n) {
   struct stat st;
   int dfd = g_dirfd, own = 0;
   if (!same_file(dfd, g_ddev, g_dino, &st)) {
     const char* dir = g_refused ? NULL : getenv("NCCLPROBE_DIR");
+    if ((!dir || !*dir) && !g_refused && g_dir_at_load[0]) dir = g_dir_at_load;
     if (!dir || !*dir || (dfd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) return 0;
     own = 1;
     char real[PATH_MAX], link[32] = "/proc/self/fd/";
