@@ -402,20 +402,22 @@ def _own_envp(m: Model, x: ProcessView, sp: SpawnEdge | None) -> bool:
 
 def _exec_caller(k: Knowledge, x: ProcessView, sp: SpawnEdge | None, var: str, target: str | None
                  ) -> ProcessView | None:
-    """Who lost var where x exec'd with an environment of its own that lacked it (os.execve, execve's
-    envp): x itself, or, for a fork child that exec'd at once (a C daemon's fork+execve), its parent's
-    program, which made the call. Only where the process it was forked from (else its parent) had the
-    value when x started: a fork starts with its parent's environment, so else the loss is further up
-    (supervisord's, a raylet's own environment)."""
+    """x, where x itself exec'd with an environment of its own that lacked var (os.execve, execve's envp)
+    while the process it was forked from (else its parent) had the value when x started: a fork starts
+    with its parent's environment, so else the loss is further up (supervisord's, a raylet's own
+    environment). A fork child that exec'd at once (a C daemon's fork+execve, sudo's) is left to its
+    parent's edge, which names the daemon's call, or the script line that ran the wrapper."""
     if sp is None or not sp.exec or sp.env is None or _get(sp.env, var) == target or not _own_envp(k.m, x, sp):
         return None
-    pid = sp.forked_from if sp.forked_from is not None else (x.forked_from or x.ppid)
+    if sp.forked_from is not None and not x.images:
+        return None
+    pid = x.forked_from or x.ppid
     parent = k.m.processes.get((x.host, pid)) if pid else None
     ptl = k.timeline(parent) if parent is not None else None
     s = start_of(x)
     if ptl is not None and s is not None and _get(ptl.at(s - TICK_S), var) != target:
         return None
-    return parent if sp.forked_from is not None and not x.images and ptl is not None else x
+    return x
 
 
 def _spawn_of(parent: ProcessView, x: ProcessView) -> SpawnEdge | None:
@@ -444,10 +446,6 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
             return Edge("overwritten_in_child", var, x, [x], w.where, w.t, w.old, w.new, k.via(x),
                         witnesses=tl.witnesses, written_after=getattr(w, "after", None))
         sp = x.started_by
-        caller = _exec_caller(k, x, sp, var, target)
-        if caller is not None:
-            return Edge("curated_env", var, caller, [x], via="exec", launcher=_launcher(k, "curated_env", [x]),
-                        witnesses=tl.witnesses + ("edge",), spawn=sp)
         pit = _pitfall(m, x, e, var)
         if pit is not None and pit["kind"] in FILTERS:  # `env -i` (script.sh:3) started x: what it kept, x got
             by = pit.get("started_by", pit["shell"])
@@ -455,6 +453,10 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
             return Edge("curated_env", var, shell, [x], pit.get("where"), via=k.via(x), launcher=pit["kind"],
                         witnesses=("proc",) + tl.witnesses, pitfall=pit, parent_label=pit.get("shell_command"),
                         parent_pid=by)
+        caller = _exec_caller(k, x, sp, var, target)  # the record of the exec, where no script line names it
+        if caller is not None:
+            return Edge("curated_env", var, caller, [x], via="exec", launcher=_launcher(k, "curated_env", [x]),
+                        witnesses=tl.witnesses + ("edge",), spawn=sp)
         if pit is not None:
             by = pit.get("started_by", pit["shell"])
             shell = next((p for p in m.processes.values() if p.pid == by and p.host == x.host), None)
