@@ -154,10 +154,11 @@ def is_forkserver(p: ProcessView | None) -> bool:
 
 
 def is_shell(p: ProcessView | None) -> bool:
-    if p is None:
-        return False
-    name = ((p.exe or "") or (p.argv or [""])[0]).rsplit("/", 1)[-1]
-    return name in SHELLS
+    return p is not None and _shell_program(p.exe or (p.argv or [""])[0])
+
+
+def _shell_program(path: str | None) -> bool:
+    return (path or "").rsplit("/", 1)[-1] in SHELLS
 
 
 def start_of(p: ProcessView) -> float | None:
@@ -395,9 +396,9 @@ def _own_envp(m: Model, x: ProcessView, sp: SpawnEdge | None) -> bool:
         return True
     caller = x.images[-1] if sp.exec and x.images else None
     if caller is None:  # the fork child exec'd before any witness saw its image: its parent's
-        parent = m.processes.get((x.host, x.ppid)) if sp.exec else m.processes.get((x.host, sp.parent))
+        parent = m.parent(x) if sp.exec else m.processes.get((x.host, sp.parent))
         caller = parent.argv if parent is not None else None
-    return not (caller and caller[0].rsplit("/", 1)[-1] in SHELLS)
+    return not (caller and _shell_program(caller[0]))
 
 
 def _exec_caller(k: Knowledge, x: ProcessView, sp: SpawnEdge | None, var: str, target: str | None

@@ -309,8 +309,12 @@ static const char* absolute(const char* path) { return path && path[0] == '/' ? 
 /* The exec, recorded before (it does not come back when it works) and again, with rc, when it failed.
  * The nesting mark is kept only by a process with its writer: a vfork child shares its parent's memory
  * (thread-locals included) and an exec that works never comes back to undo it. */
-#define EXEC_CALL(e, call_expr)                      \
+#define EXEC_CALL(real, e, call_expr)                \
   do {                                               \
+    if (!(real)) {                                   \
+      errno = ENOSYS;                                \
+      return -1;                                     \
+    }                                                \
     int outer_ = !tl_in_spawn;                       \
     int mark_ = outer_ && np_writer_running();       \
     if (outer_) record(&(e), 0, 0);                  \
@@ -324,61 +328,32 @@ static const char* absolute(const char* path) { return path && path[0] == '/' ? 
   } while (0)
 
 NP_EXPORT int execve(const char* path, char* const argv[], char* const envp[]) {
-  int err = errno;
   execve_fn real = REAL(execve_fn, R_EXECVE);
-  errno = err;
-  if (!real) {
-    errno = ENOSYS;
-    return -1;
-  }
   struct edge e = {"execve", argv, envp, path, 1, envp != environ};
-  EXEC_CALL(e, real(path, argv, envp));
+  EXEC_CALL(real, e, real(path, argv, envp));
 }
 
 NP_EXPORT int execv(const char* path, char* const argv[]) {
-  int err = errno;
   execv_fn real = REAL(execv_fn, R_EXECV);
-  errno = err;
-  if (!real) {
-    errno = ENOSYS;
-    return -1;
-  }
   struct edge e = {"execv", argv, environ, path, 1, 0};
-  EXEC_CALL(e, real(path, argv));
+  EXEC_CALL(real, e, real(path, argv));
 }
 
 NP_EXPORT int execvp(const char* file, char* const argv[]) {
-  int err = errno;
   execv_fn real = REAL(execv_fn, R_EXECVP);
-  errno = err;
-  if (!real) {
-    errno = ENOSYS;
-    return -1;
-  }
   struct edge e = {"execvp", argv, environ, direct(file), 1, 0};
-  EXEC_CALL(e, real(file, argv));
+  EXEC_CALL(real, e, real(file, argv));
 }
 
 NP_EXPORT int execvpe(const char* file, char* const argv[], char* const envp[]) {
-  int err = errno;
   execve_fn real = REAL(execve_fn, R_EXECVPE);
-  errno = err;
-  if (!real) {
-    errno = ENOSYS;
-    return -1;
-  }
   struct edge e = {"execvpe", argv, envp, direct(file), 1, envp != environ};
-  EXEC_CALL(e, real(file, argv, envp));
+  EXEC_CALL(real, e, real(file, argv, envp));
 }
 
 NP_EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
-  int err = errno;
   fexecve_fn real = REAL(fexecve_fn, R_FEXECVE);
-  errno = err;
-  if (!real) {
-    errno = ENOSYS;
-    return -1;
-  }
+  int err = errno; /* readlink below may set it */
   char link[32] = "/proc/self/fd/", exe[512];
   char* p = link + 14;
   char d[12];
@@ -391,19 +366,13 @@ NP_EXPORT int fexecve(int fd, char* const argv[], char* const envp[]) {
   exe[l > 0 ? l : 0] = 0;
   errno = err;
   struct edge e = {"fexecve", argv, envp, l > 0 ? exe : NULL, 1, envp != environ};
-  EXEC_CALL(e, real(fd, argv, envp));
+  EXEC_CALL(real, e, real(fd, argv, envp));
 }
 
 NP_EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* const envp[], int flags) {
-  int err = errno;
   execveat_fn real = REAL(execveat_fn, R_EXECVEAT);
-  errno = err;
-  if (!real) {
-    errno = ENOSYS;
-    return -1;
-  }
   struct edge e = {"execveat", argv, envp, absolute(path), 1, envp != environ};
-  EXEC_CALL(e, real(dirfd, path, argv, envp, flags));
+  EXEC_CALL(real, e, real(dirfd, path, argv, envp, flags));
 }
 
 /* execl*: the arguments gathered on the stack (glibc's execl does the same) and handed to the real
@@ -421,46 +390,28 @@ NP_EXPORT int execveat(int dirfd, const char* path, char* const argv[], char* co
   va_end(ap);
 
 NP_EXPORT int execl(const char* path, const char* arg, ...) {
-  int err = errno;
   execv_fn real = REAL(execv_fn, R_EXECV);
-  errno = err;
   va_list ap;
   GATHER(arg, ap, argv, (void)0)
-  if (!real) {
-    errno = ENOSYS;
-    return -1;
-  }
   struct edge e = {"execl", argv, environ, path, 1, 0};
-  EXEC_CALL(e, real(path, argv));
+  EXEC_CALL(real, e, real(path, argv));
 }
 
 NP_EXPORT int execlp(const char* file, const char* arg, ...) {
-  int err = errno;
   execv_fn real = REAL(execv_fn, R_EXECVP);
-  errno = err;
   va_list ap;
   GATHER(arg, ap, argv, (void)0)
-  if (!real) {
-    errno = ENOSYS;
-    return -1;
-  }
   struct edge e = {"execlp", argv, environ, direct(file), 1, 0};
-  EXEC_CALL(e, real(file, argv));
+  EXEC_CALL(real, e, real(file, argv));
 }
 
 NP_EXPORT int execle(const char* path, const char* arg, ...) {
-  int err = errno;
   execve_fn real = REAL(execve_fn, R_EXECVE);
-  errno = err;
   va_list ap;
   char* const* envp;
   GATHER(arg, ap, argv, envp = va_arg(ap, char* const*))
-  if (!real) {
-    errno = ENOSYS;
-    return -1;
-  }
   struct edge e = {"execle", argv, envp, path, 1, envp != environ};
-  EXEC_CALL(e, real(path, argv, envp));
+  EXEC_CALL(real, e, real(path, argv, envp));
 }
 
 static int spawn_common(const char* call, spawn_fn real, pid_t* pid, const char* path,
@@ -484,16 +435,12 @@ static int spawn_common(const char* call, spawn_fn real, pid_t* pid, const char*
 
 NP_EXPORT int posix_spawn(pid_t* pid, const char* path, const posix_spawn_file_actions_t* fa,
                           const posix_spawnattr_t* attr, char* const argv[], char* const envp[]) {
-  int err = errno;
   spawn_fn real = REAL(spawn_fn, R_SPAWN);
-  errno = err;
   return spawn_common("posix_spawn", real, pid, path, fa, attr, argv, envp, path);
 }
 
 NP_EXPORT int posix_spawnp(pid_t* pid, const char* file, const posix_spawn_file_actions_t* fa,
                            const posix_spawnattr_t* attr, char* const argv[], char* const envp[]) {
-  int err = errno;
   spawn_fn real = REAL(spawn_fn, R_SPAWNP);
-  errno = err;
   return spawn_common("posix_spawnp", real, pid, file, fa, attr, argv, envp, direct(file));
 }
