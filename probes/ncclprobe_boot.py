@@ -117,7 +117,7 @@ _drops = []  # see _drop
 _full = None
 _quiet_until = 0.0
 _busy = None  # (since, pid, thread id) of an operation on the log filesystem in flight (see _emit)
-_tears = []  # a torn line before (see _emit)
+_tears = []  # a torn line before, as tokens a line that ended it takes back (see _emit)
 _alone = False
 
 # The fields of process_start, as _json in the rest writes them.
@@ -235,12 +235,15 @@ def _emit(ev, fields):
             head = '{"ev":"%s","t":%r,"host":%s,"pid":%d,"src":"boot"%s' % (
                 ev, time.time(), _jstr(_host), ident[1], ident[2])
             line = head + fields + (',"dropped":%d}\n' % carried if carried else "}\n")
-            torn = False
-            if _tears:  # a torn line before: this one starts on a line of its own (one thread says so)
-                try:
-                    torn = _tears.pop()
-                except IndexError:
-                    pass
+            # A torn line before: this one starts on a line of its own, and so does every line until one so
+            # started is written whole (the tear is read, not taken: a thread that took it could fail, or
+            # write after another thread's line had been glued to the torn one). Two lines that both end it
+            # leave an empty line, never a line lost uncounted.
+            try:
+                tear = _tears[-1]
+            except IndexError:
+                tear = None
+            torn = tear is not None
             if torn or _full is not None or len(line) > _max_line or size + len(line) > _max_bytes - 1024:
                 _rest()  # the line cap, the byte and file budgets, a torn line before this one
                 line = _bounded(ev, head, fields, line[len(head) + len(fields):], given, size, torn)
@@ -252,6 +255,11 @@ def _emit(ev, fields):
                 n = os.write(_fd, data)
             except OSError:
                 n = -1
+            if torn and n > 0:  # its "\n" ended the torn line
+                try:
+                    _tears.remove(tear)
+                except ValueError:  # (another thread's line ended it too)
+                    pass
             if n != len(data) or time.monotonic() - t1 > _STALL_S:
                 _rest()
                 _stalled(t1, n, len(data), carried, torn)
@@ -896,9 +904,10 @@ def _stalled(t0, n, length, carried, torn):
     time in the probe's writes."""
     global _quiet_until
     if n != length:
-        _drop(carried + 1)  # the counts this line carried are still to be said
-        if (torn or n > 0) and not _tears:  # the tear it was to end, or its own
-            _tears.append(True)
+        if n < 0 or n < length - 1:  # (all but its newline: the line is read whole once the next ends it)
+            _drop(carried + 1)  # the counts this line carried are still to be said
+        if n > torn and not _tears:  # a part of it written: its own tear (past the "\n" that ended one before)
+            _tears.append(object())
     now = time.monotonic()
     if now - t0 > _STALL_S:
         _quiet_until = now + min(600.0, max(5.0, 10 * (now - t0)))

@@ -296,7 +296,13 @@ def test_threads_that_lose_lines_count_each_once(wired, tmp_path):
     res = run([PYTHON, str(script), "8192"], env)
     assert res.returncode == 0, res.stderr
     read = read_dirs([log])
-    assert read.skipped_total <= 1  # the write that reached the limit, cut there: torn, on a line of its own
+    # The write that reached the limit, cut there: one torn line. The next line starts with "\n" to end it,
+    # but the probe takes no lock (it never blocks its host): another thread's line may end the torn one
+    # first, and the "\n" is then an empty line of its own (counted by the reader, no line lost: at most
+    # one per thread that popped a tear).
+    damaged = dict(read.skipped) | dict(read.unknown) | dict(read.skipped_files)
+    assert damaged.get("not JSON", 0) <= 1 and damaged.get("empty line", 0) <= 4, damaged
+    assert set(damaged) <= {"not JSON", "empty line"}, damaged
     writes = [e for e in read.events if e["ev"] == "env_write"]
     assert writes[0]["new"] == "first" and writes[-1]["new"] == "last"
     assert all(e.get("dropped", 1) > 0 for e in writes)  # never a count of zero or less

@@ -360,7 +360,8 @@ int np_file_write(char* line, size_t n, const char* src, unsigned long long* dro
   }
   unsigned long long k = __atomic_exchange_n(dropped, 0, __ATOMIC_RELAXED);
   if (k) n = say_dropped(line, n, k);
-  if (g_torn) { /* the caller keeps line[-1] for this */
+  int ending = g_torn; /* a torn line before: this one starts with the newline that ends it */
+  if (ending) { /* the caller keeps line[-1] for this */
     *--line = '\n';
     n++;
   }
@@ -373,8 +374,9 @@ int np_file_write(char* line, size_t n, const char* src, unsigned long long* dro
     g_torn = 0;
     return NP_FILE_OK;
   }
-  if (w > 0) g_torn = 1; /* ENOSPC or RLIMIT_FSIZE part way: the rest of the line is lost */
-  __atomic_add_fetch(dropped, k + 1, __ATOMIC_RELAXED);
+  if (w > 0) g_torn = w > ending; /* ENOSPC or RLIMIT_FSIZE part way: a part of this line, torn */
+  if (w < (ssize_t)n - 1) /* all but its newline: the line is read whole once the next one ends it */
+    __atomic_add_fetch(dropped, k + 1, __ATOMIC_RELAXED);
   return NP_FILE_OK;
 }
 
