@@ -1,6 +1,6 @@
 """ncclprobe: which NCCL tuning each communicator of a multi-process GPU server actually got."""
 
-SCHEMA = "ncclprobe/1"
+SCHEMA = "ncclprobe/2"
 
 
 def __getattr__(name: str):

@@ -10,7 +10,7 @@ EXIT_CODES = ("Exit codes: 0 nothing at error level; 1 error-level findings (--s
               "never changes them.")
 OUTPUT = ("Output: the verdict first, then one finding per cause, then the details; COLUMNS wide, else "
           "the terminal's width, else 80; words are never cut; colour on a terminal, also piped with "
-          "FORCE_COLOR, never with NO_COLOR; --json on every command (schema ncclprobe/1).")
+          "FORCE_COLOR, never with NO_COLOR; --json on every command (schema ncclprobe/2).")
 # command -> the first sentence of its help
 COMMANDS = {
     "bench": "All-reduce latency per NCCL configuration on this machine, with nccl-tests semantics; each "

@@ -69,7 +69,7 @@ def _guarded(command: str, as_json: bool, fn, *args, **kwargs):
         raise click.UsageError(str(exc)) from None
 
 
-json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema ncclprobe/1).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print the result as JSON (schema ncclprobe/2).")
 strict_option = click.option("--strict", is_flag=True, help="Exit 1 on warnings too, not only on errors.")
 
 

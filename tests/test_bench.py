@@ -116,7 +116,7 @@ def test_each_worker_reports_the_environment_it_ran_with(matrix_run):
 def test_json_schema(matrix_run):
     result, _ = matrix_run
     doc = json.loads(json.dumps(result.to_json(), default=str))
-    assert doc["schema"] == "ncclprobe/1" and doc["command"] == "bench"
+    assert doc["schema"] == "ncclprobe/2" and doc["command"] == "bench"
     for key in ("topology", "configs", "recommendation", "backend", "label", "nranks", "sizes", "basis"):
         assert key in doc
     assert doc["label"] == "CPU/gloo" and doc["basis"] == "eager" and doc["nranks"] == 2

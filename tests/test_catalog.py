@@ -124,7 +124,7 @@ def test_cli_explain_list_json():
     p = _cli("explain", "--list", "--json")
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
-    assert data["schema"] == "ncclprobe/1" and data["command"] == "explain"
+    assert data["schema"] == "ncclprobe/2" and data["command"] == "explain"
     names = [v["name"] for v in data["variables"]]
     assert names == sorted(names) and len(names) == len(catalog.CATALOG)
     proto = next(v for v in data["variables"] if v["name"] == "NCCL_PROTO")

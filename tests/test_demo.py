@@ -31,7 +31,7 @@ def by_code(out, code):
 
 def test_demo_names_every_planted_cause_and_nothing_else(demo_json):
     out = demo_json
-    assert out["schema"] == "ncclprobe/1" and out["command"] == "demo"
+    assert out["schema"] == "ncclprobe/2" and out["command"] == "demo"
     assert out["simulated"] is True and out["ok"] is True
     codes = {f["code"] for f in out["findings"]}
     assert set(story.PLANTED) <= codes
@@ -61,7 +61,7 @@ def test_demo_evidence_points_at_the_culprits(demo_json):
     shell = by_code(out, "SHELL_PREFIX_SCOPE")
     assert shell and shell[0]["var"] == "NCCL_P2P_LEVEL"
     missing = by_code(out, "ENV_MISSING")
-    replica = [p for p in out["processes"] if "--role" in p["cmdline"] and "replica" in p["cmdline"]]
+    replica = [p for p in out["processes"] if "--role" in p["argv"] and "replica" in p["argv"]]
     assert len(replica) == 1 and all(replica[0]["pid"] in f["pids"] for f in missing)
     assert len(missing) == 1 and missing[0]["severity"] == "error"  # one edge: the curated environment
     assert set(missing[0]["vars"]) == {"NCCL_PROTO", "NCCL_ALGO", "NCCL_MAX_NCHANNELS"}

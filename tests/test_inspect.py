@@ -61,8 +61,8 @@ def test_parent_diff_warnings_in_nccl_scope(server):
     assert "serve.py" in changed.hint
     procs = {p["pid"]: p for p in res.data["processes"]}
     assert procs[103]["in_scope"] is False and procs[101]["gpus"] == [0]
-    assert procs[102]["env_diff"]["removed"] == ["NCCL_PROTO"]
-    assert procs[101]["env_diff"]["changed"] == {"NCCL_ALGO": {"parent": "Ring", "value": "Tree"}}
+    assert procs[102]["exec_env_diff"]["removed"] == ["NCCL_PROTO"]
+    assert procs[101]["exec_env_diff"]["changed"] == {"NCCL_ALGO": {"parent": "Ring", "value": "Tree"}}
 
 
 def test_scope_all_includes_processes_without_gpu(server):
@@ -105,7 +105,7 @@ def test_unreadable_rows_and_blind_root(server):
     unread = [f for f in res.findings if f.code == "ENV_UNREADABLE"]
     assert unread and unread[0].pids == (102,) and "CAP_SYS_PTRACE" in unread[0].hint
     rows = {p["pid"]: p for p in res.data["processes"]}
-    assert (rows[102]["env_source"], rows[102]["env_reason"], rows[102]["env"]) == ("unreadable", "permission", None)
+    assert (rows[102]["exec_env_source"], rows[102]["exec_env_reason"], rows[102]["exec_env"]) == ("unreadable", "permission", None)
     blind = FailingReader({(p, "environ"): PermissionError for p in (100, 101, 102, 103)})
     with pytest.raises(Unexaminable) as exc:
         run_fake(server, [100], reader=blind)
@@ -222,22 +222,22 @@ def test_live_start_methods(live):
     res = inspect_processes([root], scope="all", gpu_lookup=NO_NVML)
     rows = {p["pid"]: p for p in res.data["processes"]}
     assert set(kids.values()) <= set(rows)
-    assert "NCCL_LATE" not in rows[root]["env"]
+    assert "NCCL_LATE" not in rows[root]["exec_env"]
     spawn = rows[kids["spawn"]]
-    assert spawn["env"]["NCCL_LATE"] == "1" and spawn["stale"] is None
-    assert rows[kids["fork"]]["stale"] == "fork" and "NCCL_LATE" not in rows[kids["fork"]]["env"]
-    assert rows[kids["forkserver"]]["stale"] == "forkserver"
-    assert rows[kids["forkserver2"]]["stale"] == "forkserver"
-    assert "NCCL_LATER" not in rows[kids["forkserver2"]]["env"]
+    assert spawn["exec_env"]["NCCL_LATE"] == "1" and spawn["exec_env_stale"] is None
+    assert rows[kids["fork"]]["exec_env_stale"] == "fork" and "NCCL_LATE" not in rows[kids["fork"]]["exec_env"]
+    assert rows[kids["forkserver"]]["exec_env_stale"] == "forkserver"
+    assert rows[kids["forkserver2"]]["exec_env_stale"] == "forkserver"
+    assert "NCCL_LATER" not in rows[kids["forkserver2"]]["exec_env"]
     titled = rows[kids["titled"]]
-    assert titled["env_source"] == "empty" and titled["stale"] == "clobbered"
+    assert titled["exec_env_source"] == "empty" and titled["exec_env_stale"] == "clobbered"
     # /proc cannot show what a fork child or a clobbered block holds: stated, never checked; a forkserver
     # child's block is the server's, which is what it runs with: no blind spot
     stale = {pid for f in res.findings if f.code == "EXEC_ENV_STALE" for pid in f.pids}
     assert kids["fork"] in stale and kids["titled"] in stale
     assert kids["forkserver"] not in stale and kids["forkserver2"] not in stale
     curated = rows[kids["curated"]]
-    assert curated["env"] == {"NCCL_ALGO": "Tree"}
+    assert curated["exec_env"] == {"NCCL_ALGO": "Tree"}
     missing = [f for f in res.findings if f.code == "ENV_MISSING" and "NCCL_PROTO" in f.evidence.get("vars", {})]
     assert missing and kids["curated"] in missing[0].pids and missing[0].severity == "warning"
 
@@ -290,10 +290,10 @@ def test_cli_json_schema_and_secrets(live):
     r = cli("inspect", str(root), "--json")
     assert r.returncode in (0, 1), r.stderr
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "ncclprobe/1" and doc["command"] == "inspect"
+    assert doc["schema"] == "ncclprobe/2" and doc["command"] == "inspect"
     for row in doc["processes"]:
-        assert {"pid", "ppid", "cmdline", "env_source", "env", "nccl_libs", "gpus"} <= set(row)
-        assert row["env_source"] in ("exec", "unreadable", "empty")
+        assert {"pid", "ppid", "argv", "exec_env_source", "exec_env", "nccl_libs", "gpus"} <= set(row)
+        assert row["exec_env_source"] in ("exec", "unreadable", "empty")
     for f in doc["findings"]:
         assert {"code", "severity", "message", "pids", "var", "evidence", "hint"} <= set(f)
     assert "MY_SECRET_TOKEN" not in r.stdout and "hunter2-planted" not in r.stdout and "zz9" not in r.stdout

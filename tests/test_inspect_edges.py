@@ -92,7 +92,7 @@ def test_live_empty_environment_is_real_and_checked():
         wait_until(lambda: argv(child) == [SLEEP, "30"], f"{child} never ran {SLEEP}")
         res = inspect_processes([parent.pid], expect={"NCCL_PROTO": "LL"}, scope="all", gpu_lookup=NO_NVML)
         row = next(p for p in res.data["processes"] if p["pid"] == child)
-        assert (row["env_source"], row["env_reason"], row["env"], row["stale"]) == ("exec", "empty at exec", {}, None)
+        assert (row["exec_env_source"], row["exec_env_reason"], row["exec_env"], row["exec_env_stale"]) == ("exec", "empty at exec", {}, None)
         assert not [f for f in res.findings if f.code == "EXEC_ENV_STALE"]
         (missing,) = [f for f in res.findings if f.code == "ENV_MISSING" and f.var == "NCCL_PROTO"]
         assert missing.severity == "error" and missing.pids == (child,)
@@ -112,7 +112,7 @@ def test_live_setproctitle_block_is_still_clobbered():
     try:
         assert p.stdout.readline().strip() == "ok"
         (row,) = inspect_processes([p.pid], gpu_lookup=NO_NVML).data["processes"]
-        assert (row["env_source"], row["env_reason"], row["stale"]) == ("empty", "clobbered", "clobbered")
+        assert (row["exec_env_source"], row["exec_env_reason"], row["exec_env_stale"]) == ("empty", "clobbered", "clobbered")
     finally:
         stop(p)
 
@@ -147,8 +147,8 @@ def test_live_setproctitle_zeroing_the_head_keeps_the_tail_and_is_not_absence(lo
         assert raw.startswith(b"xxxx") if longer else raw.startswith(b"\0" * 1000)
         res = inspect_processes([p.pid], expect={"NCCL_PROTO": "LL", "NCCL_ALGO": "Ring"}, gpu_lookup=NO_NVML)
         (row,) = res.data["processes"]
-        assert (row["env_source"], row["env_reason"], row["stale"]) == ("exec", "partly overwritten", "clobbered")
-        assert row["env"].get("NCCL_ALGO") == "Ring" and "NCCL_PROTO" not in row["env"]
+        assert (row["exec_env_source"], row["exec_env_reason"], row["exec_env_stale"]) == ("exec", "partly overwritten", "clobbered")
+        assert row["exec_env"].get("NCCL_ALGO") == "Ring" and "NCCL_PROTO" not in row["exec_env"]
         assert not [f for f in res.findings if f.code in ("ENV_MISSING", "ENV_CHANGED")], res.findings
         (stale,) = [f for f in res.findings if f.code == "EXEC_ENV_STALE"]
         assert stale.pids == (p.pid,) and "setproctitle" in stale.message  # a stated blind spot, not a cause
@@ -165,7 +165,7 @@ def test_live_zombie_is_empty_not_unreadable():
         wait_until(lambda: state(zombie) == "Z", f"{zombie} never exited (its parent does not reap it)")
         res = inspect_processes([parent.pid], gpu_lookup=NO_NVML)
         row = next(p for p in res.data["processes"] if p["pid"] == zombie)
-        assert row["state"] == "Z" and (row["env_source"], row["env_reason"]) == ("empty", "zombie")
+        assert row["state"] == "Z" and (row["exec_env_source"], row["exec_env_reason"]) == ("empty", "zombie")
         assert not [f for f in res.findings if f.code in ("ENV_UNREADABLE", "EXEC_ENV_STALE")]
     finally:
         stop(parent)
@@ -181,7 +181,7 @@ def test_live_kernel_threads_are_empty_not_unreadable():
         pytest.skip("pid 2 is not kthreadd here (PID namespace)")
     res = inspect_processes([2], gpu_lookup=NO_NVML)
     rows = res.data["processes"]
-    assert rows and all((r["env_source"], r["env_reason"]) == ("empty", "kernel thread") for r in rows)
+    assert rows and all((r["exec_env_source"], r["exec_env_reason"]) == ("empty", "kernel thread") for r in rows)
     assert not [f for f in res.findings if f.code == "ENV_UNREADABLE"]
 
 
@@ -298,7 +298,7 @@ def test_live_multiline_command_line_is_shown_on_one_line():
         res = inspect_processes([p.pid], gpu_lookup=NO_NVML)
         (row,) = res.data["processes"]
         assert "\n" not in row["command"] and "import time\\ntime.sleep(30)" in row["command"]
-        assert row["cmdline"][-1] == "import time\ntime.sleep(30)"  # the data keeps the argument as it is
+        assert row["argv"][-1] == "import time\ntime.sleep(30)"  # the data keeps the argument as it is
         tree_line = next(line for line in text_of(res).splitlines() if line.startswith(str(p.pid)))
         assert "time.sleep(30)" in tree_line
     finally:
@@ -357,7 +357,7 @@ def test_a_process_that_exited_during_the_scan_is_a_note_not_a_warning(tmp_path)
     fake.add(11, 10, cmdline=["python", "w.py"], env={"NCCL_PROTO": "LL"}, environ_error=FileNotFoundError)
     res = inspect_processes([10], proc_root=fake.root, reader=fake.reader(), gpu_lookup=NO_NVML)
     row = next(r for r in res.data["processes"] if r["pid"] == 11)
-    assert (row["env_source"], row["env_reason"]) == ("unreadable", "vanished")
+    assert (row["exec_env_source"], row["exec_env_reason"]) == ("unreadable", "vanished")
     assert not [f for f in res.findings if f.code == "ENV_UNREADABLE"] and res.exit_code(strict=True) == 0
     assert "Exited during the scan (environment not read): pid 11." in text_of(res)
 
@@ -394,7 +394,7 @@ def test_live_refusals_name_their_cause_and_conf_files_behind_them_are_unknown()
         assert r.returncode == 0, r.stderr
         doc = json.loads(r.stdout)
         rows = {row["pid"]: row for row in doc["processes"]}
-        assert (rows[rootp]["env_denied_by"], rows[hidden]["env_denied_by"], rows[mine]["env_source"]) == \
+        assert (rows[rootp]["exec_env_denied_by"], rows[hidden]["exec_env_denied_by"], rows[mine]["exec_env_source"]) == \
             ("other user", "not dumpable", "exec")
         unread = {tuple(f["pids"]): f for f in doc["findings"] if f["code"] == "ENV_UNREADABLE"}
         assert set(unread) == {(rootp,), (hidden,)}

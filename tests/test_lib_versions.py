@@ -111,7 +111,7 @@ def test_a_ctypes_copy_of_the_real_libnccl_shows_the_version_its_elf_carries(tmp
     assert any(t.startswith("libnccl copies in pid 10:") and f"{want} (read from the file)" in t and "2.28.9" in t
                for t in texts(result)), texts(result)
     (proc,) = result.data["processes"]
-    assert {(v["path"], v["version_source"]) for v in proc["nccl_lib_versions"]} == {(SIM, "probe"), (REAL, "file")}
+    assert {(v["path"], v["version_source"]) for v in proc["nccl_libs"]} == {(SIM, "probe"), (REAL, "file")}
     valid(result.to_json())
 
 

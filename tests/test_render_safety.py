@@ -49,7 +49,7 @@ def test_inspect_shows_an_escape_in_a_live_command_line_escaped():
         assert "\\x1b[2J" in r.stdout
         j = subprocess.run([sys.executable, "-m", "ncclprobe", "inspect", str(child.pid), "--json"],
                            capture_output=True, text=True, timeout=120)
-        assert CLEAR in " ".join(json.loads(j.stdout)["processes"][0]["cmdline"])  # JSON keeps it, escaped by JSON
+        assert CLEAR in " ".join(json.loads(j.stdout)["processes"][0]["argv"])  # JSON keeps it, escaped by JSON
     finally:
         child.kill()
         child.wait()

@@ -26,7 +26,7 @@ def test_run_passes_the_exit_code_and_records_the_environment_write(tmp_path):
     r = cli("run", "--dir", str(d), "--set", "NCCL_PROTO=LL", "--json", "--", sys.executable, "-c", code)
     assert r.returncode == 7, r.stderr
     out = json.loads(r.stdout)
-    assert out["schema"] == "ncclprobe/1" and out["command"] == "run" and out["returncode"] == 7
+    assert out["schema"] == "ncclprobe/2" and out["command"] == "run" and out["returncode"] == 7
     f = [f for f in out["findings"] if f["code"] == "ENV_OVERRIDDEN"]
     assert f and f[0]["evidence"]["old"] == "LL" and f[0]["evidence"]["new"] == "Simple"
     assert (os.stat(d).st_mode & 0o777) == 0o700
@@ -266,7 +266,7 @@ def test_report_drops_unwatched_variables_from_foreign_event_files(tmp_path):
     (d / "h-5.jsonl").write_text(json.dumps(e) + "\n")
     r = cli("report", str(d), "--json")
     assert r.returncode == 0 and "sekrit123" not in r.stdout and "HF_TOKEN" not in r.stdout
-    assert json.loads(r.stdout)["processes"][0]["env"] == {"NCCL_PROTO": "LL"}
+    assert json.loads(r.stdout)["processes"][0]["start_env"] == {"NCCL_PROTO": "LL"}
 
 
 def test_run_json_keeps_stdout_for_the_document(tmp_path):

@@ -36,7 +36,7 @@ def cli(*args, timeout: float = 180, env: dict[str, str] | None = None) -> subpr
 
 def valid(doc: dict, schema_file: str) -> dict:
     """doc is the document of a command whose schema is schema_file, and it validates."""
-    assert doc["schema"] == "ncclprobe/1"
+    assert doc["schema"] == "ncclprobe/2"
     assert schemas.FILES.get(doc["command"], schemas.FALLBACK) == schema_file, doc["command"]
     schemas.validate(doc)
     return doc
@@ -182,8 +182,8 @@ def test_inspect_of_a_live_tree(tree):
     root, child = tree
     doc = output(cli("inspect", root, "--scope", "all", "--expect", "NCCL_PROTO=LL", "--json"), "inspect.json", 1)
     rows = {p["pid"]: p for p in doc["processes"]}
-    assert rows[root]["env"]["NCCL_PROTO"] == "LL" and rows[child]["env"] == {"NCCL_ALGO": "Tree"}
-    assert rows[child]["env_diff"]["removed"] == ["NCCL_PROTO"]
+    assert rows[root]["exec_env"]["NCCL_PROTO"] == "LL" and rows[child]["exec_env"] == {"NCCL_ALGO": "Tree"}
+    assert rows[child]["exec_env_diff"]["removed"] == ["NCCL_PROTO"]
     assert any(f["code"] == "ENV_MISSING" and child in f["pids"] for f in doc["findings"])
 
 
@@ -192,7 +192,7 @@ def test_inspect_with_every_variable_and_a_missing_pid(tree):
     doc = output(cli("inspect", root, "999999999", "--all-vars", "--json"), "inspect.json", 3)
     assert doc["missing_pids"] == [999999999] and {"pid": 999999999, "reason": "no_such_process",
                                                   "given": True} in doc["skipped"]
-    assert {p["pid"]: p for p in doc["processes"]}[root]["env"]["MY_SECRET_TOKEN"] == "<redacted>"
+    assert {p["pid"]: p for p in doc["processes"]}[root]["exec_env"]["MY_SECRET_TOKEN"] == "<redacted>"
 
 
 def test_inspect_with_the_demo_s_log_directory_and_an_nccl_log(tree, demo):

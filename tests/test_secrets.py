@@ -126,7 +126,7 @@ def test_inspect_redacts_argv_secrets_in_text_and_json():
     assert text.returncode == 0 and js.returncode == 0, text.stderr + js.stderr
     assert leaked(text.stdout, js.stdout) == []
     (rec,) = [p for p in json.loads(js.stdout)["processes"] if p["pid"] == pid]
-    assert rec["cmdline"][3:] == ["--api-key", "<redacted>", "--token=<redacted>", "--password=<redacted>",
+    assert rec["argv"][3:] == ["--api-key", "<redacted>", "--token=<redacted>", "--password=<redacted>",
                                   "--hf-token", "<redacted>", "DATABASE_URL=postgres://u:<redacted>@dbhost/db",
                                   "--db=postgres://u:<redacted>@h:5432/x", "--auth", "<redacted>",
                                   "--db-passwd=<redacted>", "--port", "8000", "--author", "alice"]

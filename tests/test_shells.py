@@ -107,7 +107,7 @@ def test_live_exec_of_last_command_claims_nothing(shell_tree, tmp_path):
     # bash 5 execs the last command of the list: once the worker is up, the shell's command line is gone
     sh = shell_tree(f"NCCL_PROTO=LL cd {tmp_path} && {py} -c {WORKER}")
     res = _inspect(sh.pid)
-    assert res.data["processes"][0]["cmdline"][0] == sys.executable
+    assert res.data["processes"][0]["argv"][0] == sys.executable
     assert not [f for f in res.findings if f.code == "SHELL_PREFIX_SCOPE"]
 
 

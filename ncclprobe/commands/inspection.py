@@ -8,7 +8,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from ncclprobe import diagnose, model as model_mod
+from ncclprobe import diagnose, model as model_mod, views
 from ncclprobe.commands import procview, verdictview
 from ncclprobe.diagnose import verdict
 from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE
@@ -87,7 +87,7 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     # a PID named on the command line that is not there (or went during the walk) fails the command
     missing = sorted({s["pid"] for s in not_found} | {s["pid"] for s in tree.skipped if s["pid"] in pids})
     data = {"roots": tree.roots, "expect": shown_values(expect), "scope": scope,
-            "processes": procsnap.public(recs),
+            "processes": _processes(m, procsnap.public(recs), host, dirs or nccl_logs),
             "skipped": not_found + tree.skipped, "missing_pids": missing, "excluded": tree.excluded,
             "gpu_source": "nvml" if not gpu_reason else "fds", "gpu_reason": gpu_reason or None}
     if live_summary is not None:
@@ -116,6 +116,17 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     if skipped_dirs:
         result.data.setdefault("in_process", {"dirs": []})["skipped_dirs"] = skipped_dirs
     return result
+
+
+def _processes(m, recs: list[dict], host: str, merged) -> list[dict]:
+    """The records as every command's --json shows a process (views.process), each with its model process
+    (the sighting of it, and the probes' witnesses of it where log directories were merged)."""
+    versions = {}
+    if merged:
+        from ncclprobe.commands.report import lib_versions
+        versions = lib_versions(m)
+    return [views.process(m.processes.get((host, r["pid"])) or model_mod.ProcessView(host, r["pid"]), versions, r)
+            for r in recs]
 
 
 RAS_SINCE = 22400  # NCCL_VERSION_CODE of 2.24.0, the first with the RAS service

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ncclprobe import diagnose, model as model_mod
+from ncclprobe import diagnose, model as model_mod, views
 from ncclprobe.commands import verdictview
 from ncclprobe.diagnose import inprocess, verdict
 from ncclprobe.witnesses import events
@@ -194,12 +194,7 @@ def _lib_text(c: CommView, versions: dict[tuple[str, str], LibVersion]) -> str:
 
 
 def _version(v: int | None) -> str:
-    """NCCL_VERSION_CODE: major*10000 + minor*100 + patch since 2.9, major*1000 + minor*100 + patch before."""
-    if not v:
-        return "?"
-    if v >= 10000:
-        return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
-    return f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+    return views.version_text(v) or "?"
 
 
 def _tuning(env: dict[str, str] | None) -> str:
@@ -599,9 +594,7 @@ def comms_doc(m: Model, title: str = "Communicators") -> list:
     return [Records(items, title=title)] if items else []
 
 
-def _finite(t: float) -> float | None:
-    """Times NCCL's log does not give are infinite in the model; JSON has no infinity (null)."""
-    return t if math.isfinite(t) else None
+_finite = views.finite
 
 
 def _version_json(c: CommView, versions: dict[tuple[str, str], LibVersion]) -> dict[str, Any]:
@@ -609,14 +602,6 @@ def _version_json(c: CommView, versions: dict[tuple[str, str], LibVersion]) -> d
     if c.version:
         return {"version": c.version, "version_source": "probe"}
     return {"version": got.code if got else None, "version_source": got.source if got else None}
-
-
-def _libs_json(p, versions: dict[tuple[str, str], LibVersion]) -> list[dict[str, Any]]:
-    out = []
-    for lib in sorted(p.libs):
-        got = versions.get((p.host, lib))
-        out.append({"path": lib, "version": got.code if got else None, "version_source": got.source if got else None})
-    return out
 
 
 def _ns_of(p) -> str:
@@ -630,19 +615,7 @@ def _ns_of(p) -> str:
 
 def model_json(m: Model) -> dict[str, Any]:
     versions = lib_versions(m)
-    procs = [{"host": p.node, "pid": p.pid, "ns_pid": p.ns_pid, "pidns": p.pidns, "host_pid_known": p.node == p.host,
-              "pid_given_again": p.retired is not None, "ppid": p.ppid, "argv": p.argv, "exe": p.exe,
-              "witnesses": sorted(p.sources), "env": p.start_env, "exec_env_differs": p.exec_env_differs,
-              "forked_from": p.forked_from, "adopted_by": p.adopted_by, "exec_after_boot": p.exec_after_boot,
-              "nccl_libs": sorted(p.libs), "nccl_lib_versions": _libs_json(p, versions),
-              "env_writes": [w.__dict__ for w in p.writes],
-              "nccl_reads": [{**r.__dict__, "t": _finite(r.t)} for r in sorted(p.reads.values(), key=lambda r: r.t)],
-              "probe_errors": p.errors, "start": _finite(p.proc_start) if p.proc_start is not None else None,
-              "proc_env": p.proc_exec_env, "proc_env_reason": p.proc_env_reason, "injected": p.injected,
-              "earlier_argv": p.images, "live_env": p.live_env, "live_t": p.live_t, "live_since": p.live_since,
-              "live_reason": p.live_reason,
-              "live_readings": [{"env": r.env, "t": r.t, "since": r.since} for r in p.live_readings]}
-             for p in m.processes.values()]
+    procs = [views.process(p, versions) for p in m.processes.values()]
     comms = [{"host": c.host, "pid": c.pid, "t": _finite(c.t), "api": c.api, "comm": c.comm, "comm_hash": c.comm_hash,
               "rank": c.rank, "nranks": c.nranks, "parent": c.parent, "color": c.color, "key": c.key,
               "uid": c.uid, "config": c.config, "env": c.env, "env_source": c.env_source, "rc": c.rc,

@@ -1,4 +1,4 @@
-"""The JSON Schemas (draft 2020-12) of every command's --json output, contract "ncclprobe/1": one file
+"""The JSON Schemas (draft 2020-12) of every command's --json output, contract "ncclprobe/2": one file
 per command, common.json for the shared parts, error.json for a document that is only an error.
 validate() needs the jsonschema package (the `test` extra); nothing else here does."""
 from __future__ import annotations
