@@ -538,7 +538,7 @@ def test_inspect_live_json_end_to_end(tmp_path):
         child = int(parent.ready[2])
         expect = ["--expect", "NCCL_IN_CHILD=1", "--expect", "NCCL_LATE=1", "--scope", "all"]
         plain = inspect_json(parent.pid, *expect)
-        assert "live" not in plain and all("live_env" not in r for r in plain["processes"])
+        assert "live" not in plain and all(r["live_env"] is None for r in plain["processes"])
         codes = {(f["code"], (f["edge"] or {}).get("kind")) for f in plain["findings"]}
         assert ("ENV_MISSING", "not_in_root") in codes  # blind to both writes
 

@@ -140,9 +140,9 @@ def test_inspect_all_vars_redacts_new_markers_and_url_passwords():
         text = cli("inspect", str(pid), "--all-vars")
     assert leaked(js.stdout, text.stdout) == []
     (rec,) = [p for p in json.loads(js.stdout)["processes"] if p["pid"] == pid]
-    assert rec["env"]["DATABASE_URL"] == "postgres://u:<redacted>@dbhost/db"
-    assert rec["env"]["DB_PASSWD"] == rec["env"]["GH_AUTH"] == rec["env"]["SSH_PRIVATE"] == "<redacted>"
-    assert rec["env"]["GIT_AUTHOR_NAME"] == "alice"
+    assert rec["exec_env"]["DATABASE_URL"] == "postgres://u:<redacted>@dbhost/db"
+    assert rec["exec_env"]["DB_PASSWD"] == rec["exec_env"]["GH_AUTH"] == rec["exec_env"]["SSH_PRIVATE"] == "<redacted>"
+    assert rec["exec_env"]["GIT_AUTHOR_NAME"] == "alice"
 
 
 def test_inspect_shell_prefix_evidence_redacts_the_commands_argv():

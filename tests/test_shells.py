@@ -99,7 +99,7 @@ def test_live_shell_prefix_pitfall(shell_tree, tmp_path):
         assert f.var == "NCCL_PROTO" and f.pids == (child.pid,) and f.severity == "warning"
         assert f.evidence["shell"] == sh.pid and f.evidence["assigned_in"].startswith("NCCL_PROTO=LL cd")
         proc = {p["pid"]: p for p in res.data["processes"]}[child.pid]
-        assert "NCCL_PROTO" not in proc["env"]
+        assert "NCCL_PROTO" not in proc["exec_env"]
 
 
 def test_live_exec_of_last_command_claims_nothing(shell_tree, tmp_path):
