@@ -34,44 +34,57 @@ def version_text(code: int | None) -> str | None:
 
 def process(p: ProcessView, versions: dict | None = None, rec: dict | None = None) -> dict[str, Any]:
     """p as --json shows a process; versions: (host, path) -> report.LibVersion of the copies the probes
-    named; rec: inspect's /proc record of p (procsnap.Snapshot.record, public keys), which knows the
-    exec-time block as shown (--all-vars), the mappings, GPUs, nccl.conf files and the live reading."""
-    r = rec or {}
-    exec_env = r["env"] if rec is not None else p.proc_exec_env
-    argv = r["cmdline"] if rec is not None else p.argv
+    named; rec: inspect's /proc record of p (procsnap.Snapshot.record, public keys), which knows more than
+    the model keeps: the exec-time block as shown (--all-vars), the mappings, GPUs and the live reading."""
+    seen = _from_record(rec) if rec is not None else _from_model(p)
     return {
         "host": p.node, "pid": p.pid, "ns_pid": p.ns_pid, "pidns": p.pidns, "host_pid_known": p.node == p.host,
         "pid_given_again": p.retired is not None, "ppid": p.ppid, "forked_from": p.forked_from,
         "adopted_by": p.adopted_by, "witnesses": sorted(p.sources),
-        "name": r.get("name"), "user": r["user"] if rec is not None else p.proc_user, "uid": r.get("uid"),
-        "state": r.get("state"), "root": r.get("root"),
-        "start": finite(p.proc_start), "start_time": r.get("start_time"),
-        "argv": argv, "command": r["command"] if rec is not None else _command(argv),
-        "exe": r["exe"] if rec is not None else p.exe, "earlier_argv": p.images, "exec_after_boot": p.exec_after_boot,
-        "exec_env": exec_env,
-        "exec_env_source": r["env_source"] if rec is not None else p.proc_env_source,
-        "exec_env_reason": r["env_reason"] if rec is not None else p.proc_env_reason,
-        "exec_env_size": r.get("env_size"),
-        "exec_env_denied_by": r["env_denied_by"] if rec is not None else p.proc_denied_by,
-        "exec_env_stale": r["stale"] if rec is not None else p.proc_stale,
-        "exec_env_diff": r.get("env_diff"),
-        "exec_env_differs": p.exec_env_differs,
-        "cuda_visible_devices": r["cuda_visible_devices"] if rec is not None else
-        (exec_env or {}).get("CUDA_VISIBLE_DEVICES"),
+        **{k: seen[k] for k in ("name", "user", "uid", "state", "root")},
+        "start": finite(p.proc_start), "start_time": seen["start_time"],
+        "argv": seen["argv"], "command": seen["command"], "exe": seen["exe"],
+        "earlier_argv": p.images, "exec_after_boot": p.exec_after_boot,
+        **{k: seen[k] for k in ("exec_env", "exec_env_source", "exec_env_reason", "exec_env_size",
+                                "exec_env_denied_by", "exec_env_stale", "exec_env_diff")},
+        "exec_env_differs": p.exec_env_differs, "cuda_visible_devices": seen["cuda_visible_devices"],
         "start_env": p.start_env, "injected": p.injected, "env_writes": [w.__dict__ for w in p.writes],
-        "live_env": r["live_env"] if "live_env" in r else p.live_env,
-        "live_t": r["live_t"] if "live_t" in r else p.live_t, "live_since": p.live_since,
-        "live_reason": r["live_reason"] if "live_reason" in r else p.live_reason,
-        "live_diff": r.get("live_diff"),
+        # inspect --live's reading is the record's (--all-vars shows more than the model keeps)
+        "live_env": seen.get("live_env", p.live_env), "live_t": seen.get("live_t", p.live_t),
+        "live_since": p.live_since, "live_reason": seen.get("live_reason", p.live_reason),
+        "live_diff": seen.get("live_diff"),
         "live_readings": [{"env": x.env, "t": x.t, "since": x.since} for x in p.live_readings],
-        "nccl_libs": nccl_libs(p, versions or {}, r["nccl_libs"] if rec is not None else p.nccl_libs),
-        "nccl_callers": r.get("nccl_callers") or [], "maps_reason": r.get("maps_reason"),
+        "nccl_libs": nccl_libs(p, versions or {}, seen["nccl_libs"]),
+        "nccl_callers": seen["nccl_callers"], "maps_reason": seen["maps_reason"],
         "nccl_reads": [{**x.__dict__, "t": finite(x.t)} for x in sorted(p.reads.values(), key=lambda x: x.t)],
         "probe_errors": p.errors,
-        "gpus": r.get("gpus") or [], "gpus_source": r.get("gpus_source"), "gpus_reason": r.get("gpus_reason"),
-        "conf_files": r["conf_files"] if rec is not None else p.conf_files,
-        "in_scope": r["in_scope"] if rec is not None else p.in_scope, "notes": r.get("notes") or [],
+        **{k: seen[k] for k in ("gpus", "gpus_source", "gpus_reason", "conf_files", "in_scope", "notes")},
     }
+
+
+def _from_model(p: ProcessView) -> dict[str, Any]:
+    """What the model keeps of /proc (run's watch, a child's boot probe): less than inspect's record."""
+    return {"name": None, "user": p.proc_user, "uid": None, "state": None, "root": None, "start_time": None,
+            "argv": p.argv, "command": _command(p.argv), "exe": p.exe,
+            "exec_env": p.proc_exec_env, "exec_env_source": p.proc_env_source, "exec_env_reason": p.proc_env_reason,
+            "exec_env_size": None, "exec_env_denied_by": p.proc_denied_by, "exec_env_stale": p.proc_stale,
+            "exec_env_diff": None, "cuda_visible_devices": (p.proc_exec_env or {}).get("CUDA_VISIBLE_DEVICES"),
+            "nccl_libs": p.nccl_libs, "nccl_callers": [], "maps_reason": None,
+            "gpus": [], "gpus_source": None, "gpus_reason": None, "conf_files": p.conf_files,
+            "in_scope": p.in_scope, "notes": []}
+
+
+def _from_record(r: dict) -> dict[str, Any]:
+    """inspect's record under the names every command uses."""
+    out = {k: r[k] for k in ("name", "user", "uid", "state", "root", "start_time", "command", "exe",
+                             "cuda_visible_devices", "nccl_libs", "nccl_callers", "maps_reason", "gpus",
+                             "gpus_source", "gpus_reason", "conf_files", "in_scope", "notes")}
+    out.update({"argv": r["cmdline"], "exec_env": r["env"], "exec_env_source": r["env_source"],
+                "exec_env_reason": r["env_reason"], "exec_env_size": r["env_size"],
+                "exec_env_denied_by": r["env_denied_by"], "exec_env_stale": r["stale"],
+                "exec_env_diff": r["env_diff"]})
+    out.update({k: r[k] for k in ("live_env", "live_t", "live_reason", "live_diff") if k in r})  # --live only
+    return out
 
 
 def nccl_libs(p: ProcessView, versions: dict, mapped: list[dict]) -> list[dict[str, Any]]:

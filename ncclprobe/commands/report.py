@@ -2,7 +2,6 @@
 probes' log directories (several hosts' directories merge) and NCCL's own INFO logs."""
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
