@@ -101,9 +101,10 @@ def test_a_ctypes_copy_of_the_real_libnccl_shows_the_version_its_elf_carries(tmp
     result = report.build_report([log])
     second = comm_of(result, "0x000000000000beef")
     major, minor, patch = map(int, want.split("."))
-    assert (second["version"], second["version_source"]) == (major * 10000 + minor * 100 + patch, "file")
+    assert (second["version_code"], second["version_source"]) == (major * 10000 + minor * 100 + patch, "file")
+    assert second["version"] == want
     first = next(c for c in result.data["communicators"] if c["api"])
-    assert (first["version"], first["version_source"]) == (22809, "probe")
+    assert (first["version"], first["version_code"], first["version_source"]) == ("2.28.9", 22809, "probe")
     lines = library_lines(result)
     assert any(f"{want} (read from the file)" in ln and "(simulated)" not in ln for ln in lines), lines
     assert not any(" ?" in ln for ln in lines)
@@ -119,7 +120,7 @@ def test_the_simulated_copy_read_from_its_file_is_marked_simulated(tmp_path):
     log = write_log(tmp_path, [ctypes_comm(10, 2.0, SIM)])
     result = report.build_report([log])
     c = comm_of(result, "0x000000000000beef")
-    assert (c["version"], c["version_source"]) == (22809, "file")
+    assert (c["version"], c["version_code"], c["version_source"]) == ("2.28.9", 22809, "file")
     assert library_lines(result) == ["_lib/sim/libnccl.so.2 2.28.9 (read from the file) (simulated)"]
     valid(result.to_json())
 
@@ -130,7 +131,7 @@ def test_what_nccl_told_its_plugin_comes_before_the_file(tmp_path):
     log = write_log(tmp_path, [torch_comm(10, 1.0), load, ctypes_comm(10, 2.0, other)])
     result = report.build_report([log])
     c = comm_of(result, "0x000000000000beef")
-    assert (c["version"], c["version_source"]) == (22803, "plugin")
+    assert (c["version"], c["version_code"], c["version_source"]) == ("2.28.3", 22803, "plugin")
     assert any(ln.endswith("libnccl.so.2 2.28.3") for ln in library_lines(result)), library_lines(result)
 
 
@@ -138,7 +139,7 @@ def test_another_host_s_path_is_not_read_here(tmp_path):
     log = write_log(tmp_path, [ctypes_comm(10, 2.0, SIM, host=HERE + "-elsewhere")])
     result = report.build_report([log])
     c = comm_of(result, "0x000000000000beef")
-    assert (c["version"], c["version_source"]) == (None, None)
+    assert (c["version"], c["version_code"], c["version_source"]) == (None, None, None)
     assert library_lines(result) == ["_lib/sim/libnccl.so.2 ?"]
 
 

@@ -597,10 +597,10 @@ _finite = views.finite
 
 
 def _version_json(c: CommView, versions: dict[tuple[str, str], LibVersion]) -> dict[str, Any]:
+    """version as text and as NCCL_VERSION_CODE, as a process's nccl_libs give them."""
     got = versions.get((c.host, c.lib or ""))
-    if c.version:
-        return {"version": c.version, "version_source": "probe"}
-    return {"version": got.code if got else None, "version_source": got.source if got else None}
+    code, source = (c.version, "probe") if c.version else (got.code, got.source) if got else (None, None)
+    return {"version": views.version_text(code), "version_code": code, "version_source": source}
 
 
 def _ns_of(p) -> str:
