@@ -242,7 +242,10 @@ def run_typed(cmd: Command, cwd: Path, work: Path, extra_env: dict[str, str] | N
     bin_dir, rec, tmp = work / "bin", work / "calls", work / "tmp"
     for d in (bin_dir, rec, tmp):
         d.mkdir()
-    (bin_dir / "python").symlink_to(PY)
+    # `python` as an activated environment has it: a script, not a symlink (a symlink to a venv's python
+    # that is itself a symlink loses the venv: torch, installed there, would not be found)
+    (bin_dir / "python").write_text(f"#!/bin/sh\nexec {shlex.quote(PY)} \"$@\"\n")
+    (bin_dir / "python").chmod(0o755)
     shim = bin_dir / "ncclprobe"
     shim.write_text(SHIM.format(py=PY, rec=rec))
     shim.chmod(0o755)
