@@ -18,6 +18,7 @@ so is the launcher around the edge, with its own remedy (model/launchers.py).
 """
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
@@ -181,16 +182,21 @@ class Knowledge:
 
     def __init__(self, m: Model):
         self._endpoints: list[ProcessView] | None = None
-        self.m = m
+        self._model = weakref.ref(m)  # the model holds its Knowledge (of): no cycle, so a dropped model goes at once
         self._tl: dict[int, Timeline | None] = {}
         self._spawned: dict[int, tuple[Any, bool]] = {}
         self.refs: dict[tuple, tuple[bool, str | None]] = {}   # (parent key, var) -> _reference
         self._helpers: dict[tuple[int, int], tuple[Any, Any, bool]] = {}
+        self._helper_of: dict[int, bool] = {}  # id(process) -> helper(process)
         self.children: dict[tuple[str, int], list[ProcessView]] = defaultdict(list)
         for p in m.processes.values():
             parent = m.parent(p)
             if parent is not None and parent is not p:
                 self.children[parent.key].append(p)
+
+    @property
+    def m(self) -> Model:
+        return self._model()
 
     def via(self, p: ProcessView) -> str:
         parent = self.m.parent(p)
@@ -321,12 +327,17 @@ class Knowledge:
                 and not self.m.comms_of(p.host, p.pid, p.retired))
 
     def helper(self, p: ProcessView) -> bool:
-        """_helper, once per command line and parent (processes started alike share theirs)."""
+        """_helper, once per command line and parent (processes started alike share theirs); each process's
+        answer is kept too (endpoints and the rules ask it of every process more than once)."""
+        mine = self._helper_of.get(id(p))
+        if mine is not None:
+            return mine
         parent = self.m.parent(p)
         key = (id(p.argv), id(parent))
         hit = self._helpers.get(key)
         if hit is None:
             hit = self._helpers[key] = (p.argv, parent, _helper(p, parent))
+        self._helper_of[id(p)] = hit[2]  # (the model's processes live as long as this)
         return hit[2]
 
 

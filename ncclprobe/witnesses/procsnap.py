@@ -402,10 +402,10 @@ class Snapshot:
             try:
                 hit = _read_regular(fd_path or self.fs.in_root(p, path))
             except OSError as exc:
-                hit = exc
+                hit = exc.with_traceback(None)
             self._text[key] = hit
         if isinstance(hit, OSError):
-            raise hit
+            raise procs.fresh(hit)
         return hit
 
     def _fd_path(self, p: procs.Proc, path: str) -> Path | None:
