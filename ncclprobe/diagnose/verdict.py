@@ -368,7 +368,7 @@ def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
     holders = sorted((p for p in k.endpoints() if client_of(p.argv, p.exe) is None), key=lambda p: (p.host, p.pid))
     index = _culprits(findings)
     names = variables(expect, sets, findings, _job_envs(k, holders))
-    root = min((p for p in m.processes.values() if m.parent(p) is None and k.timeline(p) is not None),
+    root = min((p for p in m.processes.values() if k.parent(p) is None and k.timeline(p) is not None),
                key=lambda p: (p.t_start or p.proc_start or 0), default=None)
     shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
     rows = []

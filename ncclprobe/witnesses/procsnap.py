@@ -453,6 +453,8 @@ class Snapshot:
                 hit = scripts[id(shell.cmdline)] = (shell.cmdline, script,
                                                     shells.script_file(shell.cmdline) if script is None else None)
             script = hit[1]
+            if script is None and hit[2] is None:  # no shell script (most processes): nothing to name
+                continue
             name = f"`{os.path.basename(shell.cmdline[0]).lstrip('-')} -c`" if script is not None else \
                 os.path.basename(hit[2] or "")  # what a hint calls the script (FILE:LINE)
             if script is None:
