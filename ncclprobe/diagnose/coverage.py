@@ -51,9 +51,9 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
         k = Knowledge.of(m)
     endpoints = k.endpoints()
     with_comm = {(c.host, c.pid) for c in m.comms if c.env is not None}
-    clients = [(p, client_of(p.argv, p.exe)) for p in endpoints]
-    checked = [p for p, client in clients
-               if p.key in with_comm or (client is None and k.timeline(p) is not None)]
+    # (one checked process is enough to know: not every endpoint is asked)
+    checked = any(p.key in with_comm or (client_of(p.argv, p.exe) is None and k.timeline(p) is not None)
+                  for p in endpoints)
     unread, names = _unread(k, endpoints, expect)
     if checked and not unread:
         return None
@@ -67,6 +67,7 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
                          "let the boot probe into them (pass PYTHONPATH and NCCLPROBE_DIR in the environment the call "
                          "gives them), or read them while they run: `ncclprobe run --live --hold -- CMD`",
                          unread=pids, partial=True)
+    clients = [(p, client_of(p.argv, p.exe)) for p in endpoints]
     named = [{"pid": p.pid, "host": p.host, "program": c.program, "runs_under": c.runs_under, "reach": c.reach}
              for p, c in clients if c is not None]
     if named:

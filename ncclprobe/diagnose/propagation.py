@@ -18,6 +18,7 @@ so is the launcher around the edge, with its own remedy (model/launchers.py).
 """
 from __future__ import annotations
 
+import weakref
 from collections import defaultdict
 from fnmatch import fnmatchcase
 from dataclasses import dataclass, field
@@ -181,19 +182,30 @@ class Knowledge:
 
     def __init__(self, m: Model):
         self._endpoints: list[ProcessView] | None = None
-        self.m = m
+        self._model = weakref.ref(m)  # the model holds its Knowledge (of): no cycle, so a dropped model goes at once
         self._tl: dict[int, Timeline | None] = {}
         self._spawned: dict[int, tuple[Any, bool]] = {}
         self.refs: dict[tuple, tuple[bool, str | None]] = {}   # (parent key, var) -> _reference
         self._helpers: dict[tuple[int, int], tuple[Any, Any, bool]] = {}
+        self._helper_of: dict[int, bool] = {}  # id(process) -> helper(process)
         self.children: dict[tuple[str, int], list[ProcessView]] = defaultdict(list)
+        self._parents: dict[int, ProcessView | None] = {}  # id(process) -> m.parent(process), found once here
         for p in m.processes.values():
-            parent = m.parent(p)
+            parent = self._parents[id(p)] = m.parent(p)
             if parent is not None and parent is not p:
                 self.children[parent.key].append(p)
 
+    def parent(self, p: ProcessView) -> ProcessView | None:
+        """m.parent(p), as made once for every process of the model (every rule asks it, many times)."""
+        hit = self._parents.get(id(p), p)
+        return self.m.parent(p) if hit is p else hit
+
+    @property
+    def m(self) -> Model:
+        return self._model()
+
     def via(self, p: ProcessView) -> str:
-        parent = self.m.parent(p)
+        parent = self.parent(p)
         # a fork child that exec'd since runs with the environment it exec'd with, as any exec'd program
         forked = (bool(p.forked_from) and not p.exec_after_boot) or p.proc_stale in ("fork", "forkserver")
         if forked and (p.proc_stale == "forkserver" or is_forkserver(parent)):
@@ -223,7 +235,7 @@ class Knowledge:
         writes = [w for w in net_writes(p) if not w.blocked]
         if p.start_env is not None:
             return Timeline(p.start_env, writes, "boot probe (start environment and every write)", ("boot",), True)
-        parent = self.m.parent(p)
+        parent = self.parent(p)
         if self.via(p) in ("fork", "forkserver") or p.proc_stale == "clobbered":
             # a fork child's environment is its parent's at the fork; /proc shows only the parent's block
             ptl = self.timeline(parent) if parent is not None and p.proc_stale != "clobbered" else None
@@ -321,12 +333,17 @@ class Knowledge:
                 and not self.m.comms_of(p.host, p.pid, p.retired))
 
     def helper(self, p: ProcessView) -> bool:
-        """_helper, once per command line and parent (processes started alike share theirs)."""
-        parent = self.m.parent(p)
+        """_helper, once per command line and parent (processes started alike share theirs); each process's
+        answer is kept too (endpoints and the rules ask it of every process more than once)."""
+        mine = self._helper_of.get(id(p))
+        if mine is not None:
+            return mine
+        parent = self.parent(p)
         key = (id(p.argv), id(parent))
         hit = self._helpers.get(key)
         if hit is None:
             hit = self._helpers[key] = (p.argv, parent, _helper(p, parent))
+        self._helper_of[id(p)] = hit[2]  # (the model's processes live as long as this)
         return hit[2]
 
 
@@ -697,7 +714,7 @@ def variables(m: Model, k: Knowledge, expect: dict[str, str]) -> list[str]:
 
 def _reference(k: Knowledge, e: ProcessView, var: str) -> tuple[bool, str | None]:
     """(found, value): the value of var of e's nearest ancestor that had it (its latest value)."""
-    parent = k.m.parent(e)
+    parent = k.parent(e)
     key = (parent.key if parent else ("root", e.key), var)  # a root's reference is what its own run gave
     hit = k.refs.get(key)
     if hit is None:
@@ -715,7 +732,7 @@ def _reference_above(k: Knowledge, p: ProcessView | None, var: str, below: Proce
             values = [tl.start.get(var), *(w.new for w in tl.writes if w.var == var)]
             if any(v is not None for v in values):
                 return True, tl.final.get(var) if tl.final.get(var) is not None else values[-1]
-        p = k.m.parent(p)
+        p = k.parent(p)
     if given is not None and var in given["env"]:
         return True, given["env"][var]
     return False, None
@@ -742,8 +759,9 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
     groups: dict[tuple, dict[str, Any]] = {}
     blind: dict[tuple, list[ProcessView]] = defaultdict(list)
     endpoints = k.endpoints()
-    workers = {p.pid for p in endpoints} | {p.pid for p in m.processes.values() if is_python(p) and not k.helper(p)}
-    _pitfall_groups(m, expect, groups, workers)
+    if m.shell_pitfalls:  # (the workers a shell pitfall may reach: asked of every process, so only where one is)
+        workers = {p.pid for p in endpoints} | {p.pid for p in m.processes.values() if is_python(p) and not k.helper(p)}
+        _pitfall_groups(m, expect, groups, workers)
     for e in endpoints:
         comms = [c for c in m.comms_of(e.host, e.pid, e.retired) if c.env is not None]
         if k.timeline(e) is None and not comms:
@@ -754,7 +772,7 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
             if e.proc_stale in ("fork", "clobbered") or (k.via(e) == "fork" and e.proc_env_reason is None):
                 blind[(k.via(e), parent.pid if parent else None, e.proc_stale or e.proc_env_reason)].append(e)
             continue
-        mine: dict[tuple, list] = defaultdict(list)  # this endpoint's losses, by cause
+        mine: dict[tuple, list] = {}  # this endpoint's losses, by cause
         for var in names:
             want = expect.get(var)
             if comms and is_watched(var):  # what each communicator was created with (or NCCL's nccl.conf gave it)
@@ -775,7 +793,7 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
                     if not found or target is None or have == target:
                         continue
                 edge = locate(k, e, var, target, t)
-                mine[cause_of(edge, have)].append((var, target, have, edge, comm))
+                mine.setdefault(cause_of(edge, have), []).append((var, target, have, edge, comm))
         for cause, losses in mine.items():
             # one finding per cause and set of values lost: processes that lost different sets differ
             key = cause if cause[0] == "shell_prefix" else (cause, tuple(sorted({(v, tg, h) for v, tg, h, _, _ in losses},

@@ -367,8 +367,8 @@ def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
     # a client (srun, ssh, docker) holds what its workers were meant to get, not what they got
     holders = sorted((p for p in k.endpoints() if client_of(p.argv, p.exe) is None), key=lambda p: (p.host, p.pid))
     index = _culprits(findings)
-    names = variables(expect, sets, findings, [wiring.job_env(k.value_env(p)) for p in holders])
-    root = min((p for p in m.processes.values() if m.parent(p) is None and k.timeline(p) is not None),
+    names = variables(expect, sets, findings, _job_envs(k, holders))
+    root = min((p for p in m.processes.values() if k.parent(p) is None and k.timeline(p) is not None),
                key=lambda p: (p.t_start or p.proc_start or 0), default=None)
     shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
     rows = []
@@ -387,6 +387,17 @@ def for_processes(m: Model, findings: list[Finding], expect: Mapping[str, str],
         rows.append(Row(var, reference, basis, _ordered(groups, reference)))
     seen = witnesses if witnesses is not None else sorted({s for p in m.processes.values() for s in p.sources})
     return Verdict(rows, "processes", seen or ["proc"], more)
+
+
+def _job_envs(k, holders):
+    """The holders' job environments (ncclprobe's wiring left out), each shared one once (processes
+    started alike share theirs), as variables() asks for them: only where nothing else names a variable."""
+    seen: dict[int, Any] = {}  # each one kept alive while its id is in here
+    for p in holders:
+        env = k.value_env(p)
+        if id(env) not in seen:
+            seen[id(env)] = env
+            yield wiring.job_env(env)
 
 
 def _held(k, p, var: str) -> tuple[str | None, str | None]:

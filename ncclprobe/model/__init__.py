@@ -410,6 +410,8 @@ class Model:
         """The communicators of one process (retired: its ProcessView.retired), in list order: an index kept
         up with `comms`, which is only ever appended to (or replaced whole), so a model of many processes is
         not scanned once per process."""
+        if not self.comms:  # (inspect's /proc view alone: no communicator to index)
+            return []
         return list(self._index().get(_owner(host, pid, retired), ()))
 
     def comms_by_time(self, host: str, pid: int, retired: float | None = None) -> list[CommView]:

@@ -8,6 +8,7 @@ exits mid-walk is dropped from the tree and listed in `ProcTree.skipped` with it
 """
 from __future__ import annotations
 
+import copy
 import errno
 import os
 import re
@@ -606,8 +607,15 @@ class ProcFS:
 def _value(v):
     """A value the native reader read, or the OSError it gave, raised."""
     if isinstance(v, OSError):
-        raise v
+        raise fresh(v)
     return v
+
+
+def fresh(exc: OSError) -> OSError:
+    """A kept error, to raise again: a copy (errno, message, file names), without the traceback the last raise
+    gave it, whose frames would hold the reader that keeps the error (a cycle only the cyclic GC frees, with
+    everything inspect built)."""
+    return copy.copy(exc)
 
 
 def _readlink(reader: Reader, path: str) -> str | OSError:

@@ -402,10 +402,10 @@ class Snapshot:
             try:
                 hit = _read_regular(fd_path or self.fs.in_root(p, path))
             except OSError as exc:
-                hit = exc
+                hit = exc.with_traceback(None)
             self._text[key] = hit
         if isinstance(hit, OSError):
-            raise hit
+            raise procs.fresh(hit)
         return hit
 
     def _fd_path(self, p: procs.Proc, path: str) -> Path | None:
@@ -453,6 +453,8 @@ class Snapshot:
                 hit = scripts[id(shell.cmdline)] = (shell.cmdline, script,
                                                     shells.script_file(shell.cmdline) if script is None else None)
             script = hit[1]
+            if script is None and hit[2] is None:  # no shell script (most processes): nothing to name
+                continue
             name = f"`{os.path.basename(shell.cmdline[0]).lstrip('-')} -c`" if script is not None else \
                 os.path.basename(hit[2] or "")  # what a hint calls the script (FILE:LINE)
             if script is None:

@@ -435,16 +435,20 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
     def show(name, value):
         return value if watched(name) else None
 
-    kids: dict = {}
-    for p in m.processes.values():
-        kids.setdefault((p.host, p.ppid), []).append(p)
+    kids: dict = {}  # (host, pid) -> its children, made when first asked (most trees hold no pitfall)
+
+    def children(key) -> list:
+        if not kids:
+            for p in m.processes.values():
+                kids.setdefault((p.host, p.ppid), []).append(p)
+        return kids.get(key, [])
 
     def subtree(p) -> list[int]:
         out, stack = [], [p]
         while stack:
             q = stack.pop()
             out.append(q.pid)
-            stack.extend(kids.get((q.host, q.pid), []))
+            stack.extend(children((q.host, q.pid)))
         return sorted(out)
 
     def is_shell(argv, exe=None) -> bool:
@@ -477,7 +481,7 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
             continue
         script, name, path = found
         env = s.proc_exec_env if s.proc_exec_env is not None else s.start_env
-        for child in kids.get((s.host, s.pid), []):
+        for child in children((s.host, s.pid)):
             if child.argv == s.argv or not child.argv:
                 continue
             for pf in pitfalls(script, child.argv, watched, env, show):
@@ -500,10 +504,15 @@ def model_pitfalls(m, covered: set[int] = frozenset(), watched=None, shells: boo
                                           started_by=x.ppid))
             break
     scripts: dict[int, tuple] = {}  # the shell scripts a command line names, once per command line
+    shell_parent: dict[int, bool] = {}  # id(parent) -> is_shell, once per parent (the model's processes live on)
     for x in m.processes.values():  # a wrapper script that exec'd: the shell became x
         parent = m.processes.get((x.host, x.ppid)) if x.ppid else None
-        if parent is None or not parent.argv or not x.argv or is_shell(parent.argv, parent.exe) or x.pid in covered \
-                or (x.host, x.pid) in became:
+        if parent is None or not parent.argv or not x.argv or x.pid in covered or (x.host, x.pid) in became:
+            continue
+        is_sh = shell_parent.get(id(parent))
+        if is_sh is None:
+            is_sh = shell_parent[id(parent)] = is_shell(parent.argv, parent.exe)
+        if is_sh:
             continue
         hit = scripts.get(id(parent.argv))
         if hit is None:
