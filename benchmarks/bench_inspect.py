@@ -1,6 +1,6 @@
 """Cost of `inspect` on a live tree of N processes, against a baseline loop that only reads the same
 /proc/<pid>/{stat,environ,maps} files in Python. Process start is excluded: the tree is started
-once, then both are timed on it, alternating, and the medians compared (goal: ratio <= 1.5).
+once, then both are timed on it, alternating, and the medians compared (goal: ratio <= 1.3, issue 22).
 
 Measures the installed ncclprobe (`pip install .`), else the source tree; it says which /proc reader
 ran: the native one (native/procread.c, built at install; on Linux >= 6.11 it asks the kernel for
@@ -89,7 +89,7 @@ def main() -> int:
         print(f"inspect_processes                    median {i * 1e3:8.1f} ms  "
               f"(range {min(insp_t) * 1e3:.1f}-{max(insp_t) * 1e3:.1f})")
         ratio = i / b
-        print(f"ratio inspect/baseline               {ratio:8.2f}x  (goal <= 1.5x: {'ok' if ratio <= 1.5 else 'OVER'})")
+        print(f"ratio inspect/baseline               {ratio:8.2f}x  (goal <= 1.3x: {'ok' if ratio <= 1.3 else 'OVER'})")
         return 0
     finally:
         parent.kill()
