@@ -1,6 +1,10 @@
 """Whether an expectation was checked at all. "Not checked" is never "fine": when no process that the
 rules check could be checked (every endpoint of the tree is a client whose workers run under another
-daemon, or no witness could read any of them), the verdict says so first and the command exits 3."""
+daemon, or no witness could read any of them), the verdict says so first and the command exits 3. So it
+does, beside the processes that were checked, for those known to have run that no witness read: a parent's
+record of the call that started them holds none of the expected values, run's watch saw them only as they
+ended, knows they ran (reaped, first seen as zombies) or that a process of the tree reaped children it never
+saw (witnesses/reaping.py), or a probe lost lines (one may have been such a record)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -41,6 +45,46 @@ def _unread(k, endpoints: list, expect: dict[str, str]) -> tuple[list, list[str]
     return unread, names
 
 
+# why /proc gave a process's environment to no read: it was ending, or not through its execve yet (procwatch)
+GONE = ("vanished", "zombie", "inside execve", "not read")
+
+
+def _gone_unread(m: Model, k, p) -> bool:
+    """A process the watch saw only as it ended (or in execve), that started none and no other witness read."""
+    return (p.proc_env_source == "unreadable" and p.proc_env_reason in GONE and not edge_only(p)
+            and k.timeline(p) is None and not k.children.get(p.key) and not k.helper(p))
+
+
+def _unseen(m: Model, k) -> tuple[list[int], str]:
+    """The pids known to have run that no witness read, and what the watch and the probes say they missed
+    (an empty sentence: nothing)."""
+    procs = {(p.node, p.pid): p for p in m.processes.values()}
+    pids = sorted({p.pid for p in m.processes.values() if _gone_unread(m, k, p)})
+    parts, children, parents = [], 0, []
+    for host, w in sorted(m.watch.items()):
+        for pid in w.get("missed_pids") or []:
+            p = procs.get((host, pid))
+            if p is None or not edge_only(p) and k.timeline(p) is None:
+                pids.append(pid)
+        children += int(w.get("missed_children") or 0)
+        parents += w.get("missed_parents") or []
+    pids = sorted(set(pids))
+    if pids:
+        parts.append(f"{len(pids)} process(es) of the tree known to have run ({', '.join(map(str, pids[:8]))}"
+                     f"{'…' if len(pids) > 8 else ''}) whose environment no witness read: they ended before a "
+                     "scan of run's /proc watch could read them and ran no probe")
+    if children:
+        parts.append(f"at least {children} more that pid(s) {', '.join(map(str, sorted(set(parents))[:8]))} "
+                     "started and reaped between two scans (their reaped children's page faults say so), "
+                     "seen by no witness")
+    dropped = sum(m.reading.dropped.values())
+    if dropped:
+        writers = sorted({pid for _, pid in m.reading.dropped})
+        parts.append(f"{dropped} line(s) the probes of pid(s) {', '.join(map(str, writers[:8]))} could not write "
+                     "(stalled writes): a record of a process they started may be among them")
+    return pids, "; ".join(parts)
+
+
 def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     """Why the expectation was checked on no process, or None where one was checked. k: the model's
     propagation.Knowledge where the caller has one (its timelines are memoised)."""
@@ -55,18 +99,24 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     checked = [p for p, client in clients
                if p.key in with_comm or (client is None and k.timeline(p) is not None)]
     unread, names = _unread(k, endpoints, expect)
-    if checked and not unread:
+    unseen, missed = _unseen(m, k)
+    if checked and not unread and not missed:
         return None
+    if checked and not unread:  # some were checked; others ran that no witness read
+        return Unchecked(f"not checked: {missed}",
+                         "follow the tree through the kernel's process events (run as root or with CAP_NET_ADMIN: "
+                         "each process is read at its exec), or keep the probes in the environment each call gives "
+                         "(PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)", unread=unseen, partial=True)
     if checked:  # some were checked; these are known to have run, and not read
         pids = sorted(p.pid for p in unread)
         sites = sorted({p.started_by.site for p in unread})
         return Unchecked(f"not checked: {len(pids)} process(es) known to have run ({', '.join(map(str, pids[:8]))}"
                          f"{'…' if len(pids) > 8 else ''}; started by {', '.join(sites[:3])}) whose environment no "
                          f"witness read ({', '.join(names)}): only the call that started them was recorded, and it "
-                         "holds the watched variables alone",
+                         "holds the watched variables alone" + (f"; and {missed}" if missed else ""),
                          "let the boot probe into them (pass PYTHONPATH and NCCLPROBE_DIR in the environment the call "
                          "gives them), or read them while they run: `ncclprobe run --live --hold -- CMD`",
-                         unread=pids, partial=True)
+                         unread=sorted({*pids, *unseen}), partial=True)
     named = [{"pid": p.pid, "host": p.host, "program": c.program, "runs_under": c.runs_under, "reach": c.reach}
              for p, c in clients if c is not None]
     if named:

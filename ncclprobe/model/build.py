@@ -517,7 +517,7 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
 
 
 # watch_summary fields that add up over the runs of one host (run --append); the others are the latest run's
-WATCH_SUMS = ("scans", "walks", "seen", "missed_known", "cpu_s", "wall_s", "errors", "lost_lines", "live_reads",
+WATCH_SUMS = ("scans", "walks", "seen", "missed_known", "missed_children", "cpu_s", "wall_s", "errors", "lost_lines", "live_reads",
               "live_processes", "live_bytes", "live_cpu_s", "kernel_events", "kernel_reads", "kernel_vanished",
               "kernel_overruns", "kernel_cpu_s")
 
@@ -529,7 +529,8 @@ def _merged_watch(earlier: list[dict[str, Any]], w: dict[str, Any]) -> dict[str,
         return w
     every = [*earlier, w]
     out = {**w, "runs": len(every), "stuck": any(x.get("stuck") for x in every),
-           "missed_pids": [pid for x in every for pid in x.get("missed_pids") or []]}
+           "missed_pids": [pid for x in every for pid in x.get("missed_pids") or []],
+           "missed_parents": [pid for x in every for pid in x.get("missed_parents") or []]}
     for k in WATCH_SUMS:
         if any(x.get(k) is not None for x in every):
             out[k] = sum(x.get(k) or 0 for x in every)
