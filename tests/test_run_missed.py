@@ -22,13 +22,15 @@ WORKER = "import os, sys; open(sys.argv[1], 'w').write(str(os.getpid()))"
 MIDDLE = (f"import os, subprocess, sys; subprocess.run([sys.executable, '-S', '-c', {WORKER!r}, sys.argv[1]], "
           "env={'PATH': os.environ['PATH']})")
 # the probed launcher: starts MIDDLE with NCCL_PROTO but without the probes, waits for it to end and leaves it
-# to run, which reaps it (and reads it first, as a zombie)
+# to run, which reaps it (and reads it first, as a zombie). (posix_spawn: a Popen object would reap it when
+# collected, and what MIDDLE reaped would then be in the launcher's count as MIDDLE's own: MIDDLE, known from the
+# launcher's record, is all it could be counted as.)
 LAUNCHER = f"""
-import os, subprocess, sys
-p = subprocess.Popen([sys.executable, "-S", "-c", {MIDDLE!r}, sys.argv[1]],
-                     env={{"PATH": os.environ["PATH"], "NCCL_PROTO": "LL"}})
-os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
-print("middle", p.pid, flush=True)
+import os, sys
+pid = os.posix_spawn(sys.executable, [sys.executable, "-S", "-c", {MIDDLE!r}, sys.argv[1]],
+                     {{"PATH": os.environ["PATH"], "NCCL_PROTO": "LL"}})
+os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+print("middle", pid, flush=True)
 """
 
 

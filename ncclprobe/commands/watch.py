@@ -53,6 +53,7 @@ JOIN_S = 3.0  # how long stop waits for the last scan
 NICE = 10  # the watch yields to CMD on a busy machine (setpriority of its own thread only)
 ARG_MAX_CHARS, ARGV_MAX_CHARS = 8192, 256 * 1024  # bounds on what a line holds (readers refuse lines over 1 MiB)
 MISSED_SHOWN = 100
+REAPED_SHOWN = 1000  # reaped_unseen: one entry per child counted (a lower bound however cut)
 
 
 def interval_from_env(environ, name: str = WATCH_ENV, default: float = WATCH_S,
@@ -356,8 +357,8 @@ class Watch:
                 "scans": sc.scans, "walks": sc.walks, "interval_s": self.interval, "seen": seen,
                 "missed_known": None if missed is None else len(missed),
                 "missed_pids": None if missed is None else missed[:MISSED_SHOWN],
-                "missed_children": None if children is None else sum(children.values()),
-                "missed_parents": None if children is None else sorted(children)[:MISSED_SHOWN],
+                "reaped_unseen": None if children is None else [
+                    pid for pid in sorted(children) for _ in range(children[pid])][:REAPED_SHOWN],
                 "cpu_s": None if cpu is None else round(cpu, 4),
                 "wall_s": round(time.monotonic() - self._t0, 3), "reader": sc.reader,
                 "errors": self.errors, "error": self.error, "lost_lines": self.file.lost, "stuck": stuck,
