@@ -21,6 +21,8 @@ class Unchecked:
     clients: list[dict[str, Any]] = field(default_factory=list)
     unread: list[int] = field(default_factory=list)  # processes known to have run whose environment no witness read
     partial: bool = False  # other processes were checked: an error-level finding on them decides the exit code
+    decides: bool = True  # False: said, but the exit code is the findings' (what was missed is counted, not
+    #                       named, and a checked process used NCCL: the workers were among those checked)
 
     def to_json(self) -> dict[str, Any]:
         return {"reason": self.reason, "hint": self.hint, "clients": self.clients, "unread": self.unread}
@@ -103,10 +105,11 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     if checked and not unread and not missed:
         return None
     if checked and not unread:  # some were checked; others ran that no witness read
+        workers = any(p.key in with_comm or p.libs or p.nccl_user for p in checked)
         return Unchecked(f"not checked: {missed}",
                          "follow the tree through the kernel's process events (run as root or with CAP_NET_ADMIN: "
                          "each process is read at its exec), or keep the probes in the environment each call gives "
-                         "(PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)", unread=unseen, partial=True)
+                         "(PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)", unread=unseen, partial=True, decides=not workers)
     if checked:  # some were checked; these are known to have run, and not read
         pids = sorted(p.pid for p in unread)
         sites = sorted({p.started_by.site for p in unread})
