@@ -51,40 +51,44 @@ def _unread(k, endpoints: list, expect: dict[str, str]) -> tuple[list, list[str]
 GONE = ("vanished", "zombie", "inside execve", "not read")
 
 
-def _gone_unread(m: Model, k, p) -> bool:
-    """A process the watch saw only as it ended (or in execve), that started none and no other witness read."""
+def _gone_unread(k, p) -> bool:
+    """A process /proc showed only as it ended (or inside execve), that started none and no other witness read."""
     return (p.proc_env_source == "unreadable" and p.proc_env_reason in GONE and not edge_only(p)
             and k.timeline(p) is None and not k.children.get(p.key) and not k.helper(p))
 
 
-def _unseen(m: Model, k) -> tuple[list[int], str]:
-    """The pids known to have run that no witness read, and what the watch and the probes say they missed
-    (an empty sentence: nothing)."""
+def _unseen_pids(m: Model, k) -> list[int]:
+    """The pids known to have run that no witness read: seen only as they ended, or known to run's watch alone
+    (reaped, first seen as zombies; a parent's record of the call that started one is _unread's)."""
     procs = {(p.node, p.pid): p for p in m.processes.values()}
-    pids = sorted({p.pid for p in m.processes.values() if _gone_unread(m, k, p)})
-    parts, children, parents = [], 0, []
-    for host, w in sorted(m.watch.items()):
+    pids = {p.pid for p in m.processes.values() if _gone_unread(k, p)}
+    for host, w in m.watch.items():
         for pid in w.get("missed_pids") or []:
             p = procs.get((host, pid))
             if p is None or not edge_only(p) and k.timeline(p) is None:
-                pids.append(pid)
-        children += int(w.get("missed_children") or 0)
-        parents += w.get("missed_parents") or []
-    pids = sorted(set(pids))
+                pids.add(pid)
+    return sorted(pids)
+
+
+def _missed(m: Model, pids: list[int]) -> str:
+    """What ran that no witness read, in words: those pids, the children run's watch counted, the lines the
+    probes could not write (empty: nothing)."""
+    parts = []
     if pids:
         parts.append(f"{len(pids)} process(es) of the tree known to have run ({', '.join(map(str, pids[:8]))}"
-                     f"{'…' if len(pids) > 8 else ''}) whose environment no witness read: they ended before a "
-                     "scan of run's /proc watch could read them and ran no probe")
+                     f"{'…' if len(pids) > 8 else ''}) whose environment no witness read: they ended before /proc "
+                     "could show it, and ran no probe")
+    children = sum(int(w.get("missed_children") or 0) for w in m.watch.values())
     if children:
-        parts.append(f"at least {children} more that pid(s) {', '.join(map(str, sorted(set(parents))[:8]))} "
-                     "started and reaped between two scans (their reaped children's page faults say so), "
-                     "seen by no witness")
+        parents = sorted({pid for w in m.watch.values() for pid in w.get("missed_parents") or []})
+        parts.append(f"at least {children} more that pid(s) {', '.join(map(str, parents[:8]))} started and reaped "
+                     "between two scans (their reaped children's page faults say so), seen by no witness")
     dropped = sum(m.reading.dropped.values())
     if dropped:
         writers = sorted({pid for _, pid in m.reading.dropped})
         parts.append(f"{dropped} line(s) the probes of pid(s) {', '.join(map(str, writers[:8]))} could not write "
                      "(stalled writes): a record of a process they started may be among them")
-    return pids, "; ".join(parts)
+    return "; ".join(parts)
 
 
 def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
@@ -101,7 +105,8 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     checked = [p for p, client in clients
                if p.key in with_comm or (client is None and k.timeline(p) is not None)]
     unread, names = _unread(k, endpoints, expect)
-    unseen, missed = _unseen(m, k)
+    unseen = _unseen_pids(m, k)
+    missed = _missed(m, unseen)
     if checked and not unread and not missed:
         return None
     if checked and not unread:  # some were checked; others ran that no witness read

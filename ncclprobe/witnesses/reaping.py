@@ -15,6 +15,9 @@ accounting), and children of a process reaped between two reads of it by a paren
 is then that process's end). run reads what it reaps itself (CMD, the orphans it adopts) just before, as zombies,
 so their last children are counted. An orphan adopted by a child subreaper inside the tree and reaped before a
 scan saw it under its new parent is counted as a child of that subreaper, which it is.
+
+Its cost: one read of /proc/PID/stat per process of the tree at each walk (procwatch.WALK_EVERY_S), beside the
+reads the scans make anyway.
 """
 from __future__ import annotations
 
