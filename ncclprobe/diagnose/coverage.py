@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclprobe.model import Model
+from ncclprobe.model import FORK_GONE, Model
 from ncclprobe.model.launchers import client_of
 
 
@@ -52,9 +52,13 @@ GONE = ("vanished", "zombie", "inside execve", "not read")
 
 
 def _gone_unread(k, p) -> bool:
-    """A process /proc showed only as it ended (or inside execve), that started none and no other witness read."""
-    return (p.proc_env_source == "unreadable" and p.proc_env_reason in GONE and not edge_only(p)
-            and k.timeline(p) is None and not k.children.get(p.key) and not k.helper(p))
+    """A process that started none and that no witness read as itself: /proc showed it only as it ended (or inside
+    execve), or only as a fork child that was gone before a second look (what it exec'd, if it did, no read saw)."""
+    if p.started_by is not None or p.start_env is not None or p.live_env is not None or k.children.get(p.key):
+        return False
+    if p.proc_env_reason == FORK_GONE:
+        return not k.helper(p)
+    return p.proc_exec_env is None and p.proc_env_reason in GONE and k.timeline(p) is None and not k.helper(p)
 
 
 def _unseen_pids(m: Model, k) -> list[int]:
@@ -76,8 +80,8 @@ def _missed(m: Model, pids: list[int]) -> str:
     parts = []
     if pids:
         parts.append(f"{len(pids)} process(es) of the tree known to have run ({', '.join(map(str, pids[:8]))}"
-                     f"{'…' if len(pids) > 8 else ''}) whose environment no witness read: they ended before /proc "
-                     "could show it, and ran no probe")
+                     f"{'…' if len(pids) > 8 else ''}) whose environment no witness read: /proc showed them only as "
+                     "they ended, or as fork children before an exec, and they ran no probe")
     children = sum(int(w.get("missed_children") or 0) for w in m.watch.values())
     if children:
         parents = sorted({pid for w in m.watch.values() for pid in w.get("missed_parents") or []})

@@ -33,12 +33,14 @@ from those that do not, and nothing about the values.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import os
 import time
 from dataclasses import dataclass
 
+from ncclprobe.model import FORK_GONE
 from ncclprobe.model.watched import is_watched, redact_argv
 from ncclprobe.witnesses import procread, procs, shells
 from ncclprobe.witnesses.reaping import Reaping
@@ -231,7 +233,7 @@ class Scanner:
         for pid in list(self.pending) + [p for p in self.young if p not in self.pending]:
             known, st = self.known.get(pid), self._stat(pid)
             if known is None or st is None or st[1] != known[0]:
-                self._flush(pid, found)  # gone: recorded as it was
+                self._flush(pid, found, gone=True)  # gone: recorded as it was
                 self.young.pop(pid, None)
                 gone |= {(pid, known[0])} if known is not None else set()
                 continue
@@ -325,7 +327,7 @@ class Scanner:
                     if self._take(r, self.known.get(r.pid), alive, found, spans):
                         new.append(r.pid)
         for pid in [p for p in self.pending if p not in alive]:
-            self._flush(pid, found)  # gone: recorded as it was seen
+            self._flush(pid, found, gone=True)  # gone: recorded as it was seen
         now = time.monotonic()
         self.young = {p: t for p, t in self.young.items() if p in alive and t >= now}
         gone = {(p, k[0]) for p, k in self.known.items()} - {(p, k[0]) for p, k in alive.items()}
@@ -340,11 +342,11 @@ class Scanner:
         same = known is not None and known[0] == r.start_ticks  # read again: it exec'ed
         held = self.pending.get(r.pid)
         if held is not None and held[0] != r.start_ticks:
-            self._flush(r.pid, found)  # that pid is another process's now
+            self._flush(r.pid, found, gone=True)  # that pid is another process's now
             held = None
         if r.state in ("Z", "X"):
             if held is not None:
-                self._flush(r.pid, found)
+                self._flush(r.pid, found, gone=True)
             elif key not in self.seen:
                 self.zombies.add(key)  # ran and ended between two scans
             alive[r.pid] = (r.start_ticks, r.span, 0)  # stat only until it is reaped
@@ -366,14 +368,16 @@ class Scanner:
             found.append(sighting)
         return int(not same)
 
-    def _flush(self, pid: int, found: list) -> None:
+    def _flush(self, pid: int, found: list, gone: bool = False) -> None:
+        """Record a fork child held back, as it was; `gone`: it ended before a second look, so whether it exec'd
+        meanwhile, and what, no read saw (FORK_GONE)."""
         held = self.pending.pop(pid, None)
         if held is None:
             return
         if held[1].ppid == self.root:  # the root's own fork before it exec'd (run's child before CMD's
             self.seen.discard((pid, held[0]))  # execve): the root's image, no process of the tree; unseen
             return
-        found.append(held[1])
+        found.append(dataclasses.replace(held[1], env_reason=FORK_GONE) if gone else held[1])
 
     def _sighting(self, r: _Raw, execs: int) -> Sighting:
         env, reason, digest = self._environ(r)
