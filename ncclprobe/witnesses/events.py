@@ -47,7 +47,8 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            tree when a scan first saw it; `pid` is THAT process's. ppid, start (its start
                            time, unix seconds, 10 ms resolution), argv (redacted), exe (null: unreadable),
                            exec_env (watched part of /proc/<pid>/environ; null: unreadable, see env_reason),
-                           env_reason (null, permission, vanished, clobbered, partly overwritten, ...),
+                           env_reason (null, permission, vanished, clobbered, partly overwritten, "fork child,
+                           gone before a second look": its parent's block, and what it exec'd no read saw, ...),
                            env_hash (keyed hash of the raw block, key per run and never written: equal
                            hashes, one block, e.g. fork children), execs (0; n: seen again after its n-th
                            exec since), nccl_libs (optional, not written yet)

@@ -13,8 +13,8 @@ Why not the pids allocated between two scans: every process of the machine takes
 What this cannot count: children of a process that ignores SIGCHLD (the kernel reaps them without the
 accounting), and children of a process reaped between two reads of it by a parent in the tree (the parent's rise
 is then that process's end). run reads what it reaps itself (CMD, the orphans it adopts) just before, as zombies,
-so their last children are counted. Nor what a fork child exec'd where a scan saw it only before its exec (a
-shell's command caught between fork and exec): it is a child seen, whose reaping explains its parent's rise.
+so their last children are counted. A fork child a scan saw only before its exec is a child seen, whose reaping
+explains its parent's rise: what it exec'd is procwatch's FORK_GONE, unread (diagnose/coverage.py).
 An orphan adopted by a child subreaper inside the tree and reaped before a scan saw it under its new parent is
 counted as a child of that subreaper, which it is.
 
