@@ -274,7 +274,7 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
             if failed:  # ncclprobe itself failed while CMD ran: leave nothing of the tree behind
                 group.reap_group()
             if watch is not None:  # after the tree is settled: its orphans are reaped, CMD's pid known
-                watch.stop(reaped=group.tree.reaped, started=[group.proc.pid])
+                watch.stop(reaped=group.tree.reaped, started=[group.proc.pid], last_reads=group.tree.last_reads)
             words, code = ("unknown: ncclprobe run failed while CMD ran", 1) if failed else describe_status(rc)
             meta.update(ended=time.time(), returncode=rc, status=words, cmd_pid=group.proc.pid,
                         **group.outcome.to_json())

@@ -385,7 +385,10 @@ def _watch_json(m: Model) -> dict[str, Any]:
 
 def watch_line(w: dict[str, Any], host: str | None = None) -> str:
     """run's /proc watch in one line: what it saw, and what it knows it missed."""
-    missed = int(w.get("missed_known") or 0) + int(w.get("missed_started") or 0)
+    # a pid both lists hold (an orphan run reaped that its parent's record names) is one process
+    both = set(w.get("missed_pids") or []) & set(w.get("missed_started_pids") or [])
+    missed = int(w.get("missed_known") or 0) + int(w.get("missed_started") or 0) - len(both)
+    children = int(w.get("missed_children") or 0)
     kernel = w.get("mode") == "kernel"
     runs = f" ({w['runs']} runs)" if (w.get("runs") or 1) > 1 else ""
     text = (f"/proc watch{' on ' + host if host else ''}{runs}: {w.get('seen', 0)} process(es) seen"
@@ -394,6 +397,10 @@ def watch_line(w: dict[str, Any], host: str | None = None) -> str:
     text += (f"; {missed} short-lived process(es) known to have run that no read caught (their boot probe, their "
              "parent's record of the call that started them, the kernel or run's reaping saw them)" if missed
              else "; none known missed")
+    if children:
+        text += (f"; at least {children} more that pid(s) {', '.join(map(str, (w.get('missed_parents') or [])[:8]))} "
+                 "started and reaped between two scans, seen by no witness (the page faults of the children a "
+                 "process reaps are added to its own count)")
     if kernel:
         if w.get("kernel_overruns"):
             text += f"; the kernel's event queue overflowed {w['kernel_overruns']} time(s): events were lost"

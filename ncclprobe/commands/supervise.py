@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import select
 import signal
 import subprocess
 import time
@@ -130,6 +131,9 @@ class Tree:
         self.foreign = {(st.pid, st.start_ticks) for st in self._stats() if st.ppid == self.me}
         self.on_scan = None  # called with each scan's members (the keeper)
         self.reaped: list[tuple[int, int]] = []  # (pid, start) of the orphans reaped here (the watch counts those it missed)
+        # (pid, start) -> (when, cminflt) of CMD and the orphans, read as zombies before they were reaped: the
+        # children they reaped since the watch last read them (witnesses/reaping.py)
+        self.last_reads: dict[tuple[int, int], tuple[float, int]] = {}
         self.mark = mark
         self._unmarked: set[tuple[int, int]] = set()  # (pid, start) read once and not marked
 
@@ -163,6 +167,7 @@ class Tree:
         for st in found.values():
             if st.state in ("Z", "X", "x"):
                 if st.ppid == self.me and st.pid != self.popen_pid:
+                    self.last_reads[(st.pid, st.start_ticks)] = (time.monotonic(), st.child_faults)
                     _reap(st.pid)
                     self.reaped.append((st.pid, st.start_ticks))
                 continue
@@ -196,6 +201,15 @@ class Tree:
         self._unmarked.add(key)
         return False
 
+    def read_last(self, pid: int) -> None:
+        """A child of ours that has ended and is not reaped yet (CMD): its last read, as a zombie."""
+        try:
+            st = self.fs.stat(pid)
+        except OSError:
+            return
+        if st.state in ("Z", "X", "x"):
+            self.last_reads[(st.pid, st.start_ticks)] = (time.monotonic(), st.child_faults)
+
     def adopt_foreign(self, pid: int) -> None:
         """A child of ours that is not part of the tree (the keeper)."""
         try:
@@ -225,6 +239,13 @@ class Tree:
         finally:
             if fd is not None:
                 os.close(fd)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # Python < 3.9, Linux < 5.3 (or CMD gone and reaped: Popen knows)
+        return None
 
 
 def _reap(pid: int) -> None:
@@ -326,6 +347,7 @@ class Group:
     def wait(self) -> int | None:
         """Until CMD has ended and, after a stop request, its whole tree. CMD's Popen returncode, or
         None when even SIGKILL did not end it."""
+        pidfd = _pidfd(self.proc.pid)
         try:
             next_record = 0.0
             while self.proc.returncode is None and self.stage != GIVEN_UP:
@@ -335,10 +357,7 @@ class Group:
                 elif time.monotonic() >= next_record:
                     self.tree.live()
                     next_record = time.monotonic() + RECORD_S
-                try:
-                    self.proc.wait(timeout=POLL_S)
-                except subprocess.TimeoutExpired:
-                    pass
+                self._wait_cmd(pidfd)
             self._step()  # a signal that came as CMD ended is announced too
             rc = self.proc.returncode
             if self.requests:
@@ -351,7 +370,22 @@ class Group:
                 self._end_all()
             return rc
         finally:
+            if pidfd is not None:
+                os.close(pidfd)
             self._restore()
+
+    def _wait_cmd(self, pidfd: int | None) -> None:
+        """Up to POLL_S for CMD to end; once it has, its last read as a zombie before Popen reaps it. Without a
+        pidfd (Linux < 5.3), Popen's wait, which reaps at once: the zombie is not read."""
+        if pidfd is None:
+            try:
+                self.proc.wait(timeout=POLL_S)
+            except subprocess.TimeoutExpired:
+                pass
+            return
+        if select.select([pidfd], [], [], POLL_S)[0]:  # readable once CMD has ended (pidfd_open(2)); reaps nothing
+            self.tree.read_last(self.proc.pid)
+            self.proc.wait()
 
     def reap_group(self) -> None:
         """End the whole tree now (the caller failed before wait returned): SIGTERM, SIGKILL after the grace."""

@@ -41,7 +41,8 @@ def doc(v: Verdict) -> list:
     out: list = [Title(title)]
     if v.unchecked is not None:
         out.append(Text(f"NOT CHECKED: {v.unchecked.reason[len('not checked: '):]}", "bad"))
-        out.append(Text(f"  to check it: {v.unchecked.hint} (exit code 3: could not be examined)", "warn"))
+        code = " (exit code 3: could not be examined)" if v.code is not None else ""
+        out.append(Text(f"  to check it: {v.unchecked.hint}{code}", "warn"))
     if v.note:
         out.append(Text(v.note, "note"))
     if not v.rows:

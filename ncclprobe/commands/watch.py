@@ -36,6 +36,7 @@ from ncclprobe.commands import logdir
 from ncclprobe.commands.supervise import printable
 from ncclprobe.witnesses import kernelevents
 from ncclprobe.witnesses.procwatch import Scanner, Sighting
+from ncclprobe.witnesses.reaping import Reaping
 
 WATCH_ENV = "NCCLPROBE_WATCH_S"
 KERNEL_ENV = "NCCLPROBE_WATCH_KERNEL"  # "0": scans only, even where the kernel would give its process events
@@ -52,6 +53,7 @@ JOIN_S = 3.0  # how long stop waits for the last scan
 NICE = 10  # the watch yields to CMD on a busy machine (setpriority of its own thread only)
 ARG_MAX_CHARS, ARGV_MAX_CHARS = 8192, 256 * 1024  # bounds on what a line holds (readers refuse lines over 1 MiB)
 MISSED_SHOWN = 100
+REAPED_SHOWN = 1000  # reaped_unseen: one entry per child counted (a lower bound however cut)
 
 
 def interval_from_env(environ, name: str = WATCH_ENV, default: float = WATCH_S,
@@ -97,7 +99,9 @@ class Watch:
                         if self.listener is not None else None)
         self._wake = os.pipe() if self.kthread is not None else None  # stop() wakes the kernel thread at once
         self.interval = interval
-        self.scanner = scanner or Scanner(os.getpid(), os.urandom(16), exclude=exclude, extra_roots=extra_roots)
+        # scans only: what they missed is counted from what the tree reaped (the kernel's events miss no fork)
+        self.scanner = scanner or Scanner(os.getpid(), os.urandom(16), exclude=exclude, extra_roots=extra_roots,
+                                          reaping=Reaping() if self.listener is None else None)
         self.live_s = live_s  # the whole tree is read this often (None: as LIVE_SHARE allows); new processes at once
         self.tracker = tracker
         if live and tracker is None:
@@ -111,6 +115,7 @@ class Watch:
         self.summary: dict | None = None
         self._reaped: list[tuple[int, int]] = []
         self._started: list[int] = []
+        self._last_reads: dict[tuple[int, int], tuple[float, int]] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._cpu: float | None = None
@@ -140,10 +145,11 @@ class Watch:
     def mode(self) -> str:
         return "kernel" if self.listener is not None else "scan"
 
-    def stop(self, reaped=(), started=()) -> dict:
+    def stop(self, reaped=(), started=(), last_reads=None) -> dict:
         """End the watch after one last scan; `reaped`: (pid, start ticks) of what run's subreaper
-        reaped, `started`: the pids run started (CMD), to count those no scan saw. The summary."""
-        self._reaped, self._started = list(reaped), list(started)
+        reaped, `started`: the pids run started (CMD), to count those no scan saw; `last_reads`: (pid, start
+        ticks) -> (when, cminflt) of what run read as zombies before it reaped them. The summary."""
+        self._reaped, self._started, self._last_reads = list(reaped), list(started), dict(last_reads or {})
         self._stop.set()
         if self._wake is not None:
             os.write(self._wake[1], b"x")  # (a pipe of ours, open until here: nothing else has its number)
@@ -295,6 +301,15 @@ class Watch:
         self._live_cpu += time.thread_time() - t0
         return lines
 
+    def _unseen_children(self) -> dict[int, int] | None:
+        """Pid -> children, at least, that it reaped and no scan saw (witnesses/reaping.py); None with the
+        kernel's events, which see every fork."""
+        ledger = self.scanner.reaping
+        if ledger is None:
+            return None
+        ledger.reaped(self._last_reads)
+        return ledger.unseen()
+
     def _failed(self, exc: BaseException) -> None:
         self.errors += 1
         self.error = self.error or type(exc).__name__  # its name only: a message may quote what was read
@@ -335,12 +350,15 @@ class Watch:
             try:
                 missed = sc.missed(self._reaped, self._started)
                 seen = len(sc.seen)
+                children = self._unseen_children()
             except RuntimeError:  # a stuck thread changed them meanwhile
-                missed, seen = None, None
+                missed, seen, children = None, None, None
             self.summary = {
                 "scans": sc.scans, "walks": sc.walks, "interval_s": self.interval, "seen": seen,
                 "missed_known": None if missed is None else len(missed),
                 "missed_pids": None if missed is None else missed[:MISSED_SHOWN],
+                "reaped_unseen": None if children is None else [
+                    pid for pid in sorted(children) for _ in range(children[pid])][:REAPED_SHOWN],
                 "cpu_s": None if cpu is None else round(cpu, 4),
                 "wall_s": round(time.monotonic() - self._t0, 3), "reader": sc.reader,
                 "errors": self.errors, "error": self.error, "lost_lines": self.file.lost, "stuck": stuck,

@@ -1,12 +1,16 @@
 """Whether an expectation was checked at all. "Not checked" is never "fine": when no process that the
 rules check could be checked (every endpoint of the tree is a client whose workers run under another
-daemon, or no witness could read any of them), the verdict says so first and the command exits 3."""
+daemon, or no witness could read any of them), the verdict says so first and the command exits 3. So it
+does, beside the processes that were checked, for those known to have run that no witness read: a parent's
+record of the call that started them holds none of the expected values, run's watch saw them only as they
+ended, knows they ran (reaped, first seen as zombies) or that a process of the tree reaped children it never
+saw (witnesses/reaping.py), or a probe lost lines (one may have been such a record)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclprobe.model import Model
+from ncclprobe.model import FORK_GONE, Model
 from ncclprobe.model.launchers import client_of
 
 
@@ -17,6 +21,8 @@ class Unchecked:
     clients: list[dict[str, Any]] = field(default_factory=list)
     unread: list[int] = field(default_factory=list)  # processes known to have run whose environment no witness read
     partial: bool = False  # other processes were checked: an error-level finding on them decides the exit code
+    decides: bool = True  # False: said, but the exit code is the findings' (what was missed is counted, not
+    #                       named, and a checked process used NCCL: the workers were among those checked)
 
     def to_json(self) -> dict[str, Any]:
         return {"reason": self.reason, "hint": self.hint, "clients": self.clients, "unread": self.unread}
@@ -41,6 +47,54 @@ def _unread(k, endpoints: list, expect: dict[str, str]) -> tuple[list, list[str]
     return unread, names
 
 
+# why /proc gave a process's environment to no read: it was ending, or not through its execve yet (procwatch)
+GONE = ("vanished", "zombie", "inside execve", "not read")
+
+
+def _gone_unread(k, p) -> bool:
+    """A process that started none and that no witness read as itself: /proc showed it only as it ended (or inside
+    execve), or only as a fork child that was gone before a second look (what it exec'd, if it did, no read saw)."""
+    if p.started_by is not None or p.start_env is not None or p.live_env is not None or k.children.get(p.key):
+        return False
+    if p.proc_env_reason == FORK_GONE:
+        return not k.helper(p)
+    return p.proc_exec_env is None and p.proc_env_reason in GONE and k.timeline(p) is None and not k.helper(p)
+
+
+def _unseen_pids(m: Model, k) -> list[int]:
+    """The pids known to have run that no witness read: seen only as they ended, or known to run's watch alone
+    (reaped, first seen as zombies; a parent's record of the call that started one is _unread's)."""
+    procs = {(p.node, p.pid): p for p in m.processes.values()}
+    pids = {p.pid for p in m.processes.values() if _gone_unread(k, p)}
+    for host, w in m.watch.items():
+        for pid in w.get("missed_pids") or []:
+            p = procs.get((host, pid))
+            if p is None or not edge_only(p) and k.timeline(p) is None:
+                pids.add(pid)
+    return sorted(pids)
+
+
+def _missed(m: Model, pids: list[int]) -> str:
+    """What ran that no witness read, in words: those pids, the children run's watch counted, the lines the
+    probes could not write (empty: nothing)."""
+    parts = []
+    if pids:
+        parts.append(f"{len(pids)} process(es) of the tree known to have run ({', '.join(map(str, pids[:8]))}"
+                     f"{'…' if len(pids) > 8 else ''}) whose environment no witness read: /proc showed them only as "
+                     "they ended, or as fork children before an exec, and they ran no probe")
+    children = sum(int(w.get("missed_children") or 0) for w in m.watch.values())
+    if children:
+        parents = sorted({pid for w in m.watch.values() for pid in w.get("missed_parents") or []})
+        parts.append(f"at least {children} more that pid(s) {', '.join(map(str, parents[:8]))} started and reaped "
+                     "between two scans (their reaped children's page faults say so), seen by no witness")
+    dropped = sum(m.reading.dropped.values())
+    if dropped:
+        writers = sorted({pid for _, pid in m.reading.dropped})
+        parts.append(f"{dropped} line(s) the probes of pid(s) {', '.join(map(str, writers[:8]))} could not write "
+                     "(stalled writes): a record of a process they started may be among them")
+    return "; ".join(parts)
+
+
 def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     """Why the expectation was checked on no process, or None where one was checked. k: the model's
     propagation.Knowledge where the caller has one (its timelines are memoised)."""
@@ -51,22 +105,31 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
         k = Knowledge.of(m)
     endpoints = k.endpoints()
     with_comm = {(c.host, c.pid) for c in m.comms if c.env is not None}
-    # (one checked process is enough to know: not every endpoint is asked)
-    checked = any(p.key in with_comm or (client_of(p.argv, p.exe) is None and k.timeline(p) is not None)
-                  for p in endpoints)
+    def read(p) -> bool:
+        return p.key in with_comm or (client_of(p.argv, p.exe) is None and k.timeline(p) is not None)
+
+    checked = any(map(read, endpoints))  # (one checked process is enough to know: not every endpoint is asked)
     unread, names = _unread(k, endpoints, expect)
-    if checked and not unread:
+    unseen = _unseen_pids(m, k)
+    missed = _missed(m, unseen)
+    if checked and not unread and not missed:
         return None
+    if checked and not unread:  # some were checked; others ran that no witness read
+        workers = any((p.key in with_comm or p.libs or p.nccl_user) and read(p) for p in endpoints)
+        return Unchecked(f"not checked: {missed}",
+                         "follow the tree through the kernel's process events (run as root or with CAP_NET_ADMIN: "
+                         "each process is read at its exec), or keep the probes in the environment each call gives "
+                         "(PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)", unread=unseen, partial=True, decides=not workers)
     if checked:  # some were checked; these are known to have run, and not read
         pids = sorted(p.pid for p in unread)
         sites = sorted({p.started_by.site for p in unread})
         return Unchecked(f"not checked: {len(pids)} process(es) known to have run ({', '.join(map(str, pids[:8]))}"
                          f"{'…' if len(pids) > 8 else ''}; started by {', '.join(sites[:3])}) whose environment no "
                          f"witness read ({', '.join(names)}): only the call that started them was recorded, and it "
-                         "holds the watched variables alone",
+                         "holds the watched variables alone" + (f"; and {missed}" if missed else ""),
                          "let the boot probe into them (pass PYTHONPATH and NCCLPROBE_DIR in the environment the call "
                          "gives them), or read them while they run: `ncclprobe run --live --hold -- CMD`",
-                         unread=pids, partial=True)
+                         unread=sorted({*pids, *unseen}), partial=True)
     clients = [(p, client_of(p.argv, p.exe)) for p in endpoints]
     named = [{"pid": p.pid, "host": p.host, "program": c.program, "runs_under": c.runs_under, "reach": c.reach}
              for p, c in clients if c is not None]

@@ -8,6 +8,9 @@ from typing import Any
 
 from ncclprobe.model.watched import is_watched
 
+# a proc_seen's env_reason: a fork child read while it still held its parent's block, gone before a second look;
+# what it exec'd after, if it did, no read saw (witnesses/procwatch.py)
+FORK_GONE = "fork child, gone before a second look"
 
 @dataclass
 class EnvWrite:

@@ -7,6 +7,7 @@ one module in witnesses/ and one handler here; model/__init__.py holds the types
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -509,11 +510,28 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
         unseen = sorted(p.pid for p in m.processes.values()  # the call that started them, says they ran
                         if p.node == host and (p.t_start is not None or "edge" in p.sources) and "proc" not in p.sources)
         w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
+        _missed_children(m, host, w)
     # a stream's counts are complete only once it has been consumed
     m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}, **log.skipped_files}
     m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
     _label_simulated(m)
     return m
+
+
+def _missed_children(m: Model, host: str, w: dict[str, Any]) -> None:
+    """missed_children and missed_parents: the children the watch counted from their parents' reaping
+    (reaped_unseen) less those another witness knows (their boot probe, their parent's record of the call): each
+    such child explains one count at most, so what is left is still a lower bound. None in kernel mode."""
+    if w.get("reaped_unseen") is None:
+        w["missed_children"], w["missed_parents"] = None, []
+        return
+    left = Counter(w["reaped_unseen"])
+    for p in m.processes.values():
+        edge = p.started_by  # (an exec's record names the process that exec'd: its own pid)
+        parent = edge.parent if edge is not None and edge.child is not None else p.ppid
+        if p.node == host and "proc" not in p.sources and left.get(parent, 0) > 0:
+            left[parent] -= 1
+    w["missed_children"], w["missed_parents"] = sum(left.values()), sorted(pid for pid, n in left.items() if n)
 
 
 # watch_summary fields that add up over the runs of one host (run --append); the others are the latest run's
@@ -529,7 +547,8 @@ def _merged_watch(earlier: list[dict[str, Any]], w: dict[str, Any]) -> dict[str,
         return w
     every = [*earlier, w]
     out = {**w, "runs": len(every), "stuck": any(x.get("stuck") for x in every),
-           "missed_pids": [pid for x in every for pid in x.get("missed_pids") or []]}
+           "missed_pids": [pid for x in every for pid in x.get("missed_pids") or []],
+           "reaped_unseen": [pid for x in every for pid in x.get("reaped_unseen") or []]}
     for k in WATCH_SUMS:
         if any(x.get(k) is not None for x in every):
             out[k] = sum(x.get(k) or 0 for x in every)

@@ -47,7 +47,8 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
                            tree when a scan first saw it; `pid` is THAT process's. ppid, start (its start
                            time, unix seconds, 10 ms resolution), argv (redacted), exe (null: unreadable),
                            exec_env (watched part of /proc/<pid>/environ; null: unreadable, see env_reason),
-                           env_reason (null, permission, vanished, clobbered, partly overwritten, ...),
+                           env_reason (null, permission, vanished, clobbered, partly overwritten, "fork child,
+                           gone before a second look": its parent's block, and what it exec'd no read saw, ...),
                            env_hash (keyed hash of the raw block, key per run and never written: equal
                            hashes, one block, e.g. fork children), execs (0; n: seen again after its n-th
                            exec since), nccl_libs (optional, not written yet)
@@ -56,7 +57,9 @@ Contract (DESIGN.md §4). Every line is one JSON object with `ev`, `t` (unix sec
   watch_summary  proc      the watch's end (`pid` is run's): scans, walks (scans that read the tree),
                            interval_s, seen, missed_known (processes known to have run that no scan saw
                            running: first seen as zombies, orphans run reaped, CMD itself), missed_pids
-                           (the first 100), cpu_s (the watch thread's CPU), wall_s, reader (native |
+                           (the first 100), reaped_unseen (scan mode, null in kernel mode: a parent's pid
+                           once per child, at least, that it reaped and no scan saw, witnesses/reaping.py; the
+                           first 1000), cpu_s (the watch thread's CPU), wall_s, reader (native |
                            python), errors, error (first error's type), lost_lines, stuck (did not end in time),
                            mode (kernel: the kernel's process events had each process of the tree read at its
                            exec, and scans; scan: scans only), kernel_refused (why not kernel), kernel_events,
@@ -276,6 +279,7 @@ FIELDS: dict[str, dict[str, tuple[Callable[[Any], Any], str]]] = {
                     "env_reason": (OS, "drop"), "script": (OT, "drop")},
     "watch_summary": {"scans": (OU64, "drop"), "walks": (OU64, "drop"), "interval_s": (_null(_num(0, 3600)), "drop"),
                       "seen": (OU64, "drop"), "missed_known": (OU64, "drop"), "missed_pids": (_null(_list(PID)), "drop"),
+                      "reaped_unseen": (_null(_list(PID)), "drop"),
                       "cpu_s": (_null(_num(0, 1e9)), "drop"), "wall_s": (_null(_num(0, 1e9)), "drop"),
                       "reader": (OS, "drop"), "errors": (OU64, "drop"), "error": (OS, "drop"),
                       "lost_lines": (OU64, "drop"), "stuck": (OB, "drop"), "live_s": (_null(_num(0, 3600)), "drop"),

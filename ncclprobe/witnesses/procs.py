@@ -98,6 +98,7 @@ class Stat:
     start_ticks: int
     env_span: tuple[int, int, int, int]  # arg_start, arg_end, env_start, env_end (0s if masked)
     threads: int = 1
+    child_faults: int = 0  # cminflt: minor faults of the children it reaped (witnesses/reaping.py)
 
 
 _new = object.__new__
@@ -118,7 +119,7 @@ def parse_stat(raw: bytes) -> Stat:
         span = (int(f[45]), int(f[46]), int(f[47]), int(f[48])) if len(f) >= 49 else (0, 0, 0, 0)  # fields 48-51
         fields = {"pid": int(pid_s), "comm": comm, "state": f[0].decode("utf-8", "backslashreplace"),
                   "ppid": int(f[1]), "flags": int(f[6]), "start_ticks": int(f[19]), "env_span": span,
-                  "threads": int(f[17])}
+                  "threads": int(f[17]), "child_faults": int(f[8])}
     except (IndexError, ValueError):
         raise OSError(errno.EINVAL, "not a stat line") from None
     st = _new(Stat)  # the frozen dataclass's __init__ sets each field through object.__setattr__

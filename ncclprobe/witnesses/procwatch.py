@@ -22,7 +22,8 @@ missed (loadavg not this namespace's: lxcfs). An idle tree costs one small read 
 
 Short-lived processes may be missed; those known to be missed are counted: a process first seen as a
 zombie (it ran and ended between two scans), and what the caller reports (processes its subreaper
-reaped, the command it started) that no scan saw running.
+reaped, the command it started) that no scan saw running. With a `reaping` ledger (run's scan mode), each
+stat read also gives the children a process reaped that no scan saw (witnesses/reaping.py).
 
 The native reader (procread.Native.watch) reads a whole scan in one call; without it the same is read
 from Python (procs.Reader), slower. Nothing outside the watched set (model.watched) ever leaves this
@@ -32,14 +33,17 @@ from those that do not, and nothing about the values.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import os
 import time
 from dataclasses import dataclass
 
+from ncclprobe.model import FORK_GONE
 from ncclprobe.model.watched import is_watched, redact_argv
 from ncclprobe.witnesses import procread, procs, shells
+from ncclprobe.witnesses.reaping import Reaping
 
 WALK_EVERY_S = 5.0  # an exec creates no pid: the tree is walked this often whatever the pids say
 YOUNG_S = 1.0  # a process recorded this recently has its stat read at every scan: wrappers (env, numactl) exec at once
@@ -100,8 +104,10 @@ class Scanner:
     a child subreaper, an orphan goes to init)."""
 
     def __init__(self, root: int, key: bytes, proc_root: str = "/proc", exclude: frozenset[int] = frozenset(),
-                 extra_roots: bool = False, native: procread.Native | None | bool = True):
+                 extra_roots: bool = False, native: procread.Native | None | bool = True,
+                 reaping: Reaping | None = None):
         self.root, self.key, self.proc_root = root, key, str(proc_root)
+        self.reaping = reaping
         self.exclude = frozenset(exclude)
         self.extra_roots = extra_roots
         self.native = procread.watcher() if native is True else (native or None)
@@ -196,7 +202,7 @@ class Scanner:
         last scan's range that was a thread or taken is not read again; one that was not there, or
         whose parent was not in the tree (yet: its parent was not in /proc yet), is."""
         found: list[Sighting] = []
-        done, fresh = set(), {}
+        done, fresh, t0 = set(), {}, time.monotonic()
         for pid in range(lo + 1, hi + 1):
             if pid in self._done:
                 continue
@@ -213,23 +219,26 @@ class Scanner:
                     continue
                 del self.known[pid]  # that pid is another process's now: the one known is gone
             fresh[pid] = st
-        members, new = {self.root, *self.known}, []
+        members, new, looked, gone = {self.root, *self.known}, [], {}, set()
         grew = True
         while grew:  # a child's parent may be new too
             grew = False
             for pid in [p for p, st in fresh.items() if st[0] in members]:
                 members.add(pid)
                 new.append(pid)
-                del fresh[pid]
+                looked[pid] = fresh.pop(pid)
                 grew = True
         self._done = done | set(new)
         again, now = [], time.monotonic()
         for pid in list(self.pending) + [p for p in self.young if p not in self.pending]:
             known, st = self.known.get(pid), self._stat(pid)
             if known is None or st is None or st[1] != known[0]:
-                self._flush(pid, found)  # gone: recorded as it was
+                self._flush(pid, found, gone=True)  # gone: recorded as it was
                 self.young.pop(pid, None)
-            elif st[4] == known[1]:
+                gone |= {(pid, known[0])} if known is not None else set()
+                continue
+            looked[pid] = st
+            if st[4] == known[1]:
                 self._flush(pid, found)  # still its parent's image after a scan: a fork child, as it was
                 if self.young.get(pid, 0) < now:
                     self.young.pop(pid, None)
@@ -245,10 +254,25 @@ class Scanner:
                 if r.full and (r.pid in take or r.ppid in members):
                     members.add(r.pid)
                     self._take(r, self.known.get(r.pid), self.known, found, spans)
+        self._reaped_kids(t0, looked, gone)
         return found
 
-    def _stat(self, pid: int) -> tuple[int, int, str, int, tuple] | None:
-        """(ppid, start ticks, state, exit signal, arg/env span) of a pid, or None if it is not there."""
+    def _reaped_kids(self, t0: float, stats: dict[int, tuple | None], gone=()) -> None:
+        """What the stat reads begun at t0 (pid -> _stat) of processes of the tree say of the children each reaped,
+        to the reaping ledger; `gone`: (pid, start ticks) of those found ended since."""
+        if self.reaping is None:
+            return
+        procs = {}
+        for pid, st in stats.items():
+            known = self.known.get(pid)
+            if st is None or known is None or known[0] != st[1]:
+                continue  # gone meanwhile, or not taken into the tree
+            parent = self.known.get(st[0])
+            procs[(pid, st[1])] = ((st[0], parent[0]) if parent is not None else None, st[5])
+        self.reaping.look(t0, time.monotonic(), procs, gone)
+
+    def _stat(self, pid: int) -> tuple[int, int, str, int, tuple, int] | None:
+        """(ppid, start ticks, state, exit signal, arg/env span, cminflt) of a pid, or None if it is not there."""
         try:
             fd = os.open(f"{self.proc_root}/{pid}/stat", _O_READ)
         except OSError:
@@ -262,7 +286,7 @@ class Scanner:
         f = raw.rpartition(b")")[2].split()  # f[0] is field 3 (state), proc(5)
         try:
             span = (int(f[45]), int(f[46]), int(f[47]), int(f[48])) if len(f) >= 49 else (0, 0, 0, 0)
-            return int(f[1]), int(f[19]), f[0].decode("ascii", "replace"), int(f[35]), span
+            return int(f[1]), int(f[19]), f[0].decode("ascii", "replace"), int(f[35]), span, int(f[8])
         except (IndexError, ValueError):
             return None
 
@@ -303,10 +327,12 @@ class Scanner:
                     if self._take(r, self.known.get(r.pid), alive, found, spans):
                         new.append(r.pid)
         for pid in [p for p in self.pending if p not in alive]:
-            self._flush(pid, found)  # gone: recorded as it was seen
+            self._flush(pid, found, gone=True)  # gone: recorded as it was seen
         now = time.monotonic()
         self.young = {p: t for p, t in self.young.items() if p in alive and t >= now}
+        gone = {(p, k[0]) for p, k in self.known.items()} - {(p, k[0]) for p, k in alive.items()}
         self.known = alive
+        self._reaped_kids(now, {pid: self._stat(pid) for pid in alive} if self.reaping is not None else {}, gone)
         return found, new
 
     def _take(self, r: _Raw, known, alive: dict, found: list, spans: dict) -> int:
@@ -316,11 +342,11 @@ class Scanner:
         same = known is not None and known[0] == r.start_ticks  # read again: it exec'ed
         held = self.pending.get(r.pid)
         if held is not None and held[0] != r.start_ticks:
-            self._flush(r.pid, found)  # that pid is another process's now
+            self._flush(r.pid, found, gone=True)  # that pid is another process's now
             held = None
         if r.state in ("Z", "X"):
             if held is not None:
-                self._flush(r.pid, found)
+                self._flush(r.pid, found, gone=True)
             elif key not in self.seen:
                 self.zombies.add(key)  # ran and ended between two scans
             alive[r.pid] = (r.start_ticks, r.span, 0)  # stat only until it is reaped
@@ -342,14 +368,16 @@ class Scanner:
             found.append(sighting)
         return int(not same)
 
-    def _flush(self, pid: int, found: list) -> None:
+    def _flush(self, pid: int, found: list, gone: bool = False) -> None:
+        """Record a fork child held back, as it was; `gone`: it ended before a second look, so whether it exec'd
+        meanwhile, and what, no read saw (FORK_GONE)."""
         held = self.pending.pop(pid, None)
         if held is None:
             return
         if held[1].ppid == self.root:  # the root's own fork before it exec'd (run's child before CMD's
             self.seen.discard((pid, held[0]))  # execve): the root's image, no process of the tree; unseen
             return
-        found.append(held[1])
+        found.append(dataclasses.replace(held[1], env_reason=FORK_GONE) if gone else held[1])
 
     def _sighting(self, r: _Raw, execs: int) -> Sighting:
         env, reason, digest = self._environ(r)
