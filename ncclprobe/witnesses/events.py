@@ -417,6 +417,8 @@ def _skip_file(log: EventLog, path: str, why: str) -> None:
 
 def _event(raw: bytes, log: EventLog) -> dict[str, Any] | None:
     """One line's checked event; None (counted in log.skipped or log.unknown) where there is none."""
+    if raw.startswith(b'{"ev":"nccl_getenv",') and (ev := _getenv_line(raw)) is not None:
+        return ev
     obj, reason = _parse(raw)
     if not reason and not isinstance(obj, dict):
         reason = "not an object"
@@ -431,9 +433,7 @@ def _event(raw: bytes, log: EventLog) -> dict[str, Any] | None:
     if table is None:
         log.unknown[ev["ev"][:64]] += 1
         return None
-    fields = _plain_getenv(obj) if ev["ev"] == "nccl_getenv" else None
-    if fields is None:
-        fields, reason = checked(obj, table, ev["ev"] + ".", log.dropped)
+    fields, reason = checked(obj, table, ev["ev"] + ".", log.dropped)
     if reason:
         log.skipped[f"{ev['ev']}: {reason}"] += 1
         return None
@@ -455,19 +455,28 @@ def _plain_common(obj: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def _plain_getenv(obj: dict[str, Any]) -> dict[str, Any] | None:
-    """nccl_getenv's fields (70+ lines a worker) where each is a string or null within its cap, as checked()
-    gives them; None: let checked() look."""
-    var, value, lib = obj.get("var"), obj.get("value"), obj.get("lib")
-    if (type(var) is str and len(var) <= NAME and (value is None or (type(value) is str and len(value) <= TEXT))
-            and (lib is None or (type(lib) is str and len(lib) <= TEXT))):
-        out = {"var": var}
-        if "value" in obj:
-            out["value"] = value
-        if "lib" in obj:
-            out["lib"] = lib
-        return out
-    return None
+_S = rb'([^"\\\x00-\x1f]*)'  # a JSON string's body with no escape and no control character: its bytes are its text
+_GETENV = re.compile(rb'\{"ev":"nccl_getenv","t":(-?(?:0|[1-9][0-9]{0,30})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?),'
+                     rb'"pid":((?:0|[1-9][0-9]{0,30})),"src":"envplugin","host":"' + _S + rb'","var":"' + _S +
+                     rb'","value":(?:null|"' + _S + rb'"),"lib":(?:null|"' + _S + rb'")\}[ \t\r\n]*')
+
+
+def _getenv_line(raw: bytes) -> dict[str, Any] | None:
+    """An nccl_getenv line (70+ a worker) as the envplugin writes it, read without json.loads or checked(): the
+    event _event would give; None where the line is any other (a field more, an escape): _event parses it."""
+    m = _GETENV.fullmatch(raw)
+    if m is None:
+        return None
+    t, pid = float(m[1]), int(m[2])
+    if b"." not in m[1] and b"e" not in m[1] and b"E" not in m[1]:
+        t = int(m[1])
+    text = [x.decode("utf-8", errors="surrogateescape") if x is not None else None for x in m.groups()[2:]]
+    host, var, value, lib = text
+    if not (math.isfinite(t) and 0 <= t <= 1e12 and pid < 1 << 31 and len(host) <= 255 and len(var) <= NAME
+            and (value is None or len(value) <= TEXT) and (lib is None or len(lib) <= TEXT)):
+        return None
+    return {"ev": "nccl_getenv", "t": t, "pid": pid, "src": "envplugin", "host": host, "var": var, "value": value,
+            "lib": lib}
 
 
 def _note_file(log: EventLog, path: Path, src: jsonlines.Source, lines: jsonlines.Lines) -> None:
