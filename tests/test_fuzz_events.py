@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import Counter
 import math
 import random
 import subprocess
@@ -524,3 +525,52 @@ def test_every_event_kind_enters_the_model_through_its_one_handler():
     run's own, about no process of the job), and a handler for a kind no reader accepts would never run."""
     from ncclprobe.model.build import HANDLERS
     assert set(HANDLERS) == set(events.FIELDS) - {"watch_summary"}
+
+
+# The reader's shortcuts (an nccl_getenv line read by a pattern, a line's order key read from its bytes) give what
+# json.loads and the FIELDS checks give, or step aside: lines of the probes' form, mutated byte by byte.
+SHORTCUT_LINES = [
+    b'{"ev":"nccl_getenv","t":1796163000.231813,"pid":20080,"src":"envplugin","host":"node0000",'
+    b'"var":"NCCL_PROTO","value":null,"lib":"/opt/nccl/lib/libnccl.so.2"}\n',
+    b'{"ev":"nccl_getenv","t":1796163000,"pid":7,"src":"envplugin","host":"h","var":"NCCL_ALGO","value":"Ring",'
+    b'"lib":null}\n',
+    b'{"ev":"process_start","t":1.5e9,"host":"h","pid":9,"src":"boot","env":{"NCCL_PROTO":"LL"},"argv":["x"]}\n',
+]
+MUTATIONS = [b"\\", b'"', b"{", b"}", b"\x00", b"\x1f", b"\xff", b"\xe2\x82", b" ", b"9", b"-", b".", b"e", b",",
+             b"t", b'"t":5,', b'"host":"x",', b'"pid":3,', b"null", b"1e999", b"0" * 40]
+
+
+def _slow(raw: bytes):
+    """The event json.loads and the FIELDS checks make of a line (None: skipped)."""
+    obj, reason = events._parse(raw)
+    if reason or not isinstance(obj, dict):
+        return None
+    ev, reason = events.checked(obj, events.COMMON, "", Counter())
+    table = None if reason else events.FIELDS.get(ev["ev"])
+    fields, reason = events.checked(obj, table, "", Counter()) if table is not None else ({}, "unknown")
+    return None if reason else {**ev, "host": ev.get("host", "?"), **fields}
+
+
+def test_reader_shortcuts_agree_with_json_loads():
+    rng = random.Random(24)
+    hits = Counter()
+    for _ in range(20_000):
+        raw = bytearray(rng.choice(SHORTCUT_LINES))
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randrange(len(raw))
+            if rng.random() < 0.5:
+                raw[at:at + 1] = rng.choice(MUTATIONS)
+            else:
+                raw[at:at] = rng.choice(MUTATIONS)
+        raw = bytes(raw)
+        slow = _slow(raw)
+        fast = events._getenv_line(raw)
+        hits["getenv"] += fast is not None
+        if fast is not None:
+            assert slow is not None and fast == slow and list(fast) == list(slow), raw
+            assert all(type(fast[k]) is type(slow[k]) for k in fast), raw
+        key = events._raw_key(raw)
+        hits["key"] += key is not None and slow is not None
+        if key is not None and slow is not None:
+            assert key == (slow["t"], slow["host"], slow["pid"]) and type(key[0]) is type(slow["t"]), raw
+    assert hits["getenv"] > 300 and hits["key"] > 300  # the shortcuts were taken, not only stepped aside

@@ -2,6 +2,8 @@
 probes' log directories (several hosts' directories merge) and NCCL's own INFO logs."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,11 +63,30 @@ def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
     return m
 
 
+@contextlib.contextmanager
+def _no_cycle_collection():
+    """The cyclic garbage collector held off while the model is built and read: each of its full passes walks
+    every object the growing model holds (hundreds of thousands for a fleet), so their sum grows faster than
+    the logs (about 1.5x the time at 1,024 hosts); what is freed meanwhile is freed by its reference count."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def build_report(dirs, nccl_logs=(), expect: dict[str, str] | None = None, proc_view=None,
                  run_id: str | None = None, details: bool = False) -> Result:
     """The report of log directories (and NCCL logs); proc_view: a model holding a /proc view of the same
     job (the demo's live inspect), whose /proc witness joins the model before the rules run; run_id: only
     that run's part of them (`run`'s own report in a directory it shares with other runs)."""
+    with _no_cycle_collection():
+        return _build_report(dirs, nccl_logs, expect, proc_view, run_id, details)
+
+
+def _build_report(dirs, nccl_logs, expect, proc_view, run_id, details) -> Result:
     m = load(dirs, nccl_logs, run_id)
     if proc_view is not None:
         model_mod.add_proc_view(m, proc_view)

@@ -24,6 +24,8 @@ def alike(text: str, hosts: Iterable[str] = (), pids: Iterable[int] = ()) -> str
     """text with what changes from host to host masked: host names, pids, communicator ids, ranks,
     counts of processes, measured (decimal) numbers. Values of variables (integers, names) stay."""
     for h in sorted({h for h in hosts if h}, key=len, reverse=True):
+        if h not in text:  # (no pattern to build: a text names one host or a few of a fleet's thousand)
+            continue
         text = re.sub(rf"(?<![\w.-]){re.escape(h)}(?![\w-])", "<host>", text)  # the name, not inside a word
     text = _HEX.sub("<id>", text)
     text = _RANKS.sub("ranks <r>", text)

@@ -807,9 +807,17 @@ def rules(m: Model, expect: dict[str, str] | None = None) -> list[Finding]:
                 g.setdefault("sources", set()).add(comm.env_source if comm else
                                                    "+".join(k.timeline(e).witnesses) if k.timeline(e) else "?")
                 inst = at(e.host, e.pid, comm.rank, comm.group or comm.ident) if comm else at(e.host, e.pid)
-                if inst not in g["instances"]:
+                # a set beside each list: a cause seen on every host of a fleet would cost hosts^2 by list lookups
+                if "instance_keys" not in g:
+                    g["instance_keys"] = {tuple(i.values()) for i in g["instances"]}
+                if tuple(inst.values()) not in g["instance_keys"]:
+                    g["instance_keys"].add(tuple(inst.values()))
                     g["instances"].append(inst)
-            if e.pid not in g["pids"]:
+            if "pid_set" not in g:
+                g["pid_set"] = set(g["pids"])
+            pids = g["pid_set"]
+            if e.pid not in pids:
+                pids.add(e.pid)
                 g["pids"].append(e.pid)
     out = [_finding(m, g, expect) for g in groups.values() if g["pids"]]
     out += _blind(m, k, blind)

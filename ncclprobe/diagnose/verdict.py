@@ -11,6 +11,7 @@ from typing import Any
 
 from ncclprobe.model import wiring
 from ncclprobe.diagnose.findings import Finding
+from ncclprobe.diagnose.inprocess import process_cached
 from ncclprobe.model import CommView, Model, NcclRead, ranges
 from ncclprobe.model.watched import is_watched
 
@@ -98,7 +99,6 @@ def _next_comm(m: Model, c: CommView) -> float:
 def _pick(reads: list[NcclRead], var: str, c: CommView, end: float) -> NcclRead | None:
     """nccl_read's choice among the reads of var through c's library copy (in time order); end: when
     the process's next communicator was created."""
-    from ncclprobe.diagnose.inprocess import process_cached
     if process_cached(var, c.version):
         return reads[0]
     inside = [r for r in reads if c.t <= r.t < end]

@@ -471,7 +471,7 @@ def comm_id(value: Any) -> str | None:
     if isinstance(value, str):
         text = value.strip().lower()
         text = text[2:] if text.startswith("0x") else text
-        if not text or len(text) > 16 or any(ch not in "0123456789abcdef" for ch in text):
+        if not text or len(text) > 16 or text.lstrip("0123456789abcdef"):  # (left over: a character no hex digit)
             return None
         value = int(text, 16)
     if not isinstance(value, int) or not 0 <= value < 1 << 64:

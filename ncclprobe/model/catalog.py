@@ -8,6 +8,7 @@ full notes. The rules ask `is_process_cached(var, version)`; commands/explain.py
 from __future__ import annotations
 
 import difflib
+import functools
 from dataclasses import dataclass
 
 # How NCCL reads a variable (one value per version range).
@@ -321,6 +322,12 @@ def is_process_cached(var: str, version: int | str | None = None, *, no_cache: s
     not reach new communicators); False if it re-reads it per communicator; None if unknown or not
     read by that version. `no_cache` is the process's NCCL_NO_CACHE value (2.29.7+ lifts NCCL_PARAM
     caches for the keys it lists)."""
+    if type(var) is str and (version is None or type(version) in (int, str)) and (no_cache is None or type(no_cache) is str):
+        return _process_cached(var, version, no_cache)  # a pure function of the catalog: asked ~70 times a process
+    return _is_process_cached(var, version, no_cache)
+
+
+def _is_process_cached(var: str, version: int | str | None, no_cache: str | None) -> bool | None:
     info = get(var)
     code = version_code(version) if isinstance(version, str) else version
     if info is None or (version is not None and code is None):
@@ -334,6 +341,9 @@ def is_process_cached(var: str, version: int | str | None = None, *, no_cache: s
         if "ALL" in keys or info.name in keys or info.name.removeprefix("NCCL_") in keys:
             return False
     return cached
+
+
+_process_cached = functools.lru_cache(maxsize=1 << 14)(_is_process_cached)
 
 
 def suggest(name: str, n: int = 5) -> list[str]:

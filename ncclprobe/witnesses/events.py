@@ -131,6 +131,7 @@ import heapq
 import json
 import math
 import os
+import re
 import stat
 from collections import Counter
 from dataclasses import dataclass, field
@@ -221,7 +222,22 @@ def _id(v: Any) -> Any:
 PID = _int(0, (1 << 31) - 1)
 S, T = _str(NAME), _str(TEXT)
 OS, OT, OI32, OU64, OB, OID = _null(S), _null(T), _null(_int(*INT32)), _null(_int(*UINT64)), _null(_bool), _null(_id)
-ENV = _null(_map(_null(_str(TEXT))))
+
+
+def _env(v: Any) -> Any:
+    """An environment as written ({name: value or null}, null): _null(_map(_null(_str(TEXT)))) in one loop (every
+    process_start, comm_init and sighting has one or two)."""
+    if v is None:
+        return None
+    if type(v) is not dict or len(v) > ITEMS:
+        return BAD
+    for k, x in v.items():
+        if len(k) > NAME or (x is not None and (type(x) is not str or len(x) > TEXT)):
+            return BAD
+    return v
+
+
+ENV = _env
 INTS = _list(_int(*INT32))
 
 # Every field a reader uses, per kind: (check, what a refused value costs). "drop": the field is
@@ -405,11 +421,15 @@ def _skip_file(log: EventLog, path: str, why: str) -> None:
 
 def _event(raw: bytes, log: EventLog) -> dict[str, Any] | None:
     """One line's checked event; None (counted in log.skipped or log.unknown) where there is none."""
+    if raw.startswith(b'{"ev":"nccl_getenv",') and (ev := _getenv_line(raw)) is not None:
+        return ev
     obj, reason = _parse(raw)
     if not reason and not isinstance(obj, dict):
         reason = "not an object"
     if not reason:
-        ev, reason = checked(obj, COMMON, "", log.dropped)
+        ev = _plain_common(obj)
+        if ev is None:
+            ev, reason = checked(obj, COMMON, "", log.dropped)
     if reason:
         log.skipped[reason] += 1
         return None
@@ -423,6 +443,44 @@ def _event(raw: bytes, log: EventLog) -> dict[str, Any] | None:
         return None
     ev.setdefault("host", "?")
     return {**ev, **fields}
+
+
+_RARE = ("truncated", "dropped", "ns_pid", "pidns")  # COMMON's optional fields
+
+
+def _plain_common(obj: dict[str, Any]) -> dict[str, Any] | None:
+    """COMMON's fields of a line that has all of them right and none of the rare ones, as checked() gives
+    them (same order) without a call per field; None: let checked() look."""
+    ev, t, pid, src, host = obj.get("ev"), obj.get("t"), obj.get("pid"), obj.get("src"), obj.get("host")
+    if (type(ev) is str and len(ev) <= NAME and (type(t) is int or (type(t) is float and math.isfinite(t)))
+            and 0 <= t <= 1e12 and type(pid) is int and 0 <= pid < 1 << 31 and src in SOURCES
+            and type(host) is str and len(host) <= 255 and obj.keys().isdisjoint(_RARE)):
+        return {"ev": ev, "t": t, "pid": pid, "src": src, "host": host}
+    return None
+
+
+_S = rb'([^"\\\x00-\x1f]*)'  # a JSON string's body with no escape and no control character: its bytes are its text
+_GETENV = re.compile(rb'\{"ev":"nccl_getenv","t":(-?(?:0|[1-9][0-9]{0,30})(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?),'
+                     rb'"pid":((?:0|[1-9][0-9]{0,30})),"src":"envplugin","host":"' + _S + rb'","var":"' + _S +
+                     rb'","value":(?:null|"' + _S + rb'"),"lib":(?:null|"' + _S + rb'")\}[ \t\r\n]*')
+
+
+def _getenv_line(raw: bytes) -> dict[str, Any] | None:
+    """An nccl_getenv line (70+ a worker) as the envplugin writes it, read without json.loads or checked(): the
+    event _event would give; None where the line is any other (a field more, an escape): _event parses it."""
+    m = _GETENV.fullmatch(raw)
+    if m is None:
+        return None
+    t, pid = float(m[1]), int(m[2])
+    if b"." not in m[1] and b"e" not in m[1] and b"E" not in m[1]:
+        t = int(m[1])
+    text = [x.decode("utf-8", errors="surrogateescape") if x is not None else None for x in m.groups()[2:]]
+    host, var, value, lib = text
+    if not (math.isfinite(t) and 0 <= t <= 1e12 and pid < 1 << 31 and len(host) <= 255 and len(var) <= NAME
+            and (value is None or len(value) <= TEXT) and (lib is None or len(lib) <= TEXT)):
+        return None
+    return {"ev": "nccl_getenv", "t": t, "pid": pid, "src": "envplugin", "host": host, "var": var, "value": value,
+            "lib": lib}
 
 
 def _note_file(log: EventLog, path: Path, src: jsonlines.Source, lines: jsonlines.Lines) -> None:
@@ -440,23 +498,49 @@ def _note_file(log: EventLog, path: Path, src: jsonlines.Source, lines: jsonline
                           "bytes": src.not_read})
 
 
+# A line's order key straight from its bytes, where the bytes allow no other reading: no backslash (no escape
+# can spell a key or hide a quote) and "t", "host" and "pid" each written once (no duplicate or nested key), so
+# a line json.loads keeps has exactly these values (t and pid are required, so a lone one is the line's own;
+# numbers of at most 31 digits); any other line is parsed (_in_order).
+_NUM = re.compile(rb'\s*:\s*(-?(?:0|[1-9][0-9]{0,30})(\.[0-9]+)?([eE][-+]?[0-9]+)?)\s*[,}]')
+_STR = re.compile(rb'\s*:\s*"([^"]*)"')
+
+
+def _raw_key(raw: bytes) -> tuple | None:
+    """(t, host, pid) of a plain line, read without parsing it; None: parse it to know."""
+    i, j, k = raw.find(b'"t"'), raw.find(b'"pid"'), raw.find(b'"host"')
+    if (i < 0 or j < 0 or k < 0 or b"\\" in raw or raw.find(b'"t"', i + 1) >= 0 or raw.find(b'"pid"', j + 1) >= 0
+            or raw.find(b'"host"', k + 1) >= 0):
+        return None
+    inner = raw.find(b"{", raw.find(b"{") + 1)  # the first nested object (or a brace in a string) begins here
+    if 0 <= inner < k:  # host is no required field: a lone one past a nested object's start may be its
+        return None
+    t, pid, host = _NUM.match(raw, i + 3), _NUM.match(raw, j + 5), _STR.match(raw, k + 6)
+    if t is None or pid is None or pid[2] or pid[3] or host is None:
+        return None
+    return (float(t[1]) if t[2] or t[3] else int(t[1]), host[1].decode("utf-8", errors="surrogateescape"),
+            int(pid[1]))
+
+
 def _in_order(path: Path, file_cap: int, file_lines: int) -> bool:
     """Whether a file's events are in time order (one writer appending; a foreign writer may not be).
     Only the common fields are checked here: the keys of a superset of the lines read_file keeps, so
-    in order here means in order there."""
+    in order here means in order there. A plain line's key is read from its bytes (_raw_key)."""
     try:
         src = jsonlines.Source(path, file_cap)
     except OSError:
         return True
     last, ignored = None, Counter()
     for raw in jsonlines.Lines(ignored, file_lines).of(src.pieces()):
-        obj, reason = _parse(raw)
-        if reason or not isinstance(obj, dict):
-            continue
-        ev, reason = checked(obj, COMMON, "", ignored)
-        if reason:
-            continue
-        key = (ev["t"], ev.get("host", "?"), ev["pid"])
+        key = _raw_key(raw)
+        if key is None:
+            obj, reason = _parse(raw)
+            if reason or not isinstance(obj, dict):
+                continue
+            ev, reason = checked(obj, COMMON, "", ignored)
+            if reason:
+                continue
+            key = (ev["t"], ev.get("host", "?"), ev["pid"])
         if last is not None and key < last:
             return False
         last = key

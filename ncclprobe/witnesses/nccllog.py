@@ -26,7 +26,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Union
+from typing import Callable, Iterable, Iterator, NamedTuple, Union
 
 from ncclprobe.model import tuning
 
@@ -243,8 +243,7 @@ _AT_START = re.compile(r"(?:(?P<ts>\[[^\]]{1,64}\]) ?)?"
                        + _TAIL_TEXT)
 
 
-@dataclass(frozen=True)
-class _Head:
+class _Head(NamedTuple):  # (a tuple: one a line, built without a frozen dataclass's setattr per field)
     start: int              # where the prefix (with its timestamp) begins
     body: int               # where the message begins
     host: str
