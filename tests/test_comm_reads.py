@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from ncclprobe import model, schemas
-from ncclprobe.commands import report
 from ncclprobe.diagnose import verdict
+from ncclprobe.views import report
 from ncclprobe.witnesses.events import EventLog
 
 H = "node1"

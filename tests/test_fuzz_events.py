@@ -291,7 +291,7 @@ def test_run_json_variants_never_traceback(tmp_path):
 
 
 def model_of(dirs) -> dict:
-    from ncclprobe.commands import report
+    from ncclprobe.views import report
     return report.model_json(model.build(events.stream_dirs(dirs)))
 
 

@@ -16,6 +16,7 @@ import pytest
 import ncclprobe._lib
 from ncclprobe import schemas
 from ncclprobe.commands import report
+from ncclprobe.witnesses import libversions
 from ncclprobe.witnesses import elf
 
 HERE = socket.gethostname()
@@ -183,7 +184,7 @@ def test_cached_per_path_and_file_and_bounded(tmp_path, monkeypatch):
 
 
 def test_a_report_reads_a_bounded_number_of_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(report, "FILE_READS_MAX", 3)
+    monkeypatch.setattr(libversions, "FILE_READS_MAX", 3)
     seen = []
     monkeypatch.setattr(elf, "file_version", lambda path: seen.append(path))
     events = [ev("nccl_getenv", 10, 1.0 + i, "envplugin", var="NCCL_PROTO", value=str(i), lib=f"/x/{i}/libnccl.so.2")

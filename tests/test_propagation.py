@@ -176,7 +176,7 @@ def test_a_wrapper_whose_exec_no_witness_saw_is_said_not_silently_fine():
     """`env -i PATH=… python3 w.py` seen by the watch only as env (python3 ended before the next scan):
     the report cannot check what ran and says so, with `env -i`'s consequence; once the pid is seen as
     what it exec'd (or its boot probe speaks, or it has children), nothing is said."""
-    from ncclprobe.commands import report
+    from ncclprobe.views import report
     wrapper = ["env", "-i", "PATH=/usr/bin", "python3", "w.py"]
     sh = seen(10, 1, 1.0, ["bash", "fail.sh"], LL, 0.9)
     m = build([sh, seen(11, 10, 1.0, wrapper, LL, 0.95)])

@@ -3,7 +3,7 @@ whether the process comes from the probes' model alone (report, run) or also fro
 from __future__ import annotations
 
 from ncclprobe import views
-from ncclprobe.commands.report import LibVersion
+from ncclprobe.witnesses.libversions import LibVersion
 from ncclprobe.model import ProcessView
 
 LIB = "/opt/nccl/lib/libnccl.so.2"

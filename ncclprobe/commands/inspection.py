@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ncclprobe import diagnose, model as model_mod, views
-from ncclprobe.commands import procview, verdictview
+from ncclprobe.views import proctree, verdict as verdictview
 from ncclprobe.diagnose import verdict
 from ncclprobe.diagnose.findings import EXIT_UNEXAMINABLE
 from ncclprobe.diagnose.visibility import PTRACE_HINT
@@ -96,11 +96,11 @@ def inspect_processes(pids: list[int], pgrep: str | None = None, expect: dict[st
     if ras_summary is not None:
         data["ras"] = {k: v for k, v in ras_summary.items() if k != "said"}
         if m.comms and not (dirs or nccl_logs):  # (with a log directory, augment_inspection gives them)
-            from ncclprobe.commands.report import comms_doc, model_json
+            from ncclprobe.views.report import comms_doc, model_json
             data["communicators"] = model_json(m)["communicators"]
             ras_doc = comms_doc(m, "Communicators (NCCL's RAS service)")
     result = _InspectResult("inspect", findings, data, expect,
-                            lambda: procview.document(recs, tree, notes, gpu_reason, not_found, show_wiring, live_summary))
+                            lambda: proctree.document(recs, tree, notes, gpu_reason, not_found, show_wiring, live_summary))
     result.model = m
     result.tail = ras_doc
     if missing:
@@ -123,7 +123,7 @@ def _processes(m, recs: list[dict], host: str, merged) -> list[dict]:
     (the sighting of it, and the probes' witnesses of it where log directories were merged)."""
     versions = {}
     if merged:
-        from ncclprobe.commands.report import lib_versions
+        from ncclprobe.witnesses.libversions import lib_versions
         versions = lib_versions(m)
     return [views.process(m.processes.get((host, r["pid"])) or model_mod.ProcessView(host, r["pid"]), versions, r)
             for r in recs]

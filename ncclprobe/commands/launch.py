@@ -291,7 +291,8 @@ def run_command(cmd: list[str], profile=None, log_dir=None, preload: bool = True
 def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: supervise.Outcome,
             meta: dict[str, Any]) -> Result:
     from ncclprobe.commands import report
-    header = [Text(f"{report.one_line(' '.join(cmd), 100)}: {words}", "warn" if code else "good"),
+    from ncclprobe.views import report as view
+    header = [Text(f"{view.one_line(' '.join(cmd), 100)}: {words}", "warn" if code else "good"),
               Text(f"log directory: {d}", "dim")]
     header += [Text(n, "note") for n in notes]
     header += _outcome_lines(outcome)
@@ -309,7 +310,7 @@ def _result(cmd, d: Path, notes, expect, rc, words: str, code: int, outcome: sup
                            "environment (the boot probe's and /proc's witnesses), not at communicator creation",
                            "warn"))
     result.doc[:0] = header
-    result.data.update(log_dir=str(d), returncode=rc, exit_status=words, injected=report.injected(meta),
+    result.data.update(log_dir=str(d), returncode=rc, exit_status=words, injected=view.injected(meta),
                        **outcome.to_json())
     result.code = code or result.code  # CMD's own failure first; else the report's (3: checked nowhere)
     return result

@@ -409,7 +409,7 @@ def _held(k, p, var: str) -> tuple[str | None, str | None]:
     return (value, conf) if known else (UNREAD, None)
 
 
-# ---- names on screen (commands/verdictview.py draws the verdict) -------------------------------------
+# ---- names on screen (views/verdict.py draws the verdict) -------------------------------------
 
 def short_id(ident: str) -> str:
     """A communicator's id on screen: its commHash's first hex digits, or its unique id's."""

@@ -33,7 +33,7 @@ def version_text(code: int | None) -> str | None:
 
 
 def process(p: ProcessView, versions: dict | None = None, rec: dict | None = None) -> dict[str, Any]:
-    """p as --json shows a process; versions: (host, path) -> report.LibVersion of the copies the probes
+    """p as --json shows a process; versions: (host, path) -> libversions.LibVersion of the copies the probes
     named; rec: inspect's /proc record of p (procsnap.Snapshot.record, public keys), which knows more than
     the model keeps: the exec-time block as shown (--all-vars), the mappings, GPUs and the live reading."""
     seen = _from_record(rec) if rec is not None else _from_model(p)
@@ -103,7 +103,7 @@ def nccl_libs(p: ProcessView, versions: dict, mapped: list[dict]) -> list[dict[s
 
 
 def _lib(path: str, got, known: dict, version: str | None = None, source: str | None = None) -> dict[str, Any]:
-    """One copy; got: the version the probes learnt (report.LibVersion), else version/source as /proc read it."""
+    """One copy; got: the version the probes learnt (libversions.LibVersion), else version/source as /proc read it."""
     code = got.code if got else version_code(version)
     return {"path": path, "version": version_text(code) if got else version, "version_code": code,
             "version_source": got.source if got else source, "kind": known.get("kind"),
