@@ -146,6 +146,15 @@ class Host:
             time.sleep(0.02)
         pytest.fail(f"the host never slept in the frozen filesystem (state {self.state()})")
 
+    def thawed_out(self) -> None:
+        """Thaw the filesystem and wait until the host has left it (no longer D): woken, it must still get a
+        CPU to leave, and a freeze before that puts it back to sleep (the test's race on a loaded machine,
+        not the probe's). Once out, the probe keeps off the filesystem: what follows tests that."""
+        self.fs.thaw()
+        deadline = time.monotonic() + BOUND_S
+        while self.state() == "D" and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     def end(self) -> tuple[int, str]:
         self.fs.thaw()
         try:
@@ -238,7 +247,7 @@ def test_a_frozen_log_filesystem_stalls_the_host_once_then_never(tmp_path, loopf
             loopfs.freeze()
         host.send("go")
         host.asleep_in_the_filesystem(STALL_S)  # the interpreter's start, or its first os.environ write
-        loopfs.thaw()
+        host.thawed_out()
         loopfs.freeze()  # the filesystem stalls again: the probe must not touch it now
         if frozen_at == "start":
             assert host.said(BOUND_S) == "started"
@@ -342,7 +351,7 @@ def test_a_host_exits_while_its_log_filesystem_stays_frozen(tmp_path, loopfs):
         loopfs.freeze()
         host.send("go")
         host.asleep_in_the_filesystem(STALL_S)
-        loopfs.thaw()
+        host.thawed_out()
         loopfs.freeze()
         assert host.said(BOUND_S) == "exiting"
         host.proc.wait(timeout=BOUND_S)  # while the filesystem is still frozen
