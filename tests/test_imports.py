@@ -328,3 +328,13 @@ def test_every_module_imports_alone_in_a_fresh_interpreter():
     with ThreadPoolExecutor(2) as pool:  # two cores
         failed = [(m, err) for m, rc, err in pool.map(_import_alone, names) if rc != 0]
     assert not failed, failed
+
+
+def test_every_package_of_the_source_tree_is_installed():
+    """pyproject.toml lists the packages setuptools installs: one left out imports from a checkout (and an
+    editable install) and is missing from every real install."""
+    import tomllib
+    source = Path(__file__).resolve().parent.parent / "ncclprobe"
+    listed = set(tomllib.loads((source.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(source.parent).parts) for p in source.rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
