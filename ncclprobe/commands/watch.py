@@ -95,6 +95,7 @@ class Watch:
         self.refused = listener.refused if listener is not None else None
         self._scan_lock = threading.Lock()  # the scans and the kernel-event thread's reads share the scanner
         self.kernel_reads, self._kernel_cpu = 0, 0.0
+        self._kernel_whole = False  # the kernel thread ended at stop, having lost no event (_kernel)
         self.kthread = (threading.Thread(target=self._kernel, name="ncclprobe-kernel", daemon=True)
                         if self.listener is not None else None)
         self._wake = os.pipe() if self.kthread is not None else None  # stop() wakes the kernel thread at once
@@ -144,6 +145,11 @@ class Watch:
     @property
     def mode(self) -> str:
         return "kernel" if self.listener is not None else "scan"
+
+    def _kernel_complete(self) -> bool:
+        """Whether every exec of CMD's tree came as the kernel's event and was taken: then what no read saw
+        and that exec'd nothing ran its parent's program with its parent's block (Scanner.missed)."""
+        return self.kthread is not None and not self.kthread.is_alive() and self._kernel_whole
 
     def stop(self, reaped=(), started=(), last_reads=None) -> dict:
         """End the watch after one last scan; `reaped`: (pid, start ticks) of what run's subreaper
@@ -198,8 +204,10 @@ class Watch:
             sc, lst, wake = self.scanner, self.listener, self._wake[0]
             tree: set[int] = set()
             cmd = None
-            while not self._stop.is_set():
-                for e in lst.read(KERNEL_WAIT_S, wake):
+            while True:
+                stopping = self._stop.is_set()
+                # once stopping: what the kernel queued before run stopped the watch, read without waiting
+                for e in lst.read(0, None) if stopping else lst.read(KERNEL_WAIT_S, wake):
                     if e.what == kernelevents.FORK:
                         if e.pid != e.tgid:
                             continue  # a thread
@@ -214,6 +222,9 @@ class Watch:
                     elif e.what == kernelevents.EXIT and e.pid == e.tgid and e.tgid in tree:
                         tree.discard(e.tgid)
                         self._exit(e)
+                if stopping:
+                    break
+            self._kernel_whole = not lst.overruns  # every exec of the tree was taken (read, or vanished)
         except BaseException as exc:
             self._failed(exc)
         finally:
@@ -348,7 +359,7 @@ class Watch:
                     cpu = None
             sc = self.scanner
             try:
-                missed = sc.missed(self._reaped, self._started)
+                missed = sc.missed(self._reaped, self._started, kernel=self._kernel_complete())
                 seen = len(sc.seen)
                 children = self._unseen_children()
             except RuntimeError:  # a stuck thread changed them meanwhile
@@ -366,7 +377,7 @@ class Watch:
             if self.listener is not None:
                 self.summary.update(kernel_events=self.listener.events, kernel_reads=self.kernel_reads,
                                     kernel_vanished=len(sc.vanished), kernel_overruns=self.listener.overruns,
-                                    kernel_cpu_s=round(self._kernel_cpu, 4))
+                                    kernel_cpu_s=round(self._kernel_cpu, 4), kernel_complete=self._kernel_complete())
             tr = self.tracker
             if tr is not None:
                 self.summary.update(live_s=self.live_s, live_reads=tr.reads, live_processes=tr.processes,

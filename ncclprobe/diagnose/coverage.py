@@ -53,11 +53,12 @@ GONE = ("vanished", "zombie", "inside execve", "not read")
 
 def _gone_unread(k, p) -> bool:
     """A process that started none and that no witness read as itself: /proc showed it only as it ended (or inside
-    execve), or only as a fork child that was gone before a second look (what it exec'd, if it did, no read saw)."""
+    execve), or only as a fork child that was gone before a second look (what it exec'd, if it did, no read saw;
+    where the kernel's events gave every exec of the tree, it exec'd nothing: its parent's program and block)."""
     if p.started_by is not None or p.start_env is not None or p.live_env is not None or k.children.get(p.key):
         return False
     if p.proc_env_reason == FORK_GONE:
-        return not k.helper(p)
+        return not k.helper(p) and not (k.m.watch.get(p.host) or {}).get("kernel_complete")
     return p.proc_exec_env is None and p.proc_env_reason in GONE and k.timeline(p) is None and not k.helper(p)
 
 

@@ -548,7 +548,8 @@ def _merged_watch(earlier: list[dict[str, Any]], w: dict[str, Any]) -> dict[str,
     every = [*earlier, w]
     out = {**w, "runs": len(every), "stuck": any(x.get("stuck") for x in every),
            "missed_pids": [pid for x in every for pid in x.get("missed_pids") or []],
-           "reaped_unseen": [pid for x in every for pid in x.get("reaped_unseen") or []]}
+           "reaped_unseen": [pid for x in every for pid in x.get("reaped_unseen") or []],
+           "kernel_complete": all(x.get("kernel_complete") for x in every)}
     for k in WATCH_SUMS:
         if any(x.get(k) is not None for x in every):
             out[k] = sum(x.get(k) or 0 for x in every)

@@ -186,14 +186,18 @@ class Scanner:
         self.young[pid] = time.monotonic() + YOUNG_S
         return self._sighting(r, execs)
 
-    def missed(self, reaped=(), started=()) -> list[int]:
+    def missed(self, reaped=(), started=(), kernel: bool = False) -> list[int]:
         """Pids known to have run that no scan saw running: first seen as zombies, `reaped`
         ((pid, start ticks) the caller's subreaper reaped) and `started` (pids the caller started)
-        never seen."""
+        never seen. kernel: every exec of the tree came as the kernel's event (none lost) and was read at
+        once (take_exec) or kept in `vanished`: then a zombie or a reaped orphan no read saw never exec'd,
+        and a fork that exec'd nothing runs its parent's program with its parent's block (a subshell, a
+        fork child whose own probes speak for it): no process that was missed."""
         seen_pids = {pid for pid, _ in self.seen}
-        out = {k for k in self.zombies if k not in self.seen}
-        out |= {k for k in reaped if tuple(k) not in self.seen}
-        out |= {(pid, -1) for pid in [*started, *self.vanished] if pid not in seen_pids}
+        out = {(pid, -1) for pid in [*started, *self.vanished] if pid not in seen_pids}
+        if not kernel:
+            out |= {k for k in self.zombies if k not in self.seen}
+            out |= {k for k in reaped if tuple(k) not in self.seen}
         return sorted({pid for pid, _ in out})
 
     # -- the pids allocated since ------------------------------------------------------------
