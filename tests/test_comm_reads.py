@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from ncclprobe import model, schemas
+from ncclprobe.commands import report as commands_report
 from ncclprobe.diagnose import verdict
 from ncclprobe.views import report
 from ncclprobe.witnesses.events import EventLog
@@ -118,7 +119,7 @@ def test_the_report_json_carries_the_reason_next_to_the_value(tmp_path):
     log.mkdir(mode=0o700)
     for pid in (10, 11, 12):
         (log / f"{H}-{pid}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events if e["pid"] == pid))
-    result = report.build_report([log])
+    result = commands_report.build_report([log])
     by_pid = {c["pid"]: c for c in result.data["communicators"]}
     assert (by_pid[10]["nccl_read"], by_pid[10]["nccl_read_reason"]) == ({"NCCL_BUFFSIZE": None}, "one_rank")
     assert (by_pid[11]["nccl_read"], by_pid[11]["nccl_read_reason"]) == (None, "no_witness")
