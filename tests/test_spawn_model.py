@@ -153,3 +153,40 @@ def test_a_native_exec_that_failed_is_taken_back():
     # the record alone (the exec happened) is the edge, as before
     m = build([start(1, 0, LL, argv=["python", "main.py"]), before])
     assert m.processes[(H, 1)].started_by.exec and errors(diagnose.rules(m, EXPECT))
+
+
+def test_a_scan_stamped_after_an_exec_record_but_showing_the_image_before_it_is_stale():
+    # bash (pid 9) forked 10, which exec'd `env -i PATH=... python3 w.py`; env's preload wrote its own exec of
+    # python3 (an empty envp); the watch's scan read 10 while it was still env, but stamps its reads when the
+    # scan began, after env's record: that sighting is of the image before the recorded exec and changes nothing
+    wrapper = ["env", "-i", "PATH=/usr/bin", "python3", "/srv/app/_worker.py"]
+    env_exec = ev("spawn", 10, 1.00, "preload", call="execve", where=None, argv=wrapper, exe="/usr/bin/env",
+                  child=None, exec=True, env_given=True, env=LL, env_count=2, ppid=9)
+    py_exec = ev("spawn", 10, 1.01, "preload", call="execvp", where=None, argv=["python3", "/srv/app/_worker.py"],
+                 exe=None, child=None, exec=True, env_given=False, env={}, env_count=1)
+    scan = ev("proc_seen", 10, 1.02, "proc", ppid=9, start=0.99, argv=wrapper, exe="/usr/bin/env", exec_env=LL,
+              execs=0)
+    shell = ev("proc_seen", 9, 0.5, "proc", ppid=1, start=0.4, argv=["bash", "fail.sh"], exe="/usr/bin/bash",
+               exec_env=LL, execs=0)
+    m = build([shell, env_exec, py_exec, scan])
+    p = m.processes[(H, 10)]
+    assert p.argv == ["python3", "/srv/app/_worker.py"] and wrapper in p.images and p.proc_exec_env is None
+    [f] = errors(diagnose.rules(m, EXPECT))
+    assert f.pids == (10,) and f.edge["kind"] == "curated_env"
+
+
+def test_an_exec_wrapper_whose_program_no_witness_saw_is_not_checked():
+    # the scan saw pid 10 only as `env -i … python3 w.py` and nothing after (no record of the exec, no
+    # children): python3 ran, unread; the verdict does not take env's environment for the worker's
+    wrapper = ["env", "-i", "PATH=/usr/bin", "python3", "/srv/app/_worker.py"]
+    m = build([ev("proc_seen", 9, 0.5, "proc", ppid=1, start=0.4, argv=["bash", "fail.sh"], exe="/usr/bin/bash",
+                  exec_env=LL, execs=0),
+               ev("proc_seen", 10, 0.6, "proc", ppid=9, start=0.55, argv=wrapper, exe="/usr/bin/env", exec_env=LL,
+                  execs=0)])
+    v = verdict.for_model(m, diagnose.rules(m, EXPECT), EXPECT)
+    assert v.unchecked is not None and 10 in v.unchecked.unread and v.code == 3
+    # `env` alone runs nothing but itself: nothing unseen
+    alone = build([ev("proc_seen", 10, 0.6, "proc", ppid=1, start=0.55, argv=["env"], exe="/usr/bin/env",
+                      exec_env=LL, execs=0)])
+    from ncclprobe.diagnose import coverage
+    assert coverage.unseen_execs(alone) == []

@@ -7,10 +7,12 @@ ended, knows they ran (reaped, first seen as zombies) or that a process of the t
 saw (witnesses/reaping.py), or a probe lost lines (one may have been such a record)."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from ncclprobe.model import FORK_GONE, Model
+from ncclprobe.model.images import EXEC_WRAPPERS, wraps_a_program
 from ncclprobe.model.launchers import client_of
 
 
@@ -62,11 +64,25 @@ def _gone_unread(k, p) -> bool:
     return p.proc_exec_env is None and p.proc_env_reason in GONE and k.timeline(p) is None and not k.helper(p)
 
 
+def unseen_execs(m: Model) -> list:
+    """Processes last seen by the /proc watch alone as an exec wrapper (`env -i … python3 w.py`) with
+    nothing seen after: what the wrapper exec'd ended before the next scan, unseen (the pid would
+    show the new program, a boot probe's events, its own exec's record, or children)."""
+    parents = {(q.host, q.ppid) for q in m.processes.values()}
+    out = []
+    for p in m.processes.values():
+        argv = p.argv or []
+        if (argv and os.path.basename(argv[0]) in EXEC_WRAPPERS and p.sources <= {"proc", "preload"}
+                and (p.host, p.pid) not in parents and wraps_a_program(argv)):
+            out.append(p)
+    return sorted(out, key=lambda p: (p.host, p.pid))
+
+
 def _unseen_pids(m: Model, k) -> list[int]:
     """The pids known to have run that no witness read: seen only as they ended, or known to run's watch alone
     (reaped, first seen as zombies; a parent's record of the call that started one is _unread's)."""
     procs = {(p.node, p.pid): p for p in m.processes.values()}
-    pids = {p.pid for p in m.processes.values() if _gone_unread(k, p)}
+    pids = {p.pid for p in m.processes.values() if _gone_unread(k, p)} | {p.pid for p in unseen_execs(m)}
     for host, w in m.watch.items():
         for pid in w.get("missed_pids") or []:
             p = procs.get((host, pid))
@@ -82,7 +98,8 @@ def _missed(m: Model, pids: list[int]) -> str:
     if pids:
         parts.append(f"{len(pids)} process(es) of the tree known to have run ({', '.join(map(str, pids[:8]))}"
                      f"{'…' if len(pids) > 8 else ''}) whose environment no witness read: /proc showed them only as "
-                     "they ended, or as fork children before an exec, and they ran no probe")
+                     "they ended, or as fork children before an exec, or as an exec wrapper whose program no "
+                     "witness saw, and they ran no probe")
     children = sum(int(w.get("missed_children") or 0) for w in m.watch.values())
     if children:
         parents = sorted({pid for w in m.watch.values() for pid in w.get("missed_parents") or []})

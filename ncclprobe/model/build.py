@@ -223,6 +223,9 @@ def _see(b: _Build, s: Sighting) -> None:
     if s.witness == "parent":
         _seen_by_child(proc, s, argv)
         return
+    edge = proc.started_by
+    if edge is not None and edge.exec and argv is not None and argv != proc.argv and argv in proc.images:
+        return  # a read of the image before the exec its own record names (a scan stamps its reads late): stale
     if proc.live_readings and proc.live_readings[-1].execs != (s.execs or 0):
         _forget_live(proc)  # what the live witness read was the earlier image's
     proc.proc_exec_env = _env(s.exec_env)

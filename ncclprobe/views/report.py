@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ncclprobe import views
-from ncclprobe.diagnose import inprocess, verdict
+from ncclprobe.diagnose import coverage, inprocess, verdict
 from ncclprobe.doc import Records, Table, Text, Title
 from ncclprobe.model import CommView, Model, ranges
 from ncclprobe.witnesses.libversions import LibVersion, lib_versions
@@ -183,7 +183,7 @@ def header_doc(m: Model, dirs, title: bool = True, per_host: bool = True) -> lis
         doc += [Text(line if who == "run" else f"{who}: {line}", "note") for line in injected_lines(run)]
     for host, w in sorted(m.watch.items()) if per_host else ():
         doc.append(Text(watch_line(w, host if len(m.watch) > 1 else None), "dim"))
-    for p in unseen_execs(m):
+    for p in coverage.unseen_execs(m):
         doc.append(Text(unseen_exec_line(p), "warn"))
     doc += [Text(line, "warn") for line in writer_lines(m)]
     return doc
@@ -223,21 +223,6 @@ def _budget_size(limit: int | None) -> str:
     return f"{limit >> 20} MiB" if limit >= 1 << 20 and limit % (1 << 20) == 0 else f"{limit} bytes"
 
 
-def unseen_execs(m: Model) -> list:
-    """Processes last seen by the /proc watch alone as an exec wrapper (`env -i … python3 w.py`) with
-    nothing seen after: what the wrapper exec'd ended before the next scan, unseen (the pid would
-    show the new program, a boot probe's events, or children)."""
-    from ncclprobe.witnesses.shells import EXEC_WRAPPERS
-    parents = {(q.host, q.ppid) for q in m.processes.values()}
-    out = []
-    for p in m.processes.values():
-        argv = p.argv or []
-        if (argv and os.path.basename(argv[0]) in EXEC_WRAPPERS and p.sources <= {"proc", "preload"}
-                and (p.host, p.pid) not in parents and _wrapped_command(argv)):
-            out.append(p)
-    return sorted(out, key=lambda p: (p.host, p.pid))
-
-
 def _wrapped_command(argv: list[str]) -> str | None:
     from ncclprobe.witnesses import shells
     words = shells.wrapped_command(argv)
@@ -258,7 +243,7 @@ def unseen_exec_line(p) -> str:
 
 def _watch_json(m: Model) -> dict[str, Any]:
     unseen: dict[str, list[int]] = {}
-    for p in unseen_execs(m):
+    for p in coverage.unseen_execs(m):
         unseen.setdefault(p.host, []).append(p.pid)
     return {host: {**w, "exec_unseen": unseen.get(host, [])} for host, w in m.watch.items()}
 

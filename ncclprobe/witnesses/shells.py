@@ -32,7 +32,6 @@ _WRAPPERS = {"env", "nohup", "exec", "nice", "stdbuf", "setsid", "taskset", "num
              "sudo", "command", "builtin", "ionice"}
 # Of those, the programs that exec their command (the pid stays; its program and environment change);
 # timeout and sudo fork it instead, exec/command/builtin are the shell's own
-EXEC_WRAPPERS = frozenset({"env", "nohup", "nice", "ionice", "stdbuf", "setsid", "taskset", "numactl", "chrt"})
 
 
 @dataclass(frozen=True)
