@@ -190,3 +190,24 @@ def test_an_exec_wrapper_whose_program_no_witness_saw_is_not_checked():
                       exec_env=LL, execs=0)])
     from ncclprobe.diagnose import coverage
     assert coverage.unseen_execs(alone) == []
+
+
+def test_a_missed_go_between_whose_children_a_witness_knows_is_not_unread():
+    # scan mode: bash (9) ran `x=$(dirname …)`: the subshell (10) ended before a scan looked (the watch counted
+    # it, missed_pids), its child dirname (11) is known from its preload's exec record, and the worker (12) was
+    # read: what the subshell passed on reached what it started; a missed pid that started nothing known stays
+    # unread (NOT CHECKED, exit 3)
+    def job(missed):
+        return build([
+            ev("proc_seen", 9, 0.5, "proc", ppid=1, start=0.4, argv=["bash", "ok.sh"], exe="/usr/bin/bash",
+               exec_env=LL, execs=0),
+            ev("spawn", 11, 0.6, "preload", call="execve", where=None, argv=["dirname", "ok.sh"],
+               exe="/usr/bin/dirname", child=None, exec=True, env_given=False, env=LL, env_count=3, ppid=10),
+            ev("proc_seen", 12, 0.7, "proc", ppid=9, start=0.65, argv=["python3", "w.py"], exe="/usr/bin/python3",
+               exec_env=LL, execs=0),
+            ev("watch_summary", 1, 2.0, "proc", scans=2, walks=2, interval_s=0.5, seen=2, missed_known=len(missed),
+               missed_pids=missed, mode="scan")])
+    for missed, unread in (([10], None), ([10, 13], [13])):
+        m = job(missed)
+        v = verdict.for_model(m, diagnose.rules(m, EXPECT), EXPECT)
+        assert (v.unchecked.unread if v.unchecked else None) == unread, v.unchecked

@@ -83,8 +83,11 @@ def _unseen_pids(m: Model, k) -> list[int]:
     (reaped, first seen as zombies; a parent's record of the call that started one is _unread's)."""
     procs = {(p.node, p.pid): p for p in m.processes.values()}
     pids = {p.pid for p in m.processes.values() if _gone_unread(k, p)} | {p.pid for p in unseen_execs(m)}
+    parents = {(p.node, p.ppid) for p in m.processes.values()}
     for host, w in m.watch.items():
         for pid in w.get("missed_pids") or []:
+            if (host, pid) in parents:  # it started processes a witness knows: what it passed on reached them, as
+                continue  # for a process seen as it ended (_gone_unread): a script's $(…) subshell, say
             p = procs.get((host, pid))
             if p is None or not edge_only(p) and k.timeline(p) is None:
                 pids.add(pid)
