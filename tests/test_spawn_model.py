@@ -211,3 +211,15 @@ def test_a_missed_go_between_whose_children_a_witness_knows_is_not_unread():
         m = job(missed)
         v = verdict.for_model(m, diagnose.rules(m, EXPECT), EXPECT)
         assert (v.unchecked.unread if v.unchecked else None) == unread, v.unchecked
+
+
+def test_a_fork_child_read_before_its_exec_takes_the_record_of_the_call_not_its_parents_block():
+    # posix_spawn: a scan read the child (11) in the moment it still ran its parent's image, with the parent's
+    # block, and it was gone at the next look (FORK_GONE); the parent's boot probe recorded the call with env={PATH}
+    shown = ev("proc_seen", 11, 1.00, "proc", ppid=10, start=0.99, argv=["python3", "parent.py"],
+               exe="/usr/bin/python3", exec_env=LL, execs=0, env_reason=model.FORK_GONE)
+    for order in ((shown, 1.01), (shown, 0.98)):  # the record after the read, or before it
+        record = spawn(10, order[1], 11, {}, call="os.posix_spawn", count=1)
+        m = build([start(10, 1, LL, t=0.5, argv=["python3", "parent.py"]), shown, record])
+        [f] = errors(diagnose.rules(m, EXPECT))
+        assert f.pids == (11,) and f.edge["kind"] == "curated_env" and f.edge["spawn"]["call"] == "os.posix_spawn"

@@ -172,4 +172,4 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     return Unchecked("not checked: no witness could read the environment of any worker "
                      f"({len(endpoints)} process(es))",
                      "see them from inside: `ncclprobe run -- CMD` (the boot probe records each Python process), "
-                     "or read their memory: `ncclprobe inspect --live PID`")
+                     "or read their memory: `ncclprobe inspect --live PID`", unread=sorted(p.pid for p in endpoints))

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from dataclasses import fields as _fields
 
-from ncclprobe.model import (INIT_PIDNS, CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead, ProcessView,
-                             Sighting, SpawnEdge, _env, _id, given_of, space_of, version_code)
+from ncclprobe.model import (FORK_GONE, INIT_PIDNS, CollStat, CommView, EnvWrite, LiveReading, Model, NcclRead,
+                             ProcessView, Sighting, SpawnEdge, _env, _id, given_of, space_of, version_code)
 from ncclprobe.model.tuning import canonical
 from ncclprobe.model.watched import is_watched, redact_argv
 
@@ -228,7 +228,9 @@ def _see(b: _Build, s: Sighting) -> None:
         return  # a read of the image before the exec its own record names (a scan stamps its reads late): stale
     if proc.live_readings and proc.live_readings[-1].execs != (s.execs or 0):
         _forget_live(proc)  # what the live witness read was the earlier image's
-    proc.proc_exec_env = _env(s.exec_env)
+    # a fork child read while it still held its parent's block, gone before a second look: that block is its
+    # parent's, not what it exec'd with (a record of the call that started it, where there is one, says that)
+    proc.proc_exec_env = _env(s.exec_env) if s.env_reason != FORK_GONE else None
     proc.proc_start, proc.proc_env_reason = s.start, s.env_reason
     proc.proc_env_hash = s.env_hash
     proc.cwd = cwd if cwd is not None else proc.cwd
