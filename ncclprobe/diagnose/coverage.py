@@ -78,11 +78,14 @@ def unseen_execs(m: Model) -> list:
     return sorted(out, key=lambda p: (p.host, p.pid))
 
 
-def _unseen_pids(m: Model, k) -> list[int]:
+def _unseen_pids(m: Model, k) -> tuple[list[int], set[int]]:
     """The pids known to have run that no witness read: seen only as they ended, or known to run's watch alone
-    (reaped, first seen as zombies; a parent's record of the call that started one is _unread's)."""
+    (reaped, first seen as zombies, exec'd and gone before the kernel's read; a parent's record of the call that
+    started one is _unread's); and which of them are known as a number alone (no command line, no executable:
+    what ran there, a worker or an `rm`, nobody can say)."""
     procs = {(p.node, p.pid): p for p in m.processes.values()}
     pids = {p.pid for p in m.processes.values() if _gone_unread(k, p)} | {p.pid for p in unseen_execs(m)}
+    numbers = set()
     parents = {(p.node, p.ppid) for p in m.processes.values()}
     for host, w in m.watch.items():
         for pid in w.get("missed_pids") or []:
@@ -91,7 +94,9 @@ def _unseen_pids(m: Model, k) -> list[int]:
             p = procs.get((host, pid))
             if p is None or not edge_only(p) and k.timeline(p) is None:
                 pids.add(pid)
-    return sorted(pids)
+                if p is None or not (p.argv or p.exe):
+                    numbers.add(pid)
+    return sorted(pids), numbers
 
 
 def _missed(m: Model, pids: list[int]) -> str:
@@ -131,17 +136,18 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
 
     checked = any(map(read, endpoints))  # (one checked process is enough to know: not every endpoint is asked)
     unread, names = _unread(k, endpoints, expect)
-    unseen = _unseen_pids(m, k)
+    unseen, numbers = _unseen_pids(m, k)
     missed = _missed(m, unseen)
     if checked and not unread and not missed:
         return None
     if checked and not unread:  # some were checked; others ran that no witness read
         workers = any((p.key in with_comm or p.libs or p.nccl_user) and read(p) for p in endpoints)
-        # A pid to name (seen as it ended, known to the watch alone) or a line a probe lost decides the exit code
-        # where no checked worker used NCCL; children counted from their parents' reaping alone never do: said
-        # first all the same, but the count can take a child a scan saw for one it did not (a shell's reaping
-        # before the watch first read it), and a healthy job is not failed on a count.
-        evidence = bool(unseen or m.reading.dropped)
+        # A process whose command line a witness saw (seen as it ended, a fork child before its exec, an exec
+        # wrapper) or a line a probe lost decides the exit code where no checked worker used NCCL; what is known as
+        # a number alone (a pid the watch knows ran, children counted from their parents' reaping) never does:
+        # said first all the same, but a busy machine's helpers (an `rm`, a `tput` gone before the kernel's read)
+        # and a count that takes a seen child for an unseen one would fail healthy jobs.
+        evidence = bool(set(unseen) - numbers or m.reading.dropped)
         return Unchecked(f"not checked: {missed}",
                          "follow the tree through the kernel's process events (run as root or with CAP_NET_ADMIN: "
                          "each process is read at its exec), or keep the probes in the environment each call gives "
