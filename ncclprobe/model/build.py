@@ -225,7 +225,11 @@ def _see(b: _Build, s: Sighting) -> None:
         return
     edge = proc.started_by
     if edge is not None and edge.exec and argv is not None and argv != proc.argv and argv in proc.images:
-        return  # a read of the image before the exec its own record names (a scan stamps its reads late): stale
+        # a read of the image before the exec its own record names (a scan stamps its reads late): stale, but
+        # where that image was a shell, its script and working directory still name the line of the exec
+        proc.cwd = proc.cwd or cwd
+        proc.script = proc.script or (s.script if isinstance(s.script, str) else None)
+        return
     if proc.live_readings and proc.live_readings[-1].execs != (s.execs or 0):
         _forget_live(proc)  # what the live witness read was the earlier image's
     # a fork child read while it still held its parent's block, gone before a second look: that block is its
