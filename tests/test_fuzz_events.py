@@ -569,8 +569,4 @@ def test_reader_shortcuts_agree_with_json_loads():
         if fast is not None:
             assert slow is not None and fast == slow and list(fast) == list(slow), raw
             assert all(type(fast[k]) is type(slow[k]) for k in fast), raw
-        key = events._raw_key(raw)
-        hits["key"] += key is not None and slow is not None
-        if key is not None and slow is not None:
-            assert key == (slow["t"], slow["host"], slow["pid"]) and type(key[0]) is type(slow["t"]), raw
-    assert hits["getenv"] > 300 and hits["key"] > 300  # the shortcuts were taken, not only stepped aside
+    assert hits["getenv"] > 300  # the shortcut was taken, not only stepped aside
