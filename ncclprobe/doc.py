@@ -8,7 +8,7 @@ it; the commands (and bench, demo, topo) build the document (tests/test_imports.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 from ncclprobe import SCHEMA
 from ncclprobe.diagnose.findings import Finding, exit_code, sort_findings
@@ -61,6 +61,53 @@ class FindingsHere:
 
 
 Node = Union[Title, Text, Table, Tree, Grid, Records, FindingsHere]
+
+
+class Later(dict):
+    """A dict whose keys `keys` are computed at their first read (a report's model as JSON: a fifth of a
+    fleet's report, and drawn text never reads it). A plain dict to every reader: a read of one of `keys`,
+    or of the whole, fills it first; a read of another key (render's data.get("verdict")) does not."""
+
+    def __init__(self, later: Callable[[], dict[str, Any]], keys: tuple[str, ...], now: dict[str, Any]):
+        super().__init__(now)
+        self._later: Callable[[], dict[str, Any]] | None = later
+        self._keys = frozenset(keys)
+
+    def _fill(self) -> None:
+        if self._later is not None:
+            later, self._later = self._later, None
+            now = dict(super().items())
+            super().clear()
+            super().update(later())
+            super().update(now)
+
+    def __getitem__(self, key):
+        if key in self._keys:
+            self._fill()
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        if key in self._keys:
+            self._fill()
+        return super().get(key, default)
+
+    def __contains__(self, key) -> bool:
+        return (self._later is not None and key in self._keys) or super().__contains__(key)
+
+    def _filled(name):  # noqa: N805 (a method-maker, run while the class is built)
+        plain = getattr(dict, name)
+
+        def method(self, *args, **kwargs):
+            self._fill()
+            return plain(self, *args, **kwargs)
+        method.__name__ = name
+        return method
+
+    for _name in ("__iter__", "__len__", "__eq__", "__repr__", "keys", "items", "values", "pop", "popitem",
+                  "setdefault", "update", "copy", "__or__", "__reversed__"):
+        locals()[_name] = _filled(_name)
+    del _name, _filled
+    __hash__ = None
 
 
 @dataclass

@@ -339,7 +339,7 @@ def test_2_30_a_reused_address_is_a_new_communicator():
     assert (first.env["NCCL_PROTO"], second.env["NCCL_PROTO"]) == ("LL128", "Simple")
     assert ran(first) == {("AllReduce", "Ring", "LL128", 4, 65536, 65536, 1)}
     assert ran(second) == {("AllReduce", "Ring", "Simple", 4, 65536, 65536, 1)}
-    (warn,) = m.nccl_log.of(nl.Warn)
+    (warn,) = nl.parse_files([DATA / "nccl-2.30-reuse.log"]).of(nl.Warn)
     assert (warn.file, warn.line, warn.message) == ("misc/socket.cc", 50, "socketProgress: Connection closed by remote peer")
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from pathlib import Path
 
 from ncclprobe import diagnose, model as model_mod
+from ncclprobe.aside import Aside
 from ncclprobe.diagnose import verdict
-from ncclprobe.doc import FindingsHere, Result, Text, Title, Unexaminable
+from ncclprobe.doc import FindingsHere, Later, Result, Text, Title, Unexaminable
 from ncclprobe.model import Model
 from ncclprobe.views import report as view, verdict as verdictview
-from ncclprobe.witnesses import events
+from ncclprobe.witnesses import events, nccllog_model
 
 
 def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
@@ -24,16 +26,15 @@ def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
                            {"hint": "the probes write at most NCCLPROBE_MAX_FILES files per host: report the "
                                     "directories of fewer hosts at once, or raise NCCLPROBE_REPORT_MAX_FILES "
                                     "where the memory is there"})
-    m = model_mod.build(log, run_id)
-    m.dirs = list(log.dirs)
-    if nccl_logs:
-        from ncclprobe.witnesses import nccllog_model
-        nccllog_model.merge(m, nccl_logs)
-    else:
-        debug_files = [p for d in dirs for p in sorted(Path(d).glob("nccl-debug*")) if p.is_file() and not p.is_symlink()]
-        if debug_files:
-            from ncclprobe.witnesses import nccllog_model
-            nccllog_model.merge(m, debug_files)
+    # NCCL's logs: those named, else the probes' NCCL_DEBUG_FILE copies in the directories; a fleet's are
+    # parsed in a child while the events are read here (they join the model after it is built)
+    debug = list(nccl_logs) or [p for d in dirs for p in sorted(Path(d).glob("nccl-debug*"))
+                                if p.is_file() and not p.is_symlink()]
+    with Aside(nccllog_model.parse, debug, worth=_bytes(debug) >= ASIDE_BYTES) as parsing:
+        m = model_mod.build(log, run_id)
+        m.dirs = list(log.dirs)
+        if debug:
+            nccllog_model.merge(m, debug, parsing.result())
     from ncclprobe.witnesses import shells
     m.shell_pitfalls = shells.model_pitfalls(m)  # the scripts the command lines name, read now
     if not m.processes and not m.comms:
@@ -48,6 +49,19 @@ def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
                             "hint": "was the job started under `ncclprobe run` "
                                     "(or with NCCLPROBE_DIR set and the probes wired in)?"})
     return m
+
+
+ASIDE_BYTES = 1 << 20  # NCCL logs of at least this size are parsed in a child (aside.py): ~0.1 s of work
+
+
+def _bytes(paths) -> int:
+    total = 0
+    for p in paths:
+        try:
+            total += os.stat(p).st_size
+        except OSError:
+            pass
+    return total
 
 
 @contextlib.contextmanager
@@ -79,7 +93,7 @@ def _build_report(dirs, nccl_logs, expect, proc_view, run_id, details) -> Result
         model_mod.add_proc_view(m, proc_view)
     findings = diagnose.rules(m, expect or {})
     v = verdict.for_model(m, findings, expect or {})
-    data = {**view.model_json(m), "verdict": v.to_json(), "fleet": view.fleet_json(m, findings)}
+    data = Later(lambda: view.model_json(m), view.MODEL_KEYS, {"verdict": v.to_json(), "fleet": view.fleet_json(m, findings)})
     brief = data["fleet"]["hosts"] > 1 and not details  # many hosts: the answer, the rest behind --details
     doc = [*view.header_doc(m, [*dirs, *nccl_logs], per_host=not brief), *verdictview.doc(v), FindingsHere()]
     if brief:

@@ -484,7 +484,11 @@ def _ns_of(p) -> str:
     return f" (pid {p.ns_pid} in its ns)" if p.ns_pid is not None and p.ns_pid != p.pid else ""
 
 
+MODEL_KEYS = ("processes", "communicators", "simulated", "skipped", "reading", "runs", "merged", "watch")
+
+
 def model_json(m: Model) -> dict[str, Any]:
+    """The model as JSON: the keys MODEL_KEYS, in that order."""
     versions = lib_versions(m)
     procs = [views.process(p, versions) for p in m.processes.values()]
     comms = [{"host": c.host, "pid": c.pid, "t": _finite(c.t), "api": c.api, "comm": c.comm, "comm_hash": c.comm_hash,

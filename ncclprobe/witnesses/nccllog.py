@@ -211,12 +211,13 @@ FILE_PROBLEMS = frozenset({PROBLEMS["unreadable"]})
 
 @dataclass
 class NcclLog:
-    records: list = field(default_factory=list)     # the first MAX_RECORDS records, in order
+    records: list = field(default_factory=list)     # the first `keep` records, in order
     files: list[str] = field(default_factory=list)
     unreadable: dict[str, str] = field(default_factory=dict)   # path -> reason
     counts: Counter = field(default_factory=Counter)  # lines, blank, records, nccl_other, unknown, malformed, ...
     procs: dict[tuple[str, int], None] = field(default_factory=dict)
     notes: list[dict] = field(default_factory=list)   # {path, note, bytes}: a file not read whole
+    keep: int = MAX_RECORDS  # records kept in `records` (0: a sink takes each, as the model's reader does)
 
     def of(self, kind: type) -> list:
         return [r for r in self.records if isinstance(r, kind)]
@@ -519,9 +520,9 @@ def _one(h: _Head, msg: str, source: str, log: NcclLog, sink: Sink | None, procs
 def _keep(log: NcclLog, rec, sink: Sink | None) -> None:
     log.counts["records"] += 1
     log.counts[type(rec).__name__] += 1
-    if len(log.records) < MAX_RECORDS:
+    if len(log.records) < log.keep:
         log.records.append(rec)
-    else:
+    elif log.keep:
         log.counts["records_not_kept"] += 1
     if sink is not None:
         sink(rec)
@@ -583,12 +584,12 @@ def _capped(pieces, left: list) -> Iterator[bytes | None]:
         yield piece
 
 
-def parse_files(paths: Iterable[str | os.PathLike], sink: Sink | None = None) -> NcclLog:
+def parse_files(paths: Iterable[str | os.PathLike], sink: Sink | None = None, keep: int = MAX_RECORDS) -> NcclLog:
     """Parses every file (NCCL_DEBUG_FILE outputs, captured stdout/stderr); unreadable ones (missing,
     symlinks, FIFOs and other non-regular files: never opened so that they block) are counted. Holes are
     stepped over and at most jsonlines.FILE_CAP bytes of each file's data are read (log.notes says so)."""
     from ncclprobe.witnesses import jsonlines
-    log = NcclLog()
+    log = NcclLog(keep=keep)
     for p in paths:
         path = str(Path(p))
         try:

@@ -282,10 +282,19 @@ def _env(p: LogProcess, c: LogComm) -> dict[str, str] | None:
 
 # ---- into the model -----------------------------------------------------------------------------
 
-def merge(m: Model, paths) -> Model:
+def parse(paths) -> tuple[nccllog.NcclLog, Attribution]:
+    """NCCL's logs read and each record attributed to its process: what merge() joins to a model. The
+    records themselves go through the attribution and are not kept (log.records is empty)."""
     a = Attribution()
-    log = nccllog.parse_files(paths, sink=a.feed)
+    log = nccllog.parse_files(paths, sink=a.feed, keep=0)
     a.finish()
+    return log, a
+
+
+def merge(m: Model, paths, parsed: tuple[nccllog.NcclLog, Attribution] | None = None) -> Model:
+    """The model m with NCCL's logs joined: paths parsed here, or parsed already (parse(paths), perhaps
+    in another process)."""
+    log, a = parsed if parsed is not None else parse(paths)
     m.nccl_log = log
     m.reading.notes.extend(log.notes)
     by_pid: dict[int, list[ProcessView]] = defaultdict(list)
