@@ -295,7 +295,10 @@ def model_of(dirs) -> dict:
     return report.model_json(model.build(events.stream_dirs(dirs)))
 
 
-def test_a_file_out_of_time_order_reads_as_if_sorted(tmp_path):
+@pytest.mark.parametrize("whole", [True, False], ids=["read-whole", "streamed"])
+def test_a_file_out_of_time_order_reads_as_if_sorted(tmp_path, monkeypatch, whole):
+    if not whole:  # a large file (or past the budget of files read whole): its order is looked at first
+        monkeypatch.setattr(events, "WHOLE_MAX", 0)
     rng = random.Random(3)
     evs = base_events(50) + base_events(51)
     write_log(tmp_path / "sorted", sorted(evs, key=lambda e: e["t"]))
@@ -569,4 +572,19 @@ def test_reader_shortcuts_agree_with_json_loads():
         if fast is not None:
             assert slow is not None and fast == slow and list(fast) == list(slow), raw
             assert all(type(fast[k]) is type(slow[k]) for k in fast), raw
-    assert hits["getenv"] > 300  # the shortcut was taken, not only stepped aside
+        key = events._raw_key(raw)
+        hits["key"] += key is not None and slow is not None
+        if key is not None and slow is not None:
+            assert key == (slow["t"], slow["host"], slow["pid"]) and type(key[0]) is type(slow["t"]), raw
+    assert hits["getenv"] > 300 and hits["key"] > 300  # the shortcuts were taken, not only stepped aside
+
+
+def test_files_are_read_whole_only_while_small_and_within_the_budget(tmp_path, monkeypatch):
+    sizes = {"a": 10, "b": 2000, "c": 30, "d": 40}
+    paths = []
+    for name, n in sizes.items():
+        (tmp_path / name).write_bytes(b"x" * n)
+        paths.append(tmp_path / name)
+    monkeypatch.setattr(events, "WHOLE_MAX", 1000)
+    monkeypatch.setattr(events, "WHOLE_BUDGET", 60)
+    assert events._read_whole(paths + [tmp_path / "gone"]) == [True, False, True, False, False]

@@ -123,8 +123,8 @@ malformed, too deeply nested and oversized lines and unknown kinds are skipped a
 Files are read by witnesses/jsonlines.py: bounded chunks, holes and NUL runs stepped over, at most
 FILE_CAP bytes of data and FILE_LINES lines each (what was not read is a note), never a symlink or a
 FIFO. stream_dirs lists the directories without materialising them, reads at most FILES_MAX files (more are refused whole: the
-model keeps a process per file) and merges them in time order, each event let go once the model has taken it, so
-memory is bounded by the caps on files, lines and bytes and by what the model keeps.
+model keeps a process per file) and merges them in time order: small files read whole (at most WHOLE_BUDGET bytes of
+them), the others streamed, so memory is bounded by that budget and by what the model keeps.
 """
 from __future__ import annotations
 
@@ -500,21 +500,103 @@ def _note_file(log: EventLog, path: Path, src: jsonlines.Source, lines: jsonline
                           "bytes": src.not_read})
 
 
-def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
-    """One file's events in time order, read once: a file one writer appended is in order, or nearly (threads
-    and writers of one process take their clocks apart: two files in three of a real run), and a foreign
-    writer's may be in any order; either is sorted whole (a stable sort: lines of one time keep their order;
-    near-sorted input costs a pass). Memory: a file's events are held until the merge has passed them, each
-    let go as it is handed on; a file is at most log.file_lines lines."""
-    evs = list(read_file(path, log))
+# A line's order key straight from its bytes, where the bytes allow no other reading: no backslash (no escape
+# can spell a key or hide a quote) and "t", "host" and "pid" each written once (no duplicate or nested key), so
+# a line json.loads keeps has exactly these values (t and pid are required, so a lone one is the line's own;
+# numbers of at most 31 digits); any other line is parsed (_in_order).
+_NUM = re.compile(rb'\s*:\s*(-?(?:0|[1-9][0-9]{0,30})(\.[0-9]+)?([eE][-+]?[0-9]+)?)\s*[,}]')
+_STR = re.compile(rb'\s*:\s*"([^"]*)"')
+
+
+def _raw_key(raw: bytes) -> tuple | None:
+    """(t, host, pid) of a plain line, read without parsing it; None: parse it to know."""
+    i, j, k = raw.find(b'"t"'), raw.find(b'"pid"'), raw.find(b'"host"')
+    if (i < 0 or j < 0 or k < 0 or b"\\" in raw or raw.find(b'"t"', i + 1) >= 0 or raw.find(b'"pid"', j + 1) >= 0
+            or raw.find(b'"host"', k + 1) >= 0):
+        return None
+    inner = raw.find(b"{", raw.find(b"{") + 1)  # the first nested object (or a brace in a string) begins here
+    if 0 <= inner < k:  # host is no required field: a lone one past a nested object's start may be its
+        return None
+    t, pid, host = _NUM.match(raw, i + 3), _NUM.match(raw, j + 5), _STR.match(raw, k + 6)
+    if t is None or pid is None or pid[2] or pid[3] or host is None:
+        return None
+    return (float(t[1]) if t[2] or t[3] else int(t[1]), host[1].decode("utf-8", errors="surrogateescape"),
+            int(pid[1]))
+
+
+def _in_order(path: Path, file_cap: int, file_lines: int) -> bool:
+    """Whether a file's events are in time order (one writer appending; a foreign writer may not be).
+    Only the common fields are checked here: the keys of a superset of the lines read_file keeps, so
+    in order here means in order there. A plain line's key is read from its bytes (_raw_key)."""
+    try:
+        src = jsonlines.Source(path, file_cap)
+    except OSError:
+        return True
+    last, ignored = None, Counter()
+    for raw in jsonlines.Lines(ignored, file_lines).of(src.pieces()):
+        key = _raw_key(raw)
+        if key is None:
+            obj, reason = _parse(raw)
+            if reason or not isinstance(obj, dict):
+                continue
+            ev, reason = checked(obj, COMMON, "", ignored)
+            if reason:
+                continue
+            key = (ev["t"], ev.get("host", "?"), ev["pid"])
+        if last is not None and key < last:
+            return False
+        last = key
+    return True
+
+
+WHOLE_MAX = 1 << 20      # a file this small is read once, whole (a fleet's: tens of KiB each) ...
+WHOLE_BUDGET = 64 << 20  # ... while the files so read hold at most this many bytes in all (memory: a few x that)
+
+
+def _file_events(path: Path, log: EventLog, whole: bool) -> Iterator[dict[str, Any]]:
+    """One file's events in time order. A file one writer appended is in order or nearly (threads and
+    writers of one process take their clocks apart: two files in three of a real run); a foreign writer's
+    may be in any order; either is sorted whole (a stable sort: lines of one time keep their order).
+    whole: read it once into a list, sorted if need be, each event let go as it is handed on; else look at
+    its order first (_in_order) and stream it where it is in order, so that memory follows the model and
+    not a large file."""
     key = _sort_key
-    if any(key(b) < key(a) for a, b in zip(evs, evs[1:])):
+    if whole:
+        evs = list(read_file(path, log))
+        if any(key(b) < key(a) for a, b in zip(evs, evs[1:])):
+            log.resorted.append(str(path))
+            evs.sort(key=key)
+        evs.reverse()
+        pop = evs.pop
+        while evs:
+            yield pop()
+        return
+    if not _in_order(path, log.file_cap, log.file_lines):
         log.resorted.append(str(path))
-        evs.sort(key=key)
-    evs.reverse()
-    pop = evs.pop
-    while evs:
-        yield pop()
+        yield from sorted(read_file(path, log), key=key)
+        return
+    last = None
+    for e in read_file(path, log):
+        k = key(e)
+        if last is not None and k < last:  # appended out of order since _in_order looked
+            log.skipped["line out of time order"] += 1
+            continue
+        last = k
+        yield e
+
+
+def _read_whole(paths: list[Path]) -> list[bool]:
+    """Which of paths _file_events reads whole: each small file, in order, while WHOLE_BUDGET lasts."""
+    left, out = WHOLE_BUDGET, []
+    for p in paths:
+        try:
+            size = os.stat(p).st_size
+        except OSError:
+            size = None
+        whole = size is not None and size <= WHOLE_MAX and size <= left
+        left -= size if whole else 0
+        out.append(whole)
+    return out
 
 
 def is_run_id(v: Any) -> bool:
@@ -652,7 +734,8 @@ def stream_dirs(dirs) -> EventLog:
         log.files += map(str, found)
         _read_runs(d, metas, log)
     log.runs.sort(key=lambda r: r.get("started", 0))
-    log.events = heapq.merge(*(_file_events(p, log) for p in paths), key=_sort_key)
+    log.events = heapq.merge(*(_file_events(p, log, w) for p, w in zip(paths, _read_whole(paths))),
+                             key=_sort_key)
     return log
 
 
