@@ -588,3 +588,45 @@ def test_files_are_read_whole_only_while_small_and_within_the_budget(tmp_path, m
     monkeypatch.setattr(events, "WHOLE_MAX", 1000)
     monkeypatch.setattr(events, "WHOLE_BUDGET", 60)
     assert events._read_whole(paths + [tmp_path / "gone"]) == [True, False, True, False, False]
+
+
+def _getenv(pid: int, t: float, var: str, value, lib: str = LIB, host: str = "h") -> dict:
+    return {"ev": "nccl_getenv", "t": t, "pid": pid, "src": "envplugin", "host": host, "var": var, "value": value,
+            "lib": lib}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_reads_folded_into_runs_give_the_model_each_line_gives(tmp_path, seed):
+    """report reads a writer's run of nccl_getenv lines as one event (stream_dirs(fold=True)): the model is the
+    one the lines give one by one, whatever their order, duplicates, other kinds between them, a second file
+    of the same process, lines the shortcut does not take (an escape) or refuses (a time out of bounds)."""
+    rng = random.Random(seed)
+    for f in range(3):
+        evs = base_events(70 + f % 2)
+        for _ in range(rng.randint(20, 80)):
+            pid = 70 + (f % 2 if rng.random() < 0.85 else rng.randrange(2))  # mostly the file's own writer
+            var = rng.choice(["NCCL_PROTO", "NCCL_ALGO", "NCCL_BUFFSIZE", "NCCL_IB_HCA"])
+            value = rng.choice([None, "LL", "Ring", "4194304", 'a"quoted"'])
+            evs.append(_getenv(pid, round(rng.uniform(1.0, 9.0), 3), var, value,
+                               lib=rng.choice([LIB, "/other/libnccl.so.2"])))
+        if rng.random() < 0.3:
+            evs.append(_getenv(70, 1e13, "NCCL_PROTO", "LL"))  # out of bounds: refused either way
+        if rng.random() < 0.5:
+            evs.sort(key=lambda e: e["t"])
+        tmp_path.mkdir(exist_ok=True)  # as the env plugin writes them: compact, the shortcut's form
+        (tmp_path / f"h-{f}.jsonl").write_bytes(b"".join(
+            (json.dumps(e, separators=(",", ":")) + "\n").encode() if e["ev"] == "nccl_getenv" else line(e)
+            for e in evs))
+    lines = sum(1 for p in tmp_path.iterdir() for _ in p.open("rb"))
+    assert len(list(events.stream_dirs([tmp_path], fold=True).events)) < lines - 20  # runs were folded
+    one = report_model(tmp_path, fold=False)
+    folded = report_model(tmp_path, fold=True)
+    assert folded == one
+    assert any(p["nccl_reads"] for p in one["processes"])
+
+
+def report_model(d: Path, fold: bool) -> dict:
+    from ncclprobe.views import report
+    log = events.stream_dirs([d], fold=fold)
+    m = model.build(log)
+    return {**report.model_json(m), "skipped": dict(log.skipped), "resorted": len(log.resorted) > 0}

@@ -20,7 +20,7 @@ def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
     if not dirs and not nccl_logs:
         raise Unexaminable("give a log directory or --nccl-log FILE", "nothing to read")
     events.check_sources(dirs, nccl_logs)
-    log = events.stream_dirs(dirs)  # may be empty: NCCL logs alone still tell what NCCL read and ran
+    log = events.stream_dirs(dirs, fold=True)  # may be empty: NCCL logs alone still tell what NCCL read and ran
     if log.refused:
         raise Unexaminable(log.refused, "bad log directory",
                            {"hint": "the probes write at most NCCLPROBE_MAX_FILES files per host: report the "

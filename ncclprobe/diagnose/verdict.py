@@ -86,8 +86,8 @@ def nccl_read(m: Model, c: CommView, var: str) -> NcclRead | None:
     p = m.owner(c)
     if p is None:
         return None
-    reads = [r for r in p.reads.values() if r.var == var and (c.lib is None or r.lib in (c.lib, "nccl-log"))]
-    return _pick(sorted(reads, key=lambda r: r.t), var, c, _next_comm(m, c)) if reads else None
+    reads = [r for r in p.reads_by_var().get(var, ()) if c.lib is None or r.lib in (c.lib, "nccl-log")]
+    return _pick(reads, var, c, _next_comm(m, c)) if reads else None
 
 
 def _next_comm(m: Model, c: CommView) -> float:
@@ -152,14 +152,14 @@ def comm_reads(m: Model, c: CommView) -> CommReads:
         witness = _reads_witness(p, c.lib) if p is not None else None
         if witness is None:
             return CommReads(None, "no_witness")
-        by_var: dict[str, list[NcclRead]] = {}  # nccl_read for each variable, the process's reads sorted once
-        for r in sorted(p.reads.values(), key=lambda r: r.t):
-            if is_tuning(r.var) and (c.lib is None or r.lib in (c.lib, "nccl-log")):
-                by_var.setdefault(r.var, []).append(r)
         end = _next_comm(m, c)
         values = {}
-        for var in sorted(by_var):
-            pick = _pick(by_var[var], var, c, end)
+        for var, reads in sorted(p.reads_by_var().items()):  # nccl_read for each variable
+            if not is_tuning(var):
+                continue
+            if c.lib is not None:
+                reads = [r for r in reads if r.lib in (c.lib, "nccl-log")]
+            pick = _pick(reads, var, c, end) if reads else None
             if pick is not None:
                 values[var] = pick.value
     if c.nranks == 1 and all(process_cached(v, c.version) for v in values):

@@ -226,8 +226,19 @@ class ProcessView:
         return None
 
     def first_read(self, var: str) -> NcclRead | None:
-        hits = [r for r in self.reads.values() if r.var == var]
-        return min(hits, key=lambda r: r.t) if hits else None
+        hits = self.reads_by_var().get(var)
+        return hits[0] if hits else None
+
+    def reads_by_var(self) -> dict[str, list[NcclRead]]:
+        """reads by variable, each list in time order (ties in the order they were recorded): kept until
+        reads grows (reads are only ever added: the first read of each (lib, var, value) stays)."""
+        cached = self.__dict__.get("_by_var")
+        if cached is None or cached[0] != len(self.reads):
+            by: dict[str, list[NcclRead]] = {}
+            for r in sorted(self.reads.values(), key=lambda r: r.t):
+                by.setdefault(r.var, []).append(r)
+            cached = self.__dict__["_by_var"] = (len(self.reads), by)
+        return cached[1]
 
 
 SPACE_MARK = "/pidns:"

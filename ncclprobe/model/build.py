@@ -335,12 +335,17 @@ def _plugin_load(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> N
 
 
 def _nccl_getenv(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
-    lib, var = str(e.get("lib") or "?"), str(e.get("var"))
-    if lib != "?":
-        proc.libs.add(lib)
-    key = (lib, var, e.get("value"))
-    if key not in proc.reads:
-        proc.reads[key] = NcclRead(var, e.get("value"), lib, t, "envplugin")
+    # one read, or a run of them folded into one event (events._folded: each with its own time); of each
+    # (lib, var, value) the process keeps its first read: the earliest, whatever order the runs came in
+    reads = e.get("reads")
+    for t, var, value, lib in reads if reads is not None else ((t, e.get("var"), e.get("value"), e.get("lib")),):
+        lib, var, t = str(lib or "?"), str(var), float(t)
+        if lib != "?":
+            proc.libs.add(lib)
+        key = (lib, var, value)
+        r = proc.reads.get(key)
+        if r is None or t < r.t:
+            proc.reads[key] = NcclRead(var, value, lib, t, "envplugin")
 
 
 def _comm_init(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:

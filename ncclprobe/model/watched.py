@@ -7,6 +7,8 @@ and report agree. The tool reads them whole (the probe only its first ARGV_SCAN 
 """
 from __future__ import annotations
 
+import functools
+
 import re
 
 from collections.abc import Mapping
@@ -41,8 +43,15 @@ def redact_argv(argv: list) -> list:
     by element."""
     from ncclprobe._lib import ncclprobe_boot
     if all(isinstance(a, str) for a in argv):
-        return ncclprobe_boot.redact_argv(argv, None)
+        return list(_redacted(tuple(argv)))
     return [ncclprobe_boot.redact_argv([a], None)[0] if isinstance(a, str) else a for a in argv]
+
+
+@functools.lru_cache(maxsize=4096)
+def _redacted(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """(a fleet's processes share a few command lines: each is redacted once)"""
+    from ncclprobe._lib import ncclprobe_boot
+    return tuple(ncclprobe_boot.redact_argv(list(argv), None))
 
 
 def redact_text(text: str) -> str:

@@ -340,6 +340,7 @@ class EventLog:
     refused: str | None = None                          # why no file was read (more than FILES_MAX of them)
     file_cap: int = jsonlines.FILE_CAP                  # data bytes read per file
     file_lines: int = jsonlines.FILE_LINES              # lines read per file
+    fold: bool = False  # a writer's run of plain nccl_getenv lines as one event with "reads" (stream_dirs)
     unknown: Counter = field(default_factory=Counter)   # unknown kind -> lines
     dropped: Counter = field(default_factory=Counter)   # "kind.field" -> values refused, line kept
     resorted: list[str] = field(default_factory=list)   # files not in time order, sorted whole
@@ -409,11 +410,42 @@ def read_file(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
                    f"unreadable ({exc.strerror})")
         return
     lines = jsonlines.Lines(log.skipped, log.file_lines)
-    for raw in lines.of(src.pieces()):
-        ev = _event(raw, log)
-        if ev is not None:
-            yield ev
+    if log.fold:
+        yield from _folded(lines.of(src.pieces()), log)
+    else:
+        for raw in lines.of(src.pieces()):
+            ev = _event(raw, log)
+            if ev is not None:
+                yield ev
     _note_file(log, path, src, lines)
+
+
+def _folded(raws: Iterable[bytes], log: EventLog) -> Iterator[dict[str, Any]]:
+    """_event of each line, where a run of plain nccl_getenv lines (a worker's 70+, one after another) of one
+    process, in time order, is one event: the first line's, with "reads": [(t, var, value, lib), ...] of
+    every line of the run (the first too); a reader need not make, sort and hand on an object per line."""
+    run: dict[str, Any] | None = None
+    for raw in raws:
+        if raw.startswith(b'{"ev":"nccl_getenv",') and (m := _GETENV.fullmatch(raw)) is not None and \
+                (read := _getenv_fields(m)) is not None:
+            t, pid, host = read[0], read[1], read[2]
+            if run is not None and run["pid"] == pid and run["host"] == host and t >= run["reads"][-1][0]:
+                run["reads"].append((t, *read[3:]))
+                continue
+            if run is not None:
+                yield run
+            run = {"ev": "nccl_getenv", "t": t, "pid": pid, "src": "envplugin", "host": host, "var": read[3],
+                   "value": read[4], "lib": read[5], "reads": [(t, *read[3:])]}
+            continue
+        ev = _event(raw, log)
+        if ev is None:
+            continue
+        if run is not None:
+            yield run
+            run = None
+        yield ev
+    if run is not None:
+        yield run
 
 
 def _skip_file(log: EventLog, path: str, why: str) -> None:
@@ -471,18 +503,25 @@ def _getenv_line(raw: bytes) -> dict[str, Any] | None:
     """An nccl_getenv line (70+ a worker) as the envplugin writes it, read without json.loads or checked(): the
     event _event would give; None where the line is any other (a field more, an escape): _event parses it."""
     m = _GETENV.fullmatch(raw)
-    if m is None:
+    read = _getenv_fields(m) if m is not None else None
+    if read is None:
         return None
+    t, pid, host, var, value, lib = read
+    return {"ev": "nccl_getenv", "t": t, "pid": pid, "src": "envplugin", "host": host, "var": var, "value": value,
+            "lib": lib}
+
+
+def _getenv_fields(m: re.Match) -> tuple | None:
+    """(t, pid, host, var, value, lib) of a _GETENV match, checked as FIELDS would; None: out of bounds."""
     t, pid = float(m[1]), int(m[2])
     if b"." not in m[1] and b"e" not in m[1] and b"E" not in m[1]:
         t = int(m[1])
-    text = [x.decode("utf-8", errors="surrogateescape") if x is not None else None for x in m.groups()[2:]]
-    host, var, value, lib = text
+    host, var, value, lib = [x.decode("utf-8", errors="surrogateescape") if x is not None else None
+                             for x in m.groups()[2:]]
     if not (math.isfinite(t) and 0 <= t <= 1e12 and pid < 1 << 31 and len(host) <= 255 and len(var) <= NAME
             and (value is None or len(value) <= TEXT) and (lib is None or len(lib) <= TEXT)):
         return None
-    return {"ev": "nccl_getenv", "t": t, "pid": pid, "src": "envplugin", "host": host, "var": var, "value": value,
-            "lib": lib}
+    return t, pid, host, var, value, lib
 
 
 def _note_file(log: EventLog, path: Path, src: jsonlines.Source, lines: jsonlines.Lines) -> None:
@@ -549,44 +588,49 @@ def _in_order(path: Path, file_cap: int, file_lines: int) -> bool:
     return True
 
 
-WHOLE_MAX = 1 << 20      # a file this small is read once, whole (a fleet's: tens of KiB each) ...
+WHOLE_MAX = 1 << 20      # a file this small is read once, whole (a fleet's: tens of KiB each; _small_files) ...
 WHOLE_BUDGET = 64 << 20  # ... while the files so read hold at most this many bytes in all (memory: a few x that)
 
 
-def _file_events(path: Path, log: EventLog, whole: bool) -> Iterator[dict[str, Any]]:
-    """One file's events in time order. A file one writer appended is in order or nearly (threads and
-    writers of one process take their clocks apart: two files in three of a real run); a foreign writer's
-    may be in any order; either is sorted whole (a stable sort: lines of one time keep their order).
-    whole: read it once into a list, sorted if need be, each event let go as it is handed on; else look at
-    its order first (_in_order) and stream it where it is in order, so that memory follows the model and
-    not a large file."""
-    key = _sort_key
-    if whole:
-        evs = list(read_file(path, log))
-        if any(key(b) < key(a) for a, b in zip(evs, evs[1:])):
-            log.resorted.append(str(path))
-            evs.sort(key=key)
-        evs.reverse()
-        pop = evs.pop
-        while evs:
-            yield pop()
-        return
+def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
+    """A large file's events in time order: streamed where it is in order (_in_order looks first), so that
+    memory follows the model and not the file; else sorted whole."""
     if not _in_order(path, log.file_cap, log.file_lines):
         log.resorted.append(str(path))
-        yield from sorted(read_file(path, log), key=key)
+        yield from sorted(read_file(path, log), key=_sort_key)
         return
     last = None
     for e in read_file(path, log):
-        k = key(e)
-        if last is not None and k < last:  # appended out of order since _in_order looked
+        key = _sort_key(e)
+        if last is not None and key < last:  # appended out of order since _in_order looked
             log.skipped["line out of time order"] += 1
             continue
-        last = k
+        last = key
         yield e
 
 
+def _small_files(paths: list[Path], log: EventLog) -> Iterator[dict[str, Any]]:
+    """The events of small files, each read once, in time order: all of them sorted at once (a stable sort,
+    so lines of one time keep their file's order and the files' order; each file's run of sorted lines is
+    merged, not compared line by line). A file one writer appended is in order or nearly (threads and
+    writers of one process take their clocks apart: two files in three of a real run); one that is not is
+    said in log.resorted. Each event is let go as it is handed on."""
+    evs: list[dict[str, Any]] = []
+    key = _sort_key
+    for p in paths:
+        mine = list(read_file(p, log))
+        if any(key(b) < key(a) for a, b in zip(mine, mine[1:])):
+            log.resorted.append(str(p))
+        evs += mine
+    evs.sort(key=key)
+    evs.reverse()
+    pop = evs.pop
+    while evs:
+        yield pop()
+
+
 def _read_whole(paths: list[Path]) -> list[bool]:
-    """Which of paths _file_events reads whole: each small file, in order, while WHOLE_BUDGET lasts."""
+    """Which of paths are read whole (_small_files): each small file, in order, while WHOLE_BUDGET lasts."""
     left, out = WHOLE_BUDGET, []
     for p in paths:
         try:
@@ -700,12 +744,13 @@ def _event_files(d: Path, log: EventLog, seen: set, cap: int, metas: list[str]) 
     return paths
 
 
-def stream_dirs(dirs) -> EventLog:
+def stream_dirs(dirs, fold: bool = False) -> EventLog:
     """Every *.jsonl file of each directory (several hosts' directories may be given), merged in time
     order as an iterator: events, skipped and dropped are complete once it has been consumed. More than
-    NCCLPROBE_REPORT_MAX_FILES (FILES_MAX) files in all are not read: log.refused says so."""
+    NCCLPROBE_REPORT_MAX_FILES (FILES_MAX) files in all are not read: log.refused says so. fold: a run
+    of plain nccl_getenv lines is one event with "reads" (_folded; model.build takes either)."""
     log = EventLog(file_cap=_knob("NCCLPROBE_REPORT_MAX_FILE_BYTES", jsonlines.FILE_CAP),
-                   file_lines=_knob("NCCLPROBE_REPORT_MAX_FILE_LINES", jsonlines.FILE_LINES))
+                   file_lines=_knob("NCCLPROBE_REPORT_MAX_FILE_LINES", jsonlines.FILE_LINES), fold=fold)
     paths: list[Path] = []
     seen: set = set()
     cap = _knob("NCCLPROBE_REPORT_MAX_FILES", FILES_MAX)
@@ -734,8 +779,9 @@ def stream_dirs(dirs) -> EventLog:
         log.files += map(str, found)
         _read_runs(d, metas, log)
     log.runs.sort(key=lambda r: r.get("started", 0))
-    log.events = heapq.merge(*(_file_events(p, log, w) for p, w in zip(paths, _read_whole(paths))),
-                             key=_sort_key)
+    whole = _read_whole(paths)
+    log.events = heapq.merge(_small_files([p for p, w in zip(paths, whole) if w], log),
+                             *(_file_events(p, log) for p, w in zip(paths, whole) if not w), key=_sort_key)
     return log
 
 
