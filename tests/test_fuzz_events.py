@@ -580,14 +580,10 @@ def test_reader_shortcuts_agree_with_json_loads():
 
 
 def test_files_are_read_whole_only_while_small_and_within_the_budget(tmp_path, monkeypatch):
-    sizes = {"a": 10, "b": 2000, "c": 30, "d": 40}
-    paths = []
-    for name, n in sizes.items():
-        (tmp_path / name).write_bytes(b"x" * n)
-        paths.append(tmp_path / name)
+    sizes = {tmp_path / name: n for name, n in {"a": 10, "b": 2000, "c": 30, "d": 40}.items()}
     monkeypatch.setattr(events, "WHOLE_MAX", 1000)
     monkeypatch.setattr(events, "WHOLE_BUDGET", 60)
-    assert events._read_whole(paths + [tmp_path / "gone"]) == [True, False, True, False, False]
+    assert events._read_whole([*sizes, tmp_path / "gone"], sizes) == [True, False, True, False, False]
 
 
 def _getenv(pid: int, t: float, var: str, value, lib: str = LIB, host: str = "h") -> dict:

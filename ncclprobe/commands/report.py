@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from pathlib import Path
 
 from ncclprobe import diagnose, model as model_mod
 from ncclprobe.aside import Aside
@@ -28,8 +27,7 @@ def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
                                     "where the memory is there"})
     # NCCL's logs: those named, else the probes' NCCL_DEBUG_FILE copies in the directories; a fleet's are
     # parsed in a child while the events are read here (they join the model after it is built)
-    debug = list(nccl_logs) or [p for d in dirs for p in sorted(Path(d).glob("nccl-debug*"))
-                                if p.is_file() and not p.is_symlink()]
+    debug = list(nccl_logs) or log.nccl_debug
     with Aside(nccllog_model.parse, debug, worth=_bytes(debug) >= ASIDE_BYTES) as parsing:
         m = model_mod.build(log, run_id)
         m.dirs = list(log.dirs)

@@ -341,6 +341,7 @@ class EventLog:
     file_cap: int = jsonlines.FILE_CAP                  # data bytes read per file
     file_lines: int = jsonlines.FILE_LINES              # lines read per file
     fold: bool = False  # a writer's run of plain nccl_getenv lines as one event with "reads" (stream_dirs)
+    nccl_debug: list[str] = field(default_factory=list)  # the directories' NCCL_DEBUG_FILE copies (nccl-debug*)
     unknown: Counter = field(default_factory=Counter)   # unknown kind -> lines
     dropped: Counter = field(default_factory=Counter)   # "kind.field" -> values refused, line kept
     resorted: list[str] = field(default_factory=list)   # files not in time order, sorted whole
@@ -371,13 +372,12 @@ def check_sources(dirs, nccl_logs=()) -> None:
 
 
 def checked(obj: dict[str, Any], table: dict, prefix: str, dropped: Counter) -> tuple[dict[str, Any], str]:
-    """(the fields of obj that pass table, '') or ({}, the reason the whole object is refused)."""
+    """(the fields of obj that pass table, '') or ({}, the reason the whole object is refused): each field in
+    table's order, the first refusal the reason."""
     out = {}
-    for name, (check, cost) in table.items():
-        if name not in obj:
-            if cost == "need":
-                return {}, f"no {name}"
-            continue
+    for name, check, cost in _steps(table, tuple(obj)):
+        if check is None:
+            return {}, f"no {name}"
         value = check(obj[name])
         if value is BAD:
             if cost != "drop":
@@ -386,6 +386,24 @@ def checked(obj: dict[str, Any], table: dict, prefix: str, dropped: Counter) -> 
         else:
             out[name] = value
     return out, ""
+
+
+_STEPS: dict[tuple[int, tuple], tuple[dict, list]] = {}  # (table, keys) -> checked's steps: a few shapes a log
+
+
+def _steps(table: dict, keys: tuple) -> list:
+    """table's fields that an object with these keys has, in table's order, as (name, check, cost); a
+    needed one it lacks as (name, None, "need"), where checked stops. Kept per shape (at most 4,096; the
+    entry holds its table, so that the table's id is never another's)."""
+    hit = _STEPS.get((id(table), keys))
+    if hit is not None and hit[0] is table:
+        return hit[1]
+    have = set(keys)
+    steps = [(name, check, cost) if name in have else (name, None, cost)
+             for name, (check, cost) in table.items() if name in have or cost == "need"]
+    if len(_STEPS) < 4096:
+        _STEPS[(id(table), keys)] = (table, steps)
+    return steps
 
 
 def _parse(raw: bytes) -> tuple[Any, str]:
@@ -513,12 +531,15 @@ def _getenv_line(raw: bytes) -> dict[str, Any] | None:
 
 def _getenv_fields(m: re.Match) -> tuple | None:
     """(t, pid, host, var, value, lib) of a _GETENV match, checked as FIELDS would; None: out of bounds."""
-    t, pid = float(m[1]), int(m[2])
-    if b"." not in m[1] and b"e" not in m[1] and b"E" not in m[1]:
-        t = int(m[1])
-    host, var, value, lib = [x.decode("utf-8", errors="surrogateescape") if x is not None else None
-                             for x in m.groups()[2:]]
-    if not (math.isfinite(t) and 0 <= t <= 1e12 and pid < 1 << 31 and len(host) <= 255 and len(var) <= NAME
+    ts, ps, host, var, value, lib = m.groups()
+    t = float(ts) if b"." in ts or b"e" in ts or b"E" in ts else int(ts)  # json.loads' type
+    pid = int(ps)
+    host, var = host.decode("utf-8", "surrogateescape"), var.decode("utf-8", "surrogateescape")
+    if value is not None:
+        value = value.decode("utf-8", "surrogateescape")
+    if lib is not None:
+        lib = lib.decode("utf-8", "surrogateescape")
+    if not (0 <= t <= 1e12 and pid < 1 << 31 and len(host) <= 255 and len(var) <= NAME  # (0 <= nan, inf: False)
             and (value is None or len(value) <= TEXT) and (lib is None or len(lib) <= TEXT)):
         return None
     return t, pid, host, var, value, lib
@@ -589,7 +610,9 @@ def _in_order(path: Path, file_cap: int, file_lines: int) -> bool:
 
 
 WHOLE_MAX = 1 << 20      # a file this small is read once, whole (a fleet's: tens of KiB each; _small_files) ...
-WHOLE_BUDGET = 64 << 20  # ... while the files so read hold at most this many bytes in all (memory: a few x that)
+WHOLE_BUDGET = 256 << 20  # ... while the files so read hold at most this many bytes in all (a job of 2,000 hosts x 8
+#                          ranks; memory: about 5x that where the model keeps none of their events, less as it
+#                          takes them: a 1,024-host job peaks at the same 0.5 GiB as with a quarter of this)
 
 
 def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
@@ -629,14 +652,12 @@ def _small_files(paths: list[Path], log: EventLog) -> Iterator[dict[str, Any]]:
         yield pop()
 
 
-def _read_whole(paths: list[Path]) -> list[bool]:
-    """Which of paths are read whole (_small_files): each small file, in order, while WHOLE_BUDGET lasts."""
+def _read_whole(paths: list[Path], sizes: dict[Path, int]) -> list[bool]:
+    """Which of paths are read whole (_small_files): each small file (its size as listed), in order, while
+    WHOLE_BUDGET lasts."""
     left, out = WHOLE_BUDGET, []
     for p in paths:
-        try:
-            size = os.stat(p).st_size
-        except OSError:
-            size = None
+        size = sizes.get(p)
         whole = size is not None and size <= WHOLE_MAX and size <= left
         left -= size if whole else 0
         out.append(whole)
@@ -708,13 +729,22 @@ def _knob(name: str, default: int) -> int:
     return int(text) if text.isdigit() and 0 < len(text) < 19 and int(text) > 0 else default
 
 
-def _event_files(d: Path, log: EventLog, seen: set, cap: int, metas: list[str]) -> list[Path] | None:
+def _event_files(d: Path, log: EventLog, seen: set, cap: int, metas: list[str],
+                 sizes: dict[Path, int]) -> list[Path] | None:
     """The *.jsonl files of d, by name (another name of a file listed before is left out), listed without
     holding more than `cap` entries: None as soon as more than `cap` are found in all. The names of run
-    metadata files are added to metas."""
-    found = []
+    metadata files are added to metas, each file's size to sizes, and NCCL's logs (nccl-debug*, regular
+    files) to log.nccl_debug."""
+    found, debug = [], []
     with os.scandir(d) as it:
         for entry in it:
+            if entry.name.startswith("nccl-debug"):
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        debug.append(str(d / entry.name))
+                except OSError:
+                    pass
+                continue
             if not entry.name.endswith(".jsonl"):
                 if is_run_meta(entry.name):
                     if len(log.runs) + len(metas) < RUNS_MAX:
@@ -741,6 +771,9 @@ def _event_files(d: Path, log: EventLog, seen: set, cap: int, metas: list[str]) 
             continue
         seen.add(key)
         paths.append(d / name)
+        if st is not None:
+            sizes[paths[-1]] = st.st_size
+    log.nccl_debug += sorted(debug)
     return paths
 
 
@@ -753,6 +786,7 @@ def stream_dirs(dirs, fold: bool = False) -> EventLog:
                    file_lines=_knob("NCCLPROBE_REPORT_MAX_FILE_LINES", jsonlines.FILE_LINES), fold=fold)
     paths: list[Path] = []
     seen: set = set()
+    sizes: dict[Path, int] = {}
     cap = _knob("NCCLPROBE_REPORT_MAX_FILES", FILES_MAX)
     for d in dirs:
         d = Path(d)
@@ -766,7 +800,7 @@ def stream_dirs(dirs, fold: bool = False) -> EventLog:
         log.dirs.append(str(d))
         metas: list[str] = []
         try:
-            found = _event_files(d, log, seen, cap, metas)
+            found = _event_files(d, log, seen, cap, metas, sizes)
         except OSError as exc:
             log.skipped_files[f"unreadable directory ({exc.strerror})"] += 1
             continue
@@ -779,7 +813,7 @@ def stream_dirs(dirs, fold: bool = False) -> EventLog:
         log.files += map(str, found)
         _read_runs(d, metas, log)
     log.runs.sort(key=lambda r: r.get("started", 0))
-    whole = _read_whole(paths)
+    whole = _read_whole(paths, sizes)
     log.events = heapq.merge(_small_files([p for p, w in zip(paths, whole) if w], log),
                              *(_file_events(p, log) for p, w in zip(paths, whole) if not w), key=_sort_key)
     return log
