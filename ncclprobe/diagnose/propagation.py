@@ -18,6 +18,7 @@ so is the launcher around the edge, with its own remedy (model/launchers.py).
 """
 from __future__ import annotations
 
+import bisect
 import weakref
 from collections import defaultdict
 from fnmatch import fnmatchcase
@@ -128,7 +129,8 @@ def net_writes(p: ProcessView) -> list:
             if later.t - w.t > RESTORE_WINDOW_S:
                 break
             if later.var == w.var and not later.blocked:
-                if later.new == w.old and not any(w.t <= t <= later.t for t in reads):
+                k = bisect.bisect_left(reads, w.t)  # the first read at or after w: none up to later?
+                if later.new == w.old and not (k < len(reads) and reads[k] <= later.t):
                     undone.update((i, j))
                 break
     return [w for i, w in enumerate(writes) if i not in undone]

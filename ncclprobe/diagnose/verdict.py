@@ -277,11 +277,12 @@ def _for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
     root_env = min(roots, key=lambda p: p.t_start or 0).start_env if roots else {}
     shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
     rows, firsts = [], {}
+    by_rank = sorted(comms, key=lambda c: (c.rank is None, c.rank or 0, c.host, c.pid))
     for var in shown:
         reference, basis = _reference(var, expect, sets, root_env)
         groups: dict = {}
         listed: set[tuple[int, str]] = set()  # (group, communicator) already in g.comms: no scan of the list
-        for c in sorted(comms, key=lambda c: (c.rank is None, c.rank or 0, c.host, c.pid)):
+        for c in by_rank:
             known, value = effective(m, c, var, firsts)
             value = value if known else UNREAD
             ident = c.group or c.ident  # one communicator, all its ranks

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclprobe.model.watched import is_watched
+from ncclprobe.model.watched import WATCHED_NAMES, WATCHED_PREFIXES
 
 # a proc_seen's env_reason: a fork child read while it still held its parent's block, gone before a second look;
 # what it exec'd after, if it did, no read saw (witnesses/procwatch.py)
@@ -538,7 +538,13 @@ def _env(obj: Any) -> dict[str, str] | None:
     wrote the file (the probes never log it, a foreign or hand-made file might)."""
     if not isinstance(obj, dict):
         return None
-    return {str(k): str(v) for k, v in obj.items() if v is not None and is_watched(str(k))}
+    out = {}
+    for k, v in obj.items():
+        if v is not None:
+            k = k if type(k) is str else str(k)
+            if k in WATCHED_NAMES or k.startswith(WATCHED_PREFIXES):  # is_watched, inline (every env of a log)
+                out[k] = v if type(v) is str else str(v)
+    return out
 
 
 # The doors: every witness enters the model in model/build.py (one handler per event or observation kind).
