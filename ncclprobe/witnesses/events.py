@@ -222,7 +222,12 @@ def _id(v: Any) -> Any:
 
 PID = _int(0, (1 << 31) - 1)
 S, T = _str(NAME), _str(TEXT)
-OS, OT, OI32, OU64, OB, OID = _null(S), _null(T), _null(_int(*INT32)), _null(_int(*UINT64)), _null(_bool), _null(_id)
+# the optional fields of most kinds, null or a value, each one call (as _null(check), without the second)
+OS = lambda v: v if v is None or (type(v) is str and len(v) <= NAME) else BAD  # noqa: E731
+OT = lambda v: v if v is None or (type(v) is str and len(v) <= TEXT) else BAD  # noqa: E731
+OI32 = lambda v: v if v is None or (type(v) is int and INT32[0] <= v <= INT32[1]) else BAD  # noqa: E731
+OU64 = lambda v: v if v is None or (type(v) is int and UINT64[0] <= v <= UINT64[1]) else BAD  # noqa: E731
+OB, OID = _null(_bool), _null(_id)
 
 
 def _env(v: Any) -> Any:
