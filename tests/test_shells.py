@@ -217,6 +217,27 @@ def test_env_i_and_env_u_in_exec_and_nested_wrappers():
     assert filters("bash -c 'env -i python3 w.py'", child) == []
 
 
+@pytest.mark.parametrize("argv, runs", [
+    (["env"], []), (["env", "-i"], []), (["env", "-i", "A=1", "python3", "w.py"], ["python3", "w.py"]),
+    (["env", "-u", "X"], []), (["env", "-C", "/tmp", "python3"], ["python3"]),
+    (["env", "-S", "python3 -u", "w.py"], ["python3", "-u", "w.py"]), (["env", "-S", "'unclosed"], []),
+    (["/usr/bin/env", "--", "python3"], ["python3"]), (["env", "--"], []),
+    (["taskset", "0x3", "python3"], ["python3"]), (["taskset", "ff", "x"], ["x"]),
+    (["taskset", "-c", "0-3", "python", "x"], ["python", "x"]), (["taskset", "-c", "0-3"], []),
+    (["chrt", "10", "python3"], ["python3"]), (["chrt", "-r", "5", "python3", "y"], ["python3", "y"]),
+    (["chrt", "-f", "10"], []), (["timeout", "10", "python3"], ["python3"]),
+    (["numactl", "-m", "0", "python3"], ["python3"]), (["numactl", "--cpunodebind=0", "python3"], ["python3"]),
+    (["nice", "-n", "5", "python3"], ["python3"]), (["nice"], []), (["ionice", "-c", "2", "-n", "0", "python3"], ["python3"]),
+    (["stdbuf", "-oL", "python3", "a.py"], ["python3", "a.py"]), (["setsid", "python3"], ["python3"]),
+])
+def test_what_a_wrapper_runs_is_read_alike_from_a_script_and_from_an_exec(argv, runs):
+    """A wrapper's mask, priority or duration is no program (`taskset 0x3 CMD` runs CMD, not 0x3), and `env -S`
+    splits its string: one table (model/images) for a shell's line and for an exec's argv."""
+    from ncclprobe.model.images import wraps_a_program
+    assert shells.wrapped_command(argv) == runs
+    assert wraps_a_program(argv) is bool(runs)
+
+
 def test_sudo_and_su_filters(monkeypatch):
     monkeypatch.setattr(shells, "sudo_policy", lambda: (True, ()))  # sudo's default, whatever this host's sudoers say
     child = ["python3", "w.py"]

@@ -20,11 +20,12 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ncclprobe.model.images import ASSIGN, WRAPPER_OPTION_ARGS, unwrap
 from ncclprobe.model.watched import REDACTED
 from ncclprobe.witnesses.shellsyntax import lex
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"})
-_ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+_ASSIGN = ASSIGN
 # Words that start a list element without being its command.
 _KEYWORDS = {"then", "do", "else", "elif", "if", "while", "until", "!", "{", "(", "time", "}", ")", "fi", "done"}
 # Commands that run the rest of their arguments as the command (the prefix still reaches it).
@@ -94,19 +95,6 @@ def split_script(script: str) -> list[SimpleCommand]:
     return commands
 
 
-# options of a wrapper that take the next word as their value (not the command)
-_OPTION_ARGS = {"env": {"-u", "--unset", "-C", "--chdir", "-S", "--split-string"},
-                "sudo": {"-u", "--user", "-g", "--group", "-C", "--close-from", "-D", "--chdir", "-h", "--host",
-                         "-p", "--prompt", "-r", "--role", "-t", "--type", "-U", "--other-user", "-T",
-                         "--command-timeout"},
-                "su": {"-c", "--command", "-s", "--shell", "-g", "--group", "-G", "--supp-group", "-w",
-                       "--whitelist-environment"},
-                "runuser": {"-c", "--command", "-s", "--shell", "-g", "--group", "-G", "--supp-group", "-w",
-                            "--whitelist-environment", "-u", "--user"},
-                "nice": {"-n", "--adjustment"}, "ionice": {"-c", "-n", "-p", "--class", "--classdata"},
-                "taskset": set(), "chrt": set(), "numactl": set(), "timeout": {"-s", "--signal", "-k", "--kill-after"},
-                "stdbuf": {"-i", "-o", "-e"}}
-
 
 def _simple(tokens: list[str], line: int = 0) -> SimpleCommand:
     text = " ".join(shlex.quote(t) if t != "" else "''" for t in tokens)
@@ -126,25 +114,10 @@ def _simple(tokens: list[str], line: int = 0) -> SimpleCommand:
     wrappers: list[tuple[str, tuple[str, ...], tuple[tuple[str, str], ...]]] = []
     while words and os.path.basename(words[0]) in _WRAPPERS | {"su", "runuser"}:
         wrapper = os.path.basename(words[0])
-        words = words[1:]
-        options: list[str] = []
-        given: list[tuple[str, str]] = []  # the NAME=VALUE words the wrapper itself passes on (env, sudo)
-        takes = _OPTION_ARGS.get(wrapper, set())
-        while words and (words[0].startswith("-") or (wrapper in ("env", "sudo") and _ASSIGN.match(words[0]))):
-            m = _ASSIGN.match(words[0])
-            if m:
-                given.append((m.group(1), m.group(2)))
-                assigns.append((m.group(1), m.group(2)))
-            else:
-                options.append(words[0])
-                if words[0] in takes and len(words) > 1:
-                    options.append(words[1])
-                    words = words[1:]
-                if words[0] == "--":
-                    words = words[1:]
-                    break
-            words = words[1:]
+        options, given, words = unwrap(wrapper, words[1:])
+        assigns.extend(given)
         if wrapper in ("su", "runuser"):  # su [-] [USER] [-c CMD]: the command is the -c string
+            takes = WRAPPER_OPTION_ARGS[wrapper]
             rest = list(words)
             words = []
             while rest:  # options may follow the user too (`su - bob -c CMD`)
@@ -156,8 +129,6 @@ def _simple(tokens: list[str], line: int = 0) -> SimpleCommand:
             words = tuple(split_script(cmd)[-1].words) if cmd and _safe_split(cmd) else ()
             wrappers.append((wrapper, tuple(options), tuple(given)))
             break
-        if wrapper in ("timeout",) and words and re.match(r"^\d", words[0]):
-            words = words[1:]
         wrappers.append((wrapper, tuple(options), tuple(given)))
     return SimpleCommand(tuple(assigns), tuple(words), text, tuple(exported), written, line, tuple(wrappers))
 
