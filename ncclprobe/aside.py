@@ -69,8 +69,10 @@ class Aside:
             with open(self.fd, "rb", closefd=True) as f:
                 self.fd = None
                 data = f.read()
-        finally:
-            status = self._reap(kill=False)
+        except BaseException:  # ^C or a signal meant for this process alone: the child's work is not waited for
+            self._reap(kill=True)
+            raise
+        status = self._reap(kill=False)
         if status == 0 and data:
             try:
                 return pickle.loads(data)

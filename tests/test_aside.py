@@ -134,3 +134,25 @@ def test_later_is_a_plain_dict_to_every_reader():
     out = {"schema": 0}
     out.update(fresh())
     assert out == {"schema": 0, **want}
+
+
+@two_cores
+def test_an_interrupt_while_waiting_ends_the_child_and_is_raised_at_once():
+    import signal
+    import time
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+    old = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with aside.Aside(time.sleep, 60) as a:  # the child would work a minute
+            pid = a.pid
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            t0 = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                a.result()
+            assert time.monotonic() - t0 < 10
+            assert _gone(pid)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
