@@ -702,3 +702,13 @@ def test_a_client_is_a_launcher_of_the_one_table():
         assert program in la.programs and launchers.identify([program, "x"]) is la
         assert launchers.client_of([f"/usr/bin/{program}", "x"]) is client is launchers.client_of(None, program)
     assert launchers.client_of(["slurmstepd", "[12.0]"]) is None  # the daemon itself runs the workers
+
+
+def test_a_root_started_with_another_value_is_not_said_to_lack_it():
+    """The root had NCCL_PROTO, only not the expected value: "started without that value", never "without it"."""
+    other = {VAR: "Simple"}
+    [f] = log_rules([start(1, 0, other, argv=["python", "main.py"]), comm(1, 2.0, other)])
+    assert f.code == "ENV_CHANGED" and f.edge["kind"] == "not_in_root", f.to_json()
+    assert "was started without that value" in f.message and "without it" not in f.message, f.message
+    [f] = log_rules([start(1, 0, {}, argv=["python", "main.py"]), comm(1, 2.0, {})])
+    assert f.code == "ENV_MISSING" and "was started without it" in f.message, f.message

@@ -979,7 +979,8 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
                "read")
         culprit = f"lost above pid {parent.pid}" if parent else "lost (edge unseen)"
     else:  # not_in_root
-        msg = (f"{pid_text}: {lost}; the root {pdesc} was started without {them}"
+        without = them if code == "ENV_MISSING" else ("those values" if plural else "that value")  # (it had another)
+        msg = (f"{pid_text}: {lost}; the root {pdesc} was started without {without}"
                + (" (ncclprobe run did not give it to CMD)"
                   if m.given_for(parent or next(iter(edge.children), None)) else ""))
         if parent is not None and is_python(parent) and "boot" not in parent.sources:
