@@ -113,6 +113,18 @@ def test_argv_redaction_rule(argv, shown):
     assert watched.redact_argv(shown) == shown  # redacting again changes nothing (old logs, new readers)
 
 
+@pytest.mark.parametrize("argv,shown", REDACTIONS[:3])
+def test_argv_redaction_is_the_same_for_a_long_line_and_for_a_line_seen_before(argv, shown):
+    """model.watched redacts a short line once and keeps it (a fleet shares a few), a long one afresh: either way
+    the probe's rule, and a second call gives a list of its own."""
+    pad = ["x" * 5000]
+    assert watched.redact_argv(argv + pad) == shown + pad
+    first, again = watched.redact_argv(argv), watched.redact_argv(list(argv))
+    assert first == again == shown and first is not again
+    first.append("changed")
+    assert watched.redact_argv(argv) == shown
+
+
 def test_redaction_of_a_foreign_argv_does_not_fail():
     assert watched.redact_argv([1, "--token=x", None]) == [1, "--token=<redacted>", None]
 

@@ -43,7 +43,9 @@ def redact_argv(argv: list) -> list:
     by element."""
     from ncclprobe._lib import ncclprobe_boot
     if all(isinstance(a, str) for a in argv):
-        return list(_redacted(tuple(argv)))
+        if sum(map(len, argv)) <= 4096:  # (a long one is redacted afresh: the cache never holds a large line)
+            return list(_redacted(tuple(argv)))
+        return ncclprobe_boot.redact_argv(list(argv), None)
     return [ncclprobe_boot.redact_argv([a], None)[0] if isinstance(a, str) else a for a in argv]
 
 
