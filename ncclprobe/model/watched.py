@@ -8,7 +8,6 @@ and report agree. The tool reads them whole (the probe only its first ARGV_SCAN 
 from __future__ import annotations
 
 import functools
-
 import re
 
 from collections.abc import Mapping

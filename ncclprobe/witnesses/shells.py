@@ -25,14 +25,13 @@ from ncclprobe.model.watched import REDACTED
 from ncclprobe.witnesses.shellsyntax import lex
 
 SHELLS = frozenset({"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "busybox"})
-_ASSIGN = ASSIGN
 # Words that start a list element without being its command.
 _KEYWORDS = {"then", "do", "else", "elif", "if", "while", "until", "!", "{", "(", "time", "}", ")", "fi", "done"}
 # Commands that run the rest of their arguments as the command (the prefix still reaches it).
 _WRAPPERS = {"env", "nohup", "exec", "nice", "stdbuf", "setsid", "taskset", "numactl", "chrt", "timeout",
              "sudo", "command", "builtin", "ionice"}
-# Of those, the programs that exec their command (the pid stays; its program and environment change);
-# timeout and sudo fork it instead, exec/command/builtin are the shell's own
+# (Of those, the programs that exec their command are model/images.EXEC_WRAPPERS; timeout and sudo fork it
+# instead, exec/command/builtin are the shell's own. Their options: model/images.unwrap.)
 
 
 @dataclass(frozen=True)
@@ -53,7 +52,7 @@ class SimpleCommand:
             return self.text
         words = []
         for tok in self.tokens:
-            m = _ASSIGN.match(tok)
+            m = ASSIGN.match(tok)
             if m is None:
                 words.append(shlex.quote(tok) if tok else "''")
                 continue
@@ -103,8 +102,8 @@ def _simple(tokens: list[str], line: int = 0) -> SimpleCommand:
         tokens = tokens[1:]
     assigns: list[tuple[str, str]] = []
     i = 0
-    while i < len(tokens) and _ASSIGN.match(tokens[i]):
-        m = _ASSIGN.match(tokens[i])
+    while i < len(tokens) and ASSIGN.match(tokens[i]):
+        m = ASSIGN.match(tokens[i])
         assigns.append((m.group(1), m.group(2)))
         i += 1
     words = tokens[i:]
