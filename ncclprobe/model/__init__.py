@@ -3,6 +3,7 @@ its source and time. Built from the probes' event log and, where given, NCCL's o
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -235,12 +236,13 @@ class ProcessView:
         cached = self.__dict__.get("_by_var")
         if cached is None or cached[0] != len(self.reads):
             by: dict[str, list[NcclRead]] = {}
-            for r in sorted(self.reads.values(), key=lambda r: r.t):
+            for r in sorted(self.reads.values(), key=_TIME):
                 by.setdefault(r.var, []).append(r)
             cached = self.__dict__["_by_var"] = (len(self.reads), by)
         return cached[1]
 
 
+_TIME = operator.attrgetter("t")  # sort key: a read's or a communicator's time
 SPACE_MARK = "/pidns:"
 INIT_PIDNS = 4026531836  # PROC_PID_INIT_INO: the kernel's initial pid namespace, whose pids are the host's
 
@@ -433,7 +435,7 @@ class Model:
         index, key = self._index(), _owner(host, pid, retired)
         got = self._by_time.get(key)
         if got is None:
-            got = self._by_time[key] = sorted(index.get(key, ()), key=lambda c: c.t)
+            got = self._by_time[key] = sorted(index.get(key, ()), key=_TIME)
         return got
 
     def _index(self) -> dict[tuple[str, int], list[CommView]]:

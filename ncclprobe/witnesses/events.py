@@ -131,6 +131,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import operator
 import os
 import re
 import stat
@@ -420,8 +421,7 @@ def _parse(raw: bytes) -> tuple[Any, str]:
         return None, "not JSON"
 
 
-def _sort_key(e: dict[str, Any]) -> tuple:
-    return (e["t"], e["host"], e["pid"])
+_sort_key = operator.itemgetter("t", "host", "pid")  # an event's place in time order: (t, host, pid)
 
 
 def read_file(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:

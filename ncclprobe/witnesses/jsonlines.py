@@ -2,8 +2,9 @@
 *.jsonl files (witnesses/events.py checks what the lines say).
 
 A file is opened O_RDONLY|O_NONBLOCK|O_NOFOLLOW (a symlink fails, a FIFO never blocks) and must be a
-regular file (fstat); it is re-opened for each CHUNK and checked to be the same inode, so a merge of
-thousands of files holds no descriptor between reads. Holes are stepped over with SEEK_DATA (a sparse
+regular file (fstat); its first CHUNK is read through that descriptor, and it is re-opened for each later
+CHUNK and checked to be the same inode, so a merge of thousands of files holds no descriptor between
+reads. Holes are stepped over with SEEK_DATA (a sparse
 20 GB file costs one lseek, not 20 GB of reads) and runs of NUL bytes inside data are skipped without
 held (C scans of the chunk in hand); either one ends the line before it (a crash's zero fill, a
 truncate). At most FILE_CAP bytes of a file's data and FILE_LINES lines are read; what is left is said
@@ -67,12 +68,20 @@ class Source:
 
     def __init__(self, path: Path | str, cap: int = FILE_CAP):
         fd, st = open_regular(path)
-        os.close(fd)
         self.path, self.ident, self.cap = path, (st.st_dev, st.st_ino), cap
         self.offset = self.data = self.holes = self.not_read = 0
         self.size = st.st_size  # as the latest fstat saw it: a read that reaches it is the last (no extra open)
+        try:  # the first piece through the descriptor just checked (a fleet's files are one piece each)
+            self.first = self._read(fd, st.st_size) if 0 < st.st_size and 0 < cap else b""
+        except OSError:
+            self.first = b""
+        finally:
+            os.close(fd)
 
     def pieces(self) -> Iterator[bytes | None]:
+        first, self.first = self.first, b""
+        if first != b"":
+            yield first
         while self.offset < self.size or self.data >= self.cap:
             piece = self._next()
             if piece == b"":
