@@ -96,10 +96,10 @@ def _next_comm(m: Model, c: CommView) -> float:
     return ordered[i].t if i < len(ordered) else float("inf")
 
 
-def _pick(reads: list[NcclRead], var: str, c: CommView, end: float) -> NcclRead | None:
+def _pick(reads: list[NcclRead], var: str, c: CommView, end: float, cached: bool | None = None) -> NcclRead | None:
     """nccl_read's choice among the reads of var through c's library copy (in time order); end: when
-    the process's next communicator was created."""
-    if process_cached(var, c.version):
+    the process's next communicator was created; cached: process_cached(var, c.version) where known."""
+    if process_cached(var, c.version) if cached is None else cached:
         return reads[0]
     inside = [r for r in reads if c.t <= r.t < end]
     if c.nranks == 1:
@@ -169,22 +169,35 @@ def comm_reads(m: Model, c: CommView) -> CommReads:
     return CommReads(values)
 
 
-def effective(m: Model, c: CommView, var: str, firsts: dict | None = None) -> tuple[bool, str | None]:
+def effective(m: Model, c: CommView, var: str, memo: dict | None = None) -> tuple[bool, str | None]:
     """(known, value) of var for communicator c: what NCCL read where the env plugin or its log saw
     it, else the environment at the communicator's creation; a variable NCCL caches per process takes
-    the value at the process's first communicator (firsts: those already found, by process)."""
+    the value at the process's first communicator. memo: what one caller asking of many communicators and
+    variables keeps between calls (each communicator's owner's reads and end, each process's first
+    communicator, whether NCCL caches a variable); the model must not change meanwhile."""
     if c.env_source == "nccl-log" and c.env is not None:  # what the log says NCCL read for this one
         return True, c.env.get(var)
-    read = nccl_read(m, c, var)
-    if read is not None:
-        return True, read.value
-    from ncclprobe.diagnose.inprocess import process_cached
-    if process_cached(var, c.version):
-        firsts = {} if firsts is None else firsts
+    memo = {} if memo is None else memo
+    facts = memo.get(id(c))
+    if facts is None:  # nccl_read's owner, reads and end, once per communicator (the memo holds c: its id stays)
+        p = m.owner(c)
+        facts = memo[id(c)] = (c, p.reads_by_var() if p is not None else {}, _next_comm(m, c) if p is not None else 0)
+    _, by_var, end = facts
+    cached = memo.get((var, c.version))
+    if cached is None:
+        cached = memo[(var, c.version)] = process_cached(var, c.version)
+    reads = by_var.get(var)
+    if reads:
+        if c.lib is not None:
+            reads = [r for r in reads if r.lib in (c.lib, "nccl-log")]
+        read = _pick(reads, var, c, end, cached) if reads else None
+        if read is not None:
+            return True, read.value
+    if cached:
         owner = (c.host, c.pid, c.retired)
-        if owner not in firsts:
-            firsts[owner] = next((x for x in m.comms_by_time(*owner) if x.env is not None), None)
-        first = firsts[owner]
+        if owner not in memo:
+            memo[owner] = next((x for x in m.comms_by_time(*owner) if x.env is not None), None)
+        first = memo[owner]
         if first is not None:
             return True, first.env.get(var)
     return (c.env is not None), (c.env or {}).get(var)
@@ -276,14 +289,14 @@ def _for_model(m: Model, findings: list[Finding], expect: Mapping[str, str],
     roots = [p for p in m.processes.values() if (p.host, p.ppid) not in m.processes and p.start_env is not None]
     root_env = min(roots, key=lambda p: p.t_start or 0).start_env if roots else {}
     shown, more = names[:MAX_VARS], max(len(names) - MAX_VARS, 0)
-    rows, firsts = [], {}
+    rows, memo = [], {}
     by_rank = sorted(comms, key=lambda c: (c.rank is None, c.rank or 0, c.host, c.pid))
     for var in shown:
         reference, basis = _reference(var, expect, sets, root_env)
         groups: dict = {}
         listed: set[tuple[int, str]] = set()  # (group, communicator) already in g.comms: no scan of the list
         for c in by_rank:
-            known, value = effective(m, c, var, firsts)
+            known, value = effective(m, c, var, memo)
             value = value if known else UNREAD
             ident = c.group or c.ident  # one communicator, all its ranks
             g = _group(groups, value, _culprit_of(index, c.host, c.pid, var, ident, value != reference))
