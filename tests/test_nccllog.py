@@ -625,3 +625,39 @@ def test_report_of_a_log_directory_with_hostile_nccl_debug_files_stays_fast(tmp_
     (c,) = out["communicators"]
     assert (c["comm_hash"], c["env"], c["env_source"]) == ("0x0bdba985b4a6820a", {"NCCL_PROTO": "LL"}, "nccl-log")
     assert r.returncode == 1 and [f["code"] for f in out["findings"]] == ["ENV_CHANGED"]
+
+
+def _mutants(lines: list[str], rng: random.Random) -> list[str]:
+    """Lines that share a prefix with the line before and then differ: another tid, a second prefix glued
+    on, a prefix at the end of the line, the level alone, a byte cut from the prefix."""
+    out = []
+    for line in lines:
+        out.append(line)
+        m = nl._AT_START.match(line)
+        if m is None:
+            continue
+        head, rest = line[:m.end()], line[m.end():]
+        out += [head + rest[::-1], head + head + rest, head.rstrip(" "), line, head + "x " + head,
+                line.replace(":", "::", 1), head[:-2] + " " + rest, head + rest + " " + head + "INFO end",
+                head.replace(m["tid"] + " ", m["tid"] + "1 ", 1) + rest]
+        if rng.random() < 0.3:
+            i = rng.randrange(len(head))
+            out.append(head[:i] + head[i + 1:] + rest)
+    return out
+
+
+def test_a_prefix_shared_with_the_line_before_parses_as_if_read_afresh(monkeypatch):
+    """parse_lines reads a prefix that began the line before once (REUSE_PREFIX): every record and count
+    is what reading each prefix afresh gives, on the real logs and on lines that share a prefix and then
+    differ."""
+    rng, paths = random.Random(7), sorted(DATA.glob("*.log"))
+    assert len(paths) >= 10
+    for path in paths:
+        lines = path.read_text(errors="replace").splitlines()
+        for text in (lines, _mutants(lines, rng)):
+            got = nl.parse_lines(list(text), path.name)
+            monkeypatch.setattr(nl, "REUSE_PREFIX", False)
+            want = nl.parse_lines(list(text), path.name)
+            monkeypatch.setattr(nl, "REUSE_PREFIX", True)
+            assert got.records == want.records, path.name
+            assert got.counts == want.counts, path.name

@@ -238,6 +238,9 @@ _TAIL_TEXT = (r"(?:\[(?P<dev>-?\d{1,10})\] )?(?:(?P<ttime>\d{1,20}\.\d{1,9}) )?"
               r"(?:(?P<file>[\w./+<>-]{1,256}):(?P<fline>\d{1,10}) (?:\((?P<func>[^()\s]{1,256})\) )?)?"
               r"NCCL (?P<level>INFO|WARN|TRACE|CALL)(?: |$)")
 _TAIL = re.compile(_TAIL_TEXT)
+# A line that begins with the last line's prefix (up to the space after its level) has that prefix: no path
+# of _AT_START reads past a space before the level, so none that failed on the last line can match this one.
+REUSE_PREFIX = True
 # the usual line, prefix first: one anchored match with bounded repeats
 _AT_START = re.compile(r"(?:(?P<ts>\[[^\]]{1,64}\]) ?)?"
                        r"(?P<host>[^\s:.\[\]\x00-\x1f\x7f]{1,%d}):(?P<pid>\d{1,10}):(?P<tid>\d{1,10}) " % MAX_HOST
@@ -469,6 +472,7 @@ def parse_lines(lines: Iterable[str | None], name: str = "<text>", log: NcclLog 
     log = log if log is not None else NcclLog()
     bare: list[VersionLine] = []      # records without a process (bare version lines) of this input
     procs: set[tuple[str, int]] = set()
+    prefix, prefix_heads = None, []   # the last line's prefix, where it began the line and ended in a space
     for n, raw in enumerate(lines, 1):
         log.counts["lines"] += 1
         if raw is None or len(raw) > MAX_LINE:
@@ -478,7 +482,12 @@ def parse_lines(lines: Iterable[str | None], name: str = "<text>", log: NcclLog 
         if not line or line.isspace():
             log.counts["blank"] += 1
             continue
-        heads = _heads(line)
+        if prefix is not None and line.startswith(prefix) and _ANCHOR.search(line, len(prefix)) is None:
+            heads = prefix_heads  # a writer's lines share one prefix: _AT_START would match it again, and alike
+        else:
+            heads = _heads(line)
+            if REUSE_PREFIX and len(heads) == 1 and heads[0].start == 0 and line[heads[0].body - 1] == " ":
+                prefix, prefix_heads = line[:heads[0].body], heads
         if len(heads) > 1:
             # two processes' lines glued together on a shared stream: parse each part on its own
             log.counts["glued"] += 1
