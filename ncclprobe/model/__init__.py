@@ -43,9 +43,10 @@ class LiveReading:
     execs: int = 0
 
 
-@dataclass
+@dataclass(slots=True)
 class NcclRead:
-    """The first value NCCL read for a variable in one process through one library copy."""
+    """The first value NCCL read for a variable in one process through one library copy (a fleet's model
+    holds one per worker and variable: slots)."""
     var: str
     value: str | None
     lib: str

@@ -56,7 +56,8 @@ def process(p: ProcessView, versions: dict | None = None, rec: dict | None = Non
         "live_readings": [{"env": x.env, "t": x.t, "since": x.since} for x in p.live_readings],
         "nccl_libs": nccl_libs(p, versions or {}, seen["nccl_libs"]),
         "nccl_callers": seen["nccl_callers"], "maps_reason": seen["maps_reason"],
-        "nccl_reads": [{**x.__dict__, "t": finite(x.t)} for x in sorted(p.reads.values(), key=lambda x: x.t)],
+        "nccl_reads": [{"var": x.var, "value": x.value, "lib": x.lib, "t": finite(x.t), "source": x.source}
+                       for x in sorted(p.reads.values(), key=lambda x: x.t)],
         "probe_errors": p.errors,
         **{k: seen[k] for k in ("gpus", "gpus_source", "gpus_reason", "conf_files", "in_scope", "notes")},
     }
