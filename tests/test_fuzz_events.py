@@ -626,3 +626,51 @@ def report_model(d: Path, fold: bool) -> dict:
     log = events.stream_dirs([d], fold=fold)
     m = model.build(log)
     return {**report.model_json(m), "skipped": dict(log.skipped), "resorted": len(log.resorted) > 0}
+
+
+def _checked_by_the_rule(obj: dict, table: dict, prefix: str, dropped: Counter) -> tuple[dict, str]:
+    """events.checked's rule, a field at a time: each field of table in its order; a needed one missing or
+    a refused one that is not merely dropped refuses the whole object there (drops before it counted)."""
+    out = {}
+    for name, (check, cost) in table.items():
+        if name not in obj:
+            if cost == "need":
+                return {}, f"no {name}"
+            continue
+        value = check(obj[name])
+        if value is events.BAD:
+            if cost != "drop":
+                return {}, f"bad {name}"
+            dropped[prefix + name] += 1
+        else:
+            out[name] = value
+    return out, ""
+
+
+@pytest.mark.parametrize("table", ["COMMON", "RUN_FIELDS", *events.KINDS])
+def test_checked_gives_what_its_rule_gives_for_any_shape_and_value(table):
+    """checked() runs one function written per shape (the common checks in line): on objects of random
+    shapes (fields left out, unknown ones added, in any order) with good and wrong values, its fields,
+    reason and drop counts are the rule's."""
+    fields = getattr(events, table) if table in ("COMMON", "RUN_FIELDS") else events.FIELDS[table]
+    good = {}
+    for e in base_events(7):
+        good.update({k: v for k, v in e.items()})
+    good.update({"ev": "x", "t": 1.5, "pid": 7, "src": "boot", "host": "h", "run_id": "r1", "command": ["a"],
+                 "reached": "bytes", "of": 3})
+    wrong = [v for _, v in WRONG if v is not KeyError] + ["y" * 5000, 1 << 31, 1 << 40, -1, 2.5e12]  # past a name, a pid, an int32
+    rng, seen = random.Random(sum(map(ord, table))), Counter()
+    for _ in range(400):
+        names = [n for n in fields if rng.random() < 0.85] + [n for n in ("zz", "t2") if rng.random() < 0.2]
+        rng.shuffle(names)
+        obj = {n: (rng.choice(wrong) if rng.random() < 0.3 or n not in good else good[n]) for n in names}
+        for prefix in ("", f"{table}."):
+            got_drops, want_drops = Counter(), Counter()
+            got = events.checked(obj, fields, prefix, got_drops)
+            want = _checked_by_the_rule(obj, fields, prefix, want_drops)
+            assert got == want and got_drops == want_drops, (table, obj)
+            assert list(got[0]) == list(want[0])  # the table's order
+            seen["refused" if got[1] else "kept"] += 1
+            seen["dropped"] += bool(got_drops)
+    refusing = any(cost != "drop" for _, cost in fields.values())  # else a field is only ever dropped
+    assert seen["kept"] > 40 and seen["dropped"] > 40 and (seen["refused"] > 5) == refusing, seen

@@ -246,6 +246,14 @@ def _env(v: Any) -> Any:
 
 ENV = _env
 INTS = _list(_int(*INT32))
+# the checks _checker writes in line, as tests of v (each what the check itself accepts)
+_INLINE = {OS: f"v is None or (type(v) is str and len(v) <= {NAME})",
+           OT: f"v is None or (type(v) is str and len(v) <= {TEXT})",
+           OI32: f"v is None or (type(v) is int and {INT32[0]} <= v <= {INT32[1]})",
+           OU64: f"v is None or (type(v) is int and {UINT64[0]} <= v <= {UINT64[1]})",
+           OB: "v is None or type(v) is bool", _bool: "type(v) is bool",
+           S: f"type(v) is str and len(v) <= {NAME}", T: f"type(v) is str and len(v) <= {TEXT}",
+           PID: f"type(v) is int and 0 <= v <= {(1 << 31) - 1}"}
 
 # Every field a reader uses, per kind: (check, what a refused value costs). "drop": the field is
 # treated as absent; "skip": the line is skipped ("bad <field>"); "need": skipped also when absent.
@@ -380,36 +388,42 @@ def check_sources(dirs, nccl_logs=()) -> None:
 def checked(obj: dict[str, Any], table: dict, prefix: str, dropped: Counter) -> tuple[dict[str, Any], str]:
     """(the fields of obj that pass table, '') or ({}, the reason the whole object is refused): each field in
     table's order, the first refusal the reason."""
-    out = {}
-    for name, check, cost in _steps(table, tuple(obj)):
-        if check is None:
-            return {}, f"no {name}"
-        value = check(obj[name])
-        if value is BAD:
-            if cost != "drop":
-                return {}, f"bad {name}"
-            dropped[prefix + name] += 1
+    hit = _CHECKERS.get((id(table), keys := tuple(obj)))
+    if hit is None or hit[0] is not table:
+        hit = (table, _checker(table, keys))
+        if len(_CHECKERS) < 4096:
+            _CHECKERS[(id(table), keys)] = hit
+    return hit[1](obj, prefix, dropped)
+
+
+# (table, keys) -> checked's function for objects of that shape: a log has a few shapes; the entry holds its
+# table, so that the table's id is never another's
+_CHECKERS: dict[tuple[int, tuple], tuple[dict, Callable]] = {}
+
+
+def _checker(table: dict, keys: tuple) -> Callable[[dict, str, Counter], tuple[dict[str, Any], str]]:
+    """checked() for objects with these keys, as one function: table's fields that they have, in table's
+    order, each tested in line (the common checks) or by its check; a needed one they lack is the reason
+    at its place. Written from table's names and _INLINE alone (no text of a log is in it)."""
+    have, code, env = set(keys), ["def checker(obj, prefix, dropped):", "    out = {}"], {"BAD": BAD}
+    for i, (name, (check, cost)) in enumerate(table.items()):
+        if name not in have:
+            if cost == "need":
+                code.append(f"    return {{}}, {'no ' + name!r}")
+                break
+            continue
+        test = _INLINE.get(check)
+        if test is None:
+            env[f"check{i}"] = check
+            code += [f"    v = check{i}(obj[{name!r}])", "    if v is not BAD:"]
         else:
-            out[name] = value
-    return out, ""
-
-
-_STEPS: dict[tuple[int, tuple], tuple[dict, list]] = {}  # (table, keys) -> checked's steps: a few shapes a log
-
-
-def _steps(table: dict, keys: tuple) -> list:
-    """table's fields that an object with these keys has, in table's order, as (name, check, cost); a
-    needed one it lacks as (name, None, "need"), where checked stops. Kept per shape (at most 4,096; the
-    entry holds its table, so that the table's id is never another's)."""
-    hit = _STEPS.get((id(table), keys))
-    if hit is not None and hit[0] is table:
-        return hit[1]
-    have = set(keys)
-    steps = [(name, check, cost) if name in have else (name, None, cost)
-             for name, (check, cost) in table.items() if name in have or cost == "need"]
-    if len(_STEPS) < 4096:
-        _STEPS[(id(table), keys)] = (table, steps)
-    return steps
+            code += [f"    v = obj[{name!r}]", f"    if {test}:"]
+        code += [f"        out[{name!r}] = v", "    else:",
+                 f"        dropped[prefix + {name!r}] += 1" if cost == "drop" else f"        return {{}}, {'bad ' + name!r}"]
+    else:
+        code.append("    return out, ''")
+    exec("\n".join(code), env)  # noqa: S102 (code made of the table's own field names)
+    return env["checker"]
 
 
 def _parse(raw: bytes) -> tuple[Any, str]:
