@@ -661,3 +661,30 @@ def test_a_prefix_shared_with_the_line_before_parses_as_if_read_afresh(monkeypat
             monkeypatch.setattr(nl, "REUSE_PREFIX", True)
             assert got.records == want.records, path.name
             assert got.counts == want.counts, path.name
+
+
+def test_what_parse_lets_go_changes_nothing_merge_gives(monkeypatch):
+    """parse() drops the reading's own state and makes equal strings one (drop_state) before its result is
+    handed over: the model merge() makes of it is the one it makes of everything, on a demo run and on
+    every real log."""
+    from ncclprobe.views import report as view
+    from ncclprobe.witnesses import events
+    demo = Path(__file__).parent / "data" / "demo-run"
+    cases = [([str(demo)], sorted(str(p) for p in demo.glob("nccl-debug*")))]
+    cases += [([], [str(p)]) for p in sorted(DATA.glob("*.log"))]
+
+    def model_of(dirs, paths):
+        m = model_mod.build(events.stream_dirs(dirs, fold=True))
+        nm.merge(m, paths, nm.parse(paths))
+        findings = diagnose.rules(m, {"NCCL_PROTO": "LL"})
+        return {**view.model_json(m), "findings": [f.to_json() for f in findings],
+                "plugins": [p.plugins for p in m.processes.values()]}
+    comms = 0
+    for dirs, paths in cases:
+        lean = model_of(dirs, paths)
+        monkeypatch.setattr(nm.Attribution, "drop_state", lambda self: None)
+        whole = model_of(dirs, paths)
+        monkeypatch.undo()
+        assert json.dumps(lean, sort_keys=True, default=str) == json.dumps(whole, sort_keys=True, default=str), paths
+        comms += len(lean["communicators"])
+    assert comms > 20

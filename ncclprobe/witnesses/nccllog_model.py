@@ -147,6 +147,24 @@ class Attribution:
             for c in p.comms:
                 c.env = _env(p, c)
 
+    def drop_state(self) -> None:
+        """After finish(): what only the reading needed (the open windows, the live and pending ones, each
+        variable's first sighting) let go, so that what merge() takes is all there is to hand over (a
+        fleet's parse comes back from another process: half the bytes)."""
+        one: dict[str, str] = {}  # equal strings made one object: a pickle holds each once (values repeat per rank)
+        for p in self.procs.values():
+            p.first, p.live, p.tuners, p.window, p.pending_env = {}, {}, {}, {}, {}
+            p.calls.clear()
+            p.host = one.setdefault(p.host, p.host)
+            p.reads = {(one.setdefault(k, k), v if v is None else one.setdefault(v, v)): c for (k, v), c in p.reads.items()}
+            for c in p.comms:
+                c.window, c.basis = {}, Counter()
+                c.host = p.host
+                if c.api is not None:
+                    c.api = one.setdefault(c.api, c.api)
+                if c.env is not None:
+                    c.env = {one.setdefault(k, k): v if v is None else one.setdefault(v, v) for k, v in c.env.items()}
+
     # ---- records
 
     def _version(self, p: LogProcess, rec: nccllog.VersionLine) -> None:
@@ -288,6 +306,7 @@ def parse(paths) -> tuple[nccllog.NcclLog, Attribution]:
     a = Attribution()
     log = nccllog.parse_files(paths, sink=a.feed, keep=0)
     a.finish()
+    a.drop_state()
     return log, a
 
 
