@@ -223,3 +223,25 @@ def test_a_fork_child_read_before_its_exec_takes_the_record_of_the_call_not_its_
         m = build([start(10, 1, LL, t=0.5, argv=["python3", "parent.py"]), shown, record])
         [f] = errors(diagnose.rules(m, EXPECT))
         assert f.pids == (11,) and f.edge["kind"] == "curated_env" and f.edge["spawn"]["call"] == "os.posix_spawn"
+
+
+def test_a_read_during_the_exec_stamped_after_its_record_gives_way_to_the_next_exec_count():
+    # CMD is `env -i PATH=… python3 w.py` (pid 10, started by run: no record of env's own exec); env's preload
+    # wrote its exec of python3 (t 1.00); the kernel's read at env's exec event ran during that execve and saw
+    # env still (stamped 1.01, after the record: execs 0); its read at python3's exec saw python3 (execs 1).
+    # The watch's count says which image is the later one: python3 with the environment env -i gave it.
+    wrapper = ["env", "-i", "PATH=/usr/bin", "python3", "/srv/app/_worker.py"]
+    worker = ["python3", "/srv/app/_worker.py"]
+    py_exec = ev("spawn", 10, 1.00, "preload", call="execvp", where=None, argv=worker, exe="/usr/bin/python3",
+                 child=None, exec=True, env_given=True, env={}, env_count=1, ppid=9)
+    late = ev("proc_seen", 10, 1.01, "proc", ppid=9, start=0.99, argv=wrapper, exe="/usr/bin/env", exec_env=LL,
+              execs=0)
+    read = ev("proc_seen", 10, 1.02, "proc", ppid=9, start=0.99, argv=worker, exe="/usr/bin/python3", exec_env={},
+              execs=1)
+    for order in ([py_exec, late, read], [py_exec, read, late]):  # (and a read of the later image stamped first)
+        m = model.build(EventLog(events=order))
+        p = m.processes[(H, 10)]
+        assert p.argv == worker and p.images == [wrapper] and p.proc_exec_env == {}, order
+        v = verdict.for_model(m, fs := diagnose.rules(m, EXPECT), EXPECT)
+        [f] = errors(fs)
+        assert f.code == "ENV_MISSING" and f.pids == (10,) and f.edge["kind"] == "curated_env" and v.unchecked is None

@@ -162,6 +162,7 @@ class ProcessView:
     proc_env_reason: str | None = None            # why proc_exec_env is missing or incomplete
     proc_stale: str | None = None                 # fork, forkserver, clobbered: the block is not its own
     proc_env_hash: str | None = None             # keyed hash of the raw block (run's watch): one block
+    proc_execs: int | None = None                 # run's watch: the execs it counted before the sighting applied
     nccl_user: bool = False                       # maps libnccl or uses a GPU, as /proc showed it
     script: str | None = None                     # a shell's script, as its fd 255 names it (absolute)
     cwd: str | None = None                        # its working directory as /proc showed it (run's watch, inspect)

@@ -224,12 +224,23 @@ def _see(b: _Build, s: Sighting) -> None:
         _seen_by_child(proc, s, argv)
         return
     edge = proc.started_by
-    if edge is not None and edge.exec and argv is not None and argv != proc.argv and argv in proc.images:
+    # the watch counts each pid's execs: a sighting of fewer than one applied is of an earlier image, of more a
+    # later one, whatever their stamps say (a read during an execve is stamped after the exec's own record)
+    execs = s.execs if type(s.execs) is int else None
+    newer = execs is not None and proc.proc_execs is not None and execs > proc.proc_execs
+    older = execs is not None and proc.proc_execs is not None and execs < proc.proc_execs
+    if older or (not newer and edge is not None and edge.exec and argv is not None and argv != proc.argv
+                 and argv in proc.images):
         # a read of the image before the exec its own record names (a scan stamps its reads late): stale, but
         # where that image was a shell, its script and working directory still name the line of the exec
+        if older and argv and argv != proc.argv and argv not in proc.images:  # an image no read had shown: the
+            proc.images.insert(min(execs, len(proc.images)), argv)  # execs before it say where it was
         proc.cwd = proc.cwd or cwd
         proc.script = proc.script or (s.script if isinstance(s.script, str) else None)
         return
+    if newer and argv in proc.images:  # the image the exec's record named, a read of the one before it taken first
+        proc.images.remove(argv)
+    proc.proc_execs = execs if execs is not None else proc.proc_execs
     if proc.live_readings and proc.live_readings[-1].execs != (s.execs or 0):
         _forget_live(proc)  # what the live witness read was the earlier image's
     # a fork child read while it still held its parent's block, gone before a second look: that block is its
