@@ -23,8 +23,6 @@ class Unchecked:
     clients: list[dict[str, Any]] = field(default_factory=list)
     unread: list[int] = field(default_factory=list)  # processes known to have run whose environment no witness read
     partial: bool = False  # other processes were checked: an error-level finding on them decides the exit code
-    decides: bool = True  # False: said, but the exit code is the findings' (what was missed is counted, not
-    #                       named, and a checked process used NCCL: the workers were among those checked)
 
     def to_json(self) -> dict[str, Any]:
         return {"reason": self.reason, "hint": self.hint, "clients": self.clients, "unread": self.unread}
@@ -78,14 +76,12 @@ def unseen_execs(m: Model) -> list:
     return sorted(out, key=lambda p: (p.host, p.pid))
 
 
-def _unseen_pids(m: Model, k) -> tuple[list[int], set[int]]:
+def _unseen_pids(m: Model, k) -> list[int]:
     """The pids known to have run that no witness read: seen only as they ended, or known to run's watch alone
     (reaped, first seen as zombies, exec'd and gone before the kernel's read; a parent's record of the call that
-    started one is _unread's); and which of them are known as a number alone (no command line, no executable:
-    what ran there, a worker or an `rm`, nobody can say)."""
+    started one is _unread's)."""
     procs = {(p.node, p.pid): p for p in m.processes.values()}
     pids = {p.pid for p in m.processes.values() if _gone_unread(k, p)} | {p.pid for p in unseen_execs(m)}
-    numbers = set()
     parents = {(p.node, p.ppid) for p in m.processes.values()}
     for host, w in m.watch.items():
         for pid in w.get("missed_pids") or []:
@@ -94,9 +90,7 @@ def _unseen_pids(m: Model, k) -> tuple[list[int], set[int]]:
             p = procs.get((host, pid))
             if p is None or not edge_only(p) and k.timeline(p) is None:
                 pids.add(pid)
-                if p is None or not (p.argv or p.exe):
-                    numbers.add(pid)
-    return sorted(pids), numbers
+    return sorted(pids)
 
 
 def _missed(m: Model, pids: list[int]) -> str:
@@ -107,7 +101,8 @@ def _missed(m: Model, pids: list[int]) -> str:
         parts.append(f"{len(pids)} process(es) of the tree known to have run ({', '.join(map(str, pids[:8]))}"
                      f"{'…' if len(pids) > 8 else ''}) whose environment no witness read: /proc showed them only as "
                      "they ended, or as fork children before an exec, or as an exec wrapper whose program no "
-                     "witness saw, and they ran no probe")
+                     "witness saw, or the kernel said they exec'd and they were gone before its read, and they ran "
+                     "no probe")
     children = sum(int(w.get("missed_children") or 0) for w in m.watch.values())
     if children:
         parents = sorted({pid for w in m.watch.values() for pid in w.get("missed_parents") or []})
@@ -136,23 +131,15 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
 
     checked = any(map(read, endpoints))  # (one checked process is enough to know: not every endpoint is asked)
     unread, names = _unread(k, endpoints, expect)
-    unseen, numbers = _unseen_pids(m, k)
+    unseen = _unseen_pids(m, k)
     missed = _missed(m, unseen)
     if checked and not unread and not missed:
         return None
-    if checked and not unread:  # some were checked; others ran that no witness read
-        workers = any((p.key in with_comm or p.libs or p.nccl_user) and read(p) for p in endpoints)
-        # A process whose command line a witness saw (seen as it ended, a fork child before its exec, an exec
-        # wrapper) or a line a probe lost decides the exit code where no checked worker used NCCL; what is known as
-        # a number alone (a pid the watch knows ran, children counted from their parents' reaping) never does:
-        # said first all the same, but a busy machine's helpers (an `rm`, a `tput` gone before the kernel's read)
-        # and a count that takes a seen child for an unseen one would fail healthy jobs.
-        evidence = bool(set(unseen) - numbers or m.reading.dropped)
+    if checked and not unread:  # some were checked; others ran that no witness read: not checked on them
         return Unchecked(f"not checked: {missed}",
                          "follow the tree through the kernel's process events (run as root or with CAP_NET_ADMIN: "
                          "each process is read at its exec), or keep the probes in the environment each call gives "
-                         "(PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)", unread=unseen, partial=True,
-                         decides=evidence and not workers)
+                         "(PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)", unread=unseen, partial=True)
     if checked:  # some were checked; these are known to have run, and not read
         pids = sorted(p.pid for p in unread)
         sites = sorted({p.started_by.site for p in unread})
