@@ -154,3 +154,35 @@ def test_a_fork_child_seen_only_before_an_exec_is_not_checked(tmp_path):
         if code:
             assert json.loads(out.stdout)["verdict"]["unchecked"]["unread"] == [101]
 
+
+def test_a_child_a_walk_read_and_gone_before_its_stat_read_explains_its_parents_rise(monkeypatch):
+    # a script's $(…) subshell: the walk reads it, and it is reaped before the walk's stat reads of the tree that
+    # follow; it is a child seen all the same, and its reaping is its parent's next rise (no child missed)
+    import os
+    import time
+    from ncclprobe.witnesses import procwatch
+    from ncclprobe.witnesses.reaping import Reaping
+    sh = subprocess.Popen(["sh", "-c", "sleep 0.6; exec sleep 30"])
+    try:
+        time.sleep(0.2)  # sh has forked its first sleep
+        ledger = Reaping()
+        sc = procwatch.Scanner(os.getpid(), b"k", native=False, reaping=ledger)
+        stat = procwatch.Scanner._stat
+        kid = []
+
+        def gone_at_stat(self, pid):  # the first walk's stat read of sh's child finds it gone
+            st = stat(self, pid)
+            if st is not None and st[0] == sh.pid:
+                kid.append(pid)
+                return None
+            return st
+        monkeypatch.setattr(procwatch.Scanner, "_stat", gone_at_stat)
+        sc.scan(final=True)
+        assert kid, "the walk read no child of sh"
+        monkeypatch.setattr(procwatch.Scanner, "_stat", stat)
+        time.sleep(0.9)  # sh reaped it (its cminflt rose) and exec'd the second sleep
+        sc.scan(final=True)
+        assert ledger.unseen().get(sh.pid, 0) == 0, ledger.unseen()
+    finally:
+        sh.kill()
+        sh.wait()

@@ -261,19 +261,26 @@ class Scanner:
         self._reaped_kids(t0, looked, gone)
         return found
 
-    def _reaped_kids(self, t0: float, stats: dict[int, tuple | None], gone=()) -> None:
+    def _reaped_kids(self, t0: float, stats: dict[int, tuple | None], gone=(),
+                     read: tuple[float, dict[int, int]] | None = None) -> None:
         """What the stat reads begun at t0 (pid -> _stat) of processes of the tree say of the children each reaped,
-        to the reaping ledger; `gone`: (pid, start ticks) of those found ended since."""
+        to the reaping ledger; `gone`: (pid, start ticks) of those found ended since; `read`: (when, pid -> ppid)
+        of the walk that took them, whose children gone before these stat reads were seen all the same."""
         if self.reaping is None:
             return
-        procs = {}
+        procs, ended = {}, {}
         for pid, st in stats.items():
             known = self.known.get(pid)
+            if st is None and known is not None and read is not None and pid in read[1]:
+                parent = self.known.get(read[1][pid])
+                if parent is not None:  # read by the walk, gone before its stat read: a child seen
+                    ended[(pid, known[0])] = ((read[1][pid], parent[0]), read[0])
+                continue
             if st is None or known is None or known[0] != st[1]:
                 continue  # gone meanwhile, or not taken into the tree
             parent = self.known.get(st[0])
             procs[(pid, st[1])] = ((st[0], parent[0]) if parent is not None else None, st[5])
-        self.reaping.look(t0, time.monotonic(), procs, gone)
+        self.reaping.look(t0, time.monotonic(), procs, gone, ended)
 
     def _stat(self, pid: int) -> tuple[int, int, str, int, tuple, int] | None:
         """(ppid, start ticks, state, exit signal, arg/env span, cminflt) of a pid, or None if it is not there."""
@@ -298,10 +305,12 @@ class Scanner:
     def _walk(self) -> tuple[list[Sighting], list[int]]:
         """What this walk found to record, and the pids of the processes new to it."""
         roots = [self.root] + ([p for p in self.known] if self.extra_roots else [])
+        begun = time.monotonic()
         raws = self._read(roots, {*self.known, self.root})  # the root itself: only its children
-        members, alive, found, again, spans, new = {self.root}, {}, [], [], {}, []
+        members, alive, found, again, spans, new, ppids = {self.root}, {}, [], [], {}, [], {}
         for r in raws:
             spans[r.pid] = r.span
+            ppids[r.pid] = r.ppid
             known = self.known.get(r.pid)
             if r.pid == self.root:
                 self._root_span = r.span
@@ -326,6 +335,7 @@ class Scanner:
             ours = set(again)
             for r in self._read(again, set(alive)):
                 spans[r.pid] = r.span
+                ppids[r.pid] = r.ppid
                 if (r.pid in ours or r.ppid in members) and r.full:
                     members.add(r.pid)
                     if self._take(r, self.known.get(r.pid), alive, found, spans):
@@ -336,7 +346,8 @@ class Scanner:
         self.young = {p: t for p, t in self.young.items() if p in alive and t >= now}
         gone = {(p, k[0]) for p, k in self.known.items()} - {(p, k[0]) for p, k in alive.items()}
         self.known = alive
-        self._reaped_kids(now, {pid: self._stat(pid) for pid in alive} if self.reaping is not None else {}, gone)
+        self._reaped_kids(now, {pid: self._stat(pid) for pid in alive} if self.reaping is not None else {}, gone,
+                          (begun, ppids))
         return found, new
 
     def _take(self, r: _Raw, known, alive: dict, found: list, spans: dict) -> int:

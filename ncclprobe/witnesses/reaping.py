@@ -37,9 +37,15 @@ class Reaping:
         self._kids: dict[Key, dict[Key, float]] = {}  # parent -> child -> when last seen not reaped
         self._gone: dict[Key, float] = {}  # child -> by when it was known reaped (gone from /proc)
 
-    def look(self, t0: float, t1: float, procs: dict[Key, tuple[Key | None, int]], gone=()) -> None:
+    def look(self, t0: float, t1: float, procs: dict[Key, tuple[Key | None, int]], gone=(),
+             ended: dict[Key, tuple[Key, float]] | None = None) -> None:
         """One read of `procs` (key -> (parent's key or None, cminflt)), begun at t0 and ended at t1 (monotonic);
-        `gone`: processes known before that it found ended and reaped."""
+        `gone`: processes known before that it found ended and reaped; `ended`: children a walk read (key ->
+        (parent's key, when)) that were gone by this read of their parents (a subshell: a child seen all the same,
+        whose reaping explains its parent's rise)."""
+        for key, (parent, seen) in (ended or {}).items():
+            self._kids.setdefault(parent, {})[key] = seen
+            self._gone.setdefault(key, t1)
         for key, (parent, faults) in procs.items():
             if parent is not None:
                 self._kids.setdefault(parent, {})[key] = t0  # not reaped yet at t0 (a zombie is not)
