@@ -647,11 +647,15 @@ def _checked_by_the_rule(obj: dict, table: dict, prefix: str, dropped: Counter) 
     return out, ""
 
 
+@pytest.mark.parametrize("written", [True, False])
 @pytest.mark.parametrize("table", ["COMMON", "RUN_FIELDS", *events.KINDS])
-def test_checked_gives_what_its_rule_gives_for_any_shape_and_value(table):
-    """checked() runs one function written per shape (the common checks in line): on objects of random
-    shapes (fields left out, unknown ones added, in any order) with good and wrong values, its fields,
-    reason and drop counts are the rule's."""
+def test_checked_gives_what_its_rule_gives_for_any_shape_and_value(table, written, monkeypatch):
+    """checked() runs one function written per shape (the common checks in line), or past COMPILED_MAX of
+    them checks a field at a time: either way, on objects of random shapes (fields left out, unknown ones
+    added, in any order) with good and wrong values, its fields, reason and drop counts are the rule's."""
+    monkeypatch.setattr(events, "_BY_KEYS", {})
+    monkeypatch.setattr(events, "_COMPILED", {})
+    monkeypatch.setattr(events, "COMPILED_MAX", 512 if written else 0)
     fields = getattr(events, table) if table in ("COMMON", "RUN_FIELDS") else events.FIELDS[table]
     good = {}
     for e in base_events(7):
@@ -674,3 +678,22 @@ def test_checked_gives_what_its_rule_gives_for_any_shape_and_value(table):
             seen["dropped"] += bool(got_drops)
     refusing = any(cost != "drop" for _, cost in fields.values())  # else a field is only ever dropped
     assert seen["kept"] > 40 and seen["dropped"] > 40 and (seen["refused"] > 5) == refusing, seen
+
+
+def test_a_log_of_endless_shapes_writes_a_bounded_number_of_checkers(monkeypatch):
+    """Lines that differ only in keys no table has share one written function; lines of ever new sets of fields
+    are checked a field at a time once COMPILED_MAX functions are written: a hostile log never costs a
+    function per line."""
+    monkeypatch.setattr(events, "_BY_KEYS", {})
+    monkeypatch.setattr(events, "_COMPILED", {})
+    monkeypatch.setattr(events, "COMPILED_MAX", 8)
+    table, dropped = events.FIELDS["comm_init"], Counter()
+    for i in range(5000):  # a junk key of its own on each line
+        assert events.checked({"api": "x", "rank": 1, f"junk{i}": 0}, table, "", dropped) == ({"api": "x", "rank": 1}, "")
+    assert len(events._COMPILED) == 1 and len(events._BY_KEYS) == 4096
+    names = list(table)
+    rng = random.Random(5)
+    for _ in range(300):  # ever new sets of fields
+        obj = {n: None for n in rng.sample(names, 6)}
+        assert events.checked(obj, table, "", dropped) == _checked_by_the_rule(obj, table, "", Counter())
+    assert len(events._COMPILED) == 8
