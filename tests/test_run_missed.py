@@ -163,8 +163,15 @@ def test_a_child_a_walk_read_and_gone_before_its_stat_read_explains_its_parents_
     from ncclprobe.witnesses import procwatch
     from ncclprobe.witnesses.reaping import Reaping
     sh = subprocess.Popen(["sh", "-c", "sleep 0.6; exec sleep 30"])
+
+    def until(what, ready):  # (polled: a busy machine starts sh late)
+        deadline = time.monotonic() + 60
+        while not ready():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.01)
+    children = Path(f"/proc/{sh.pid}/task/{sh.pid}/children")
     try:
-        time.sleep(0.2)  # sh has forked its first sleep
+        until("sh forked its first sleep", lambda: children.read_text().strip())
         ledger = Reaping()
         sc = procwatch.Scanner(os.getpid(), b"k", native=False, reaping=ledger)
         stat = procwatch.Scanner._stat
@@ -180,7 +187,8 @@ def test_a_child_a_walk_read_and_gone_before_its_stat_read_explains_its_parents_
         sc.scan(final=True)
         assert kid, "the walk read no child of sh"
         monkeypatch.setattr(procwatch.Scanner, "_stat", stat)
-        time.sleep(0.9)  # sh reaped it (its cminflt rose) and exec'd the second sleep
+        # sh reaped it (its cminflt rose) and exec'd the second sleep
+        until("sh exec'd its second sleep", lambda: Path(f"/proc/{sh.pid}/cmdline").read_bytes().startswith(b"sleep"))
         sc.scan(final=True)
         assert ledger.unseen().get(sh.pid, 0) == 0, ledger.unseen()
     finally:

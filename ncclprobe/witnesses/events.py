@@ -453,8 +453,8 @@ def _checker(table: dict, keys: tuple) -> Callable[[dict, str, Counter], tuple[d
             code += [f"    v = check{i}(obj[{name!r}])", "    if v is not BAD:"]
         else:
             code += [f"    v = obj[{name!r}]", f"    if {test}:"]
-        code += [f"        out[{name!r}] = v", "    else:",
-                 f"        dropped[prefix + {name!r}] += 1" if cost == "drop" else f"        return {{}}, {'bad ' + name!r}"]
+        refused = f"        dropped[prefix + {name!r}] += 1" if cost == "drop" else f"        return {{}}, {'bad ' + name!r}"
+        code += [f"        out[{name!r}] = v", "    else:", refused]
     else:
         code.append("    return out, ''")
     exec("\n".join(code), env)  # noqa: S102 (code made of the table's own field names)

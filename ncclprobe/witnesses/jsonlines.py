@@ -4,8 +4,8 @@
 A file is opened O_RDONLY|O_NONBLOCK|O_NOFOLLOW (a symlink fails, a FIFO never blocks) and must be a
 regular file (fstat); its first CHUNK is read through that descriptor, and it is re-opened for each later
 CHUNK and checked to be the same inode, so a merge of thousands of files holds no descriptor between
-reads. Holes are stepped over with SEEK_DATA (a sparse
-20 GB file costs one lseek, not 20 GB of reads) and runs of NUL bytes inside data are skipped without
+reads. Holes are stepped over with SEEK_DATA (a sparse 20 GB file costs one lseek, not 20 GB of
+reads) and runs of NUL bytes inside data are skipped without
 held (C scans of the chunk in hand); either one ends the line before it (a crash's zero fill, a
 truncate). At most FILE_CAP bytes of a file's data and FILE_LINES lines are read; what is left is said
 (Source.not_read, Lines.unread). A line over MAX_LINE is counted and discarded up to its newline without

