@@ -245,3 +245,19 @@ def test_a_read_during_the_exec_stamped_after_its_record_gives_way_to_the_next_e
         v = verdict.for_model(m, fs := diagnose.rules(m, EXPECT), EXPECT)
         [f] = errors(fs)
         assert f.code == "ENV_MISSING" and f.pids == (10,) and f.edge["kind"] == "curated_env" and v.unchecked is None
+
+
+def test_a_fork_childs_exec_read_by_a_scan_stamped_before_its_boot_record_is_its_later_image():
+    # python (pid 9) forks 10, which exec's raylet; a scan that began before the fork read 10 as raylet, and
+    # stamps its reads when it began: before the fork child's boot record. A fork child starts as its parent's
+    # program, so raylet is what it exec'd since, with python its earlier image (in every order of the stamps)
+    py = ["/usr/bin/python3", "-c", "fork_exec", "/t/raylet"]
+    ray = ["/t/raylet", "--node-manager"]
+    seen = ev("proc_seen", 10, 0.5, "proc", ppid=9, start=0.99, argv=ray, exe="/t/raylet", exec_env={}, execs=0)
+    boot = ev("process_start", 10, 1.0, "boot", ppid=9, argv=py, exe="/usr/bin/python3", env={}, exec_env={},
+              exec_env_differs=False, forked_from=9, start=0.99)
+    execv = ev("spawn", 10, 2.0, "boot", call="os.execv", where="<string>:5", argv=ray, exe="/t/raylet", child=None,
+               exec=True, env_given=False, env={}, env_count=3)
+    for events in ([seen, boot, execv], [seen, boot], [boot, execv, {**seen, "t": 2.5}]):
+        p = model.build(EventLog(events=events)).processes[(H, 10)]
+        assert p.argv == ray and p.images == [py] and p.exec_after_boot and p.start_env is None, events

@@ -164,8 +164,14 @@ def _process_start(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) ->
     proc.ppid = forked if isinstance(forked, int) and forked > 0 else ppid
     proc.adopted_by = ppid if proc.ppid != ppid else None
     argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None  # older probes: raw
+    later = None  # what a sighting stamped before this record showed, where it can only be of a later image
     if proc.argv and argv and proc.argv != argv:  # the watch saw this pid run another program before
-        proc.images.append(proc.argv)
+        if isinstance(forked, int) and forked > 0 and proc.t_start is None and "proc" in proc.sources:
+            # a fork child starts as its parent's program: another one a scan read is what it exec'd since (the
+            # scan's batch is stamped when it began, maybe before the fork), not an image before this record
+            later = (proc.argv, proc.exe)
+        else:
+            proc.images.append(proc.argv)
     proc.argv = argv
     proc.exe = e.get("exe")
     proc.start_env = _env(e.get("env"))
@@ -179,6 +185,10 @@ def _process_start(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) ->
     for entry in e.get("profile") or ():  # what the boot probe applied itself (--enforce, a profile)
         if isinstance(entry, dict) and entry.get("applied") and is_watched(str(entry.get("var"))):
             proc.injected[str(entry["var"])] = str(entry.get("value"))
+    if later is not None:  # as _see takes a new image after the boot record (_exec_since_boot)
+        proc.images.append(proc.argv or [])
+        proc.argv, proc.exe, proc.exec_after_boot = later[0], later[1], True
+        proc.start_env = proc.exec_env = None
 
 
 def _parent_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
