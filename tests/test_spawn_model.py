@@ -261,3 +261,25 @@ def test_a_fork_childs_exec_read_by_a_scan_stamped_before_its_boot_record_is_its
     for events in ([seen, boot, execv], [seen, boot], [boot, execv, {**seen, "t": 2.5}]):
         p = model.build(EventLog(events=events)).processes[(H, 10)]
         assert p.argv == ray and p.images == [py] and p.exec_after_boot and p.start_env is None, events
+
+
+def test_a_subshell_known_only_as_its_childs_parent_explains_a_reaping_count():
+    # scan mode: bash (9, CMD, started by run 8) ran `x=$(dirname …)`, then `env -i … python3` (12); no scan saw
+    # the subshell (10), but the preload in its child dirname (11) names it as dirname's parent, and the
+    # preload in 12 recorded its execs. bash's reaping count (two children no scan saw) is explained by 12 and 10:
+    # nothing missed, nothing NOT CHECKED. A third count is one no witness can explain.
+    def job(counts):
+        return build([
+            ev("proc_seen", 9, 0.5, "proc", ppid=8, start=0.4, argv=["bash", "ok.sh"], exe="/usr/bin/bash",
+               exec_env=LL, execs=0),
+            ev("spawn", 11, 0.6, "preload", call="execve", where=None, argv=["dirname", "ok.sh"],
+               exe="/usr/bin/dirname", child=None, exec=True, env_given=False, env=LL, env_count=3, ppid=10),
+            ev("spawn", 12, 0.7, "preload", call="execvp", where=None, argv=["python3", "w.py"], exe=None, child=None,
+               exec=True, env_given=True, env=LL, env_count=2, ppid=9),
+            ev("watch_summary", 8, 2.0, "proc", scans=2, walks=2, interval_s=0.5, seen=1, missed_known=0,
+               missed_pids=[], reaped_unseen=[9] * counts, mode="scan")])
+    for counts, left in ((2, 0), (3, 1)):
+        m = job(counts)
+        assert m.watch[H]["missed_children"] == left, m.watch[H]
+        v = verdict.for_model(m, diagnose.rules(m, EXPECT), EXPECT)
+        assert (v.unchecked is None) == (left == 0), v.unchecked

@@ -545,7 +545,7 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
         unseen = sorted(p.pid for p in m.processes.values()  # the call that started them, says they ran
                         if p.node == host and (p.t_start is not None or "edge" in p.sources) and "proc" not in p.sources)
         w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
-        _missed_children(m, host, w)
+        _missed_children(m, host, w, {pid for h, pid in watches if h == host})
     # a stream's counts are complete only once it has been consumed
     m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}, **log.skipped_files}
     m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
@@ -553,10 +553,11 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
     return m
 
 
-def _missed_children(m: Model, host: str, w: dict[str, Any]) -> None:
+def _missed_children(m: Model, host: str, w: dict[str, Any], watchers: set[int]) -> None:
     """missed_children and missed_parents: the children the watch counted from their parents' reaping
-    (reaped_unseen) less those another witness knows (their boot probe, their parent's record of the call): each
-    such child explains one count at most, so what is left is still a lower bound. None in kernel mode."""
+    (reaped_unseen) less those another witness knows (their boot probe, their parent's record of the call, a child
+    of theirs it knows): each such child explains one count at most, so what is left is still a lower bound. None
+    in kernel mode. watchers: the pids of the runs whose watch this is (CMD's parent, outside the tree)."""
     if w.get("reaped_unseen") is None:
         w["missed_children"], w["missed_parents"] = None, []
         return
@@ -566,6 +567,16 @@ def _missed_children(m: Model, host: str, w: dict[str, Any]) -> None:
         parent = edge.parent if edge is not None and edge.child is not None else p.ppid
         if p.node == host and "proc" not in p.sources and left.get(parent, 0) > 0:
             left[parent] -= 1
+    # a process known only as the parent of one a witness knows (a script's $(…) subshell that forked dirname:
+    # no record of its own) ran too, as a child of a process of the tree: it may be one that was counted
+    here = {p.pid for p in m.processes.values() if p.node == host}
+    outside = {0, 1, *watchers} | {r.get("run_pid") for r in m.runs if r.get("host") in (host, None)}
+    implied = {p.ppid for p in m.processes.values() if p.node == host and p.ppid not in here and p.ppid not in outside}
+    for _ in implied:
+        parent = next((pid for pid in sorted(left) if left[pid] > 0), None)
+        if parent is None:
+            break
+        left[parent] -= 1
     w["missed_children"], w["missed_parents"] = sum(left.values()), sorted(pid for pid, n in left.items() if n)
 
 
