@@ -192,6 +192,15 @@ def test_an_exec_wrapper_whose_program_no_witness_saw_is_not_checked():
     assert coverage.unseen_execs(alone) == []
 
 
+def subshell_script(ppid: int) -> list[dict]:
+    """bash (pid 9, started by ppid) running ok.sh, read by a scan, whose `x=$(dirname …)` subshell (10) forked
+    dirname (11): no scan saw 10 or 11; dirname's preload recorded its exec, naming 10 as its parent."""
+    return [ev("proc_seen", 9, 0.5, "proc", ppid=ppid, start=0.4, argv=["bash", "ok.sh"], exe="/usr/bin/bash",
+               exec_env=LL, execs=0),
+            ev("spawn", 11, 0.6, "preload", call="execve", where=None, argv=["dirname", "ok.sh"],
+               exe="/usr/bin/dirname", child=None, exec=True, env_given=False, env=LL, env_count=3, ppid=10)]
+
+
 def test_a_missed_go_between_whose_children_a_witness_knows_is_not_unread():
     # scan mode: bash (9) ran `x=$(dirname …)`: the subshell (10) ended before a scan looked (the watch counted
     # it, missed_pids), its child dirname (11) is known from its preload's exec record, and the worker (12) was
@@ -199,10 +208,7 @@ def test_a_missed_go_between_whose_children_a_witness_knows_is_not_unread():
     # unread (NOT CHECKED, exit 3)
     def job(missed):
         return build([
-            ev("proc_seen", 9, 0.5, "proc", ppid=1, start=0.4, argv=["bash", "ok.sh"], exe="/usr/bin/bash",
-               exec_env=LL, execs=0),
-            ev("spawn", 11, 0.6, "preload", call="execve", where=None, argv=["dirname", "ok.sh"],
-               exe="/usr/bin/dirname", child=None, exec=True, env_given=False, env=LL, env_count=3, ppid=10),
+            *subshell_script(ppid=1),
             ev("proc_seen", 12, 0.7, "proc", ppid=9, start=0.65, argv=["python3", "w.py"], exe="/usr/bin/python3",
                exec_env=LL, execs=0),
             ev("watch_summary", 1, 2.0, "proc", scans=2, walks=2, interval_s=0.5, seen=2, missed_known=len(missed),
@@ -270,10 +276,7 @@ def test_a_subshell_known_only_as_its_childs_parent_explains_a_reaping_count():
     # nothing missed, nothing NOT CHECKED. A third count is one no witness can explain.
     def job(counts):
         return build([
-            ev("proc_seen", 9, 0.5, "proc", ppid=8, start=0.4, argv=["bash", "ok.sh"], exe="/usr/bin/bash",
-               exec_env=LL, execs=0),
-            ev("spawn", 11, 0.6, "preload", call="execve", where=None, argv=["dirname", "ok.sh"],
-               exe="/usr/bin/dirname", child=None, exec=True, env_given=False, env=LL, env_count=3, ppid=10),
+            *subshell_script(ppid=8),
             ev("spawn", 12, 0.7, "preload", call="execvp", where=None, argv=["python3", "w.py"], exe=None, child=None,
                exec=True, env_given=True, env=LL, env_count=2, ppid=9),
             ev("watch_summary", 8, 2.0, "proc", scans=2, walks=2, interval_s=0.5, seen=1, missed_known=0,

@@ -185,10 +185,8 @@ def _process_start(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) ->
     for entry in e.get("profile") or ():  # what the boot probe applied itself (--enforce, a profile)
         if isinstance(entry, dict) and entry.get("applied") and is_watched(str(entry.get("var"))):
             proc.injected[str(entry["var"])] = str(entry.get("value"))
-    if later is not None:  # as _see takes a new image after the boot record (_exec_since_boot)
-        proc.images.append(proc.argv or [])
-        proc.argv, proc.exe, proc.exec_after_boot = later[0], later[1], True
-        proc.start_env = proc.exec_env = None
+    if later is not None:
+        _image_after_boot(proc, *later)
 
 
 def _parent_seen(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
@@ -265,9 +263,7 @@ def _see(b: _Build, s: Sighting) -> None:
             proc.images.append(proc.argv)
         proc.ppid, proc.exe, proc.argv = s.ppid, s.exe, argv
     elif _exec_since_boot(proc, s.exe, s.start, s.t):  # a new image: the boot probe's record was the one before it
-        proc.images.append(proc.argv or [])
-        proc.exe, proc.argv, proc.exec_after_boot = s.exe, argv, True
-        proc.start_env = proc.exec_env = None  # its environment is the one it exec'd with (/proc's)
+        _image_after_boot(proc, argv, s.exe)
     else:  # the boot probe's, where it had them
         proc.ppid = proc.ppid if proc.ppid is not None else s.ppid
         proc.exe, proc.argv = proc.exe or s.exe, proc.argv if proc.argv is not None else argv
@@ -557,7 +553,8 @@ def _missed_children(m: Model, host: str, w: dict[str, Any], watchers: set[int])
     """missed_children and missed_parents: the children the watch counted from their parents' reaping
     (reaped_unseen) less those another witness knows (their boot probe, their parent's record of the call, a child
     of theirs it knows): each such child explains one count at most, so what is left is still a lower bound. None
-    in kernel mode. watchers: the pids of the runs whose watch this is (CMD's parent, outside the tree)."""
+    in kernel mode. watchers: the pids of the runs whose watch this is (CMD's parent, outside the tree; its
+    watch_summary's pid)."""
     if w.get("reaped_unseen") is None:
         w["missed_children"], w["missed_parents"] = None, []
         return
@@ -570,7 +567,7 @@ def _missed_children(m: Model, host: str, w: dict[str, Any], watchers: set[int])
     # a process known only as the parent of one a witness knows (a script's $(…) subshell that forked dirname:
     # no record of its own) ran too, as a child of a process of the tree: it may be one that was counted
     here = {p.pid for p in m.processes.values() if p.node == host}
-    outside = {0, 1, *watchers} | {r.get("run_pid") for r in m.runs if r.get("host") in (host, None)}
+    outside = {0, 1, *watchers}
     implied = {p.ppid for p in m.processes.values() if p.node == host and p.ppid not in here and p.ppid not in outside}
     for _ in implied:
         parent = next((pid for pid in sorted(left) if left[pid] > 0), None)
@@ -641,6 +638,14 @@ def _cmd_of_runs(m: Model) -> None:
         if p.proc_exec_env is None and p.proc_env_reason is None and given is not None and not exec_ed:
             p.proc_exec_env = dict(given["env"])  # exactly what this run gave it (watched part)
             p.proc_env_source = "exec"
+
+
+def _image_after_boot(p: ProcessView, argv: list[str] | None, exe: Any) -> None:
+    """p exec'd argv after its boot probe's record, which is now an earlier image; its environment is the one
+    it exec'd with (/proc's), not the boot probe's."""
+    p.images.append(p.argv or [])
+    p.argv, p.exe, p.exec_after_boot = argv, exe, True
+    p.start_env = p.exec_env = None
 
 
 def _exec_since_boot(p: ProcessView, exe: Any, start: Any, t: float | None) -> bool:

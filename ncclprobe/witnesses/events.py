@@ -160,8 +160,20 @@ INT32, UINT64 = (-(1 << 31), (1 << 31) - 1), (0, (1 << 64) - 1)
 BAD = object()       # what a check returns for a value it refuses
 
 
+# check -> the test of v it makes, for the checks written from one (_tested): what _checker writes in line
+_INLINE: dict[Callable[[Any], Any], str] = {}
+
+
+def _tested(test: str) -> Callable[[Any], Any]:
+    """The check that passes a value for which `test` (an expression of v, made here of our own bounds) holds,
+    and refuses the others; _checker writes the same test in line."""
+    check = eval(f"lambda v: v if {test} else BAD", {"BAD": BAD})  # noqa: S307 (no text of a log is in it)
+    _INLINE[check] = test
+    return check
+
+
 def _int(lo: int, hi: int) -> Callable[[Any], Any]:
-    return lambda v: v if type(v) is int and lo <= v <= hi else BAD
+    return _tested(f"type(v) is int and {int(lo)} <= v <= {int(hi)}")
 
 
 def _num(lo: float, hi: float) -> Callable[[Any], Any]:
@@ -170,14 +182,17 @@ def _num(lo: float, hi: float) -> Callable[[Any], Any]:
 
 
 def _str(cap: int) -> Callable[[Any], Any]:
-    return lambda v: v if type(v) is str and len(v) <= cap else BAD
+    return _tested(f"type(v) is str and len(v) <= {int(cap)}")
 
 
-def _bool(v: Any) -> Any:
-    return v if type(v) is bool else BAD
+_bool = _tested("type(v) is bool")
 
 
 def _null(check: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """check, or null: one test where check is one (the optional fields of most kinds: one call each)."""
+    test = _INLINE.get(check)
+    if test is not None:
+        return _tested(f"v is None or ({test})")
     return lambda v: None if v is None else check(v)
 
 
@@ -223,12 +238,7 @@ def _id(v: Any) -> Any:
 
 PID = _int(0, (1 << 31) - 1)
 S, T = _str(NAME), _str(TEXT)
-# the optional fields of most kinds, null or a value, each one call (as _null(check), without the second)
-OS = lambda v: v if v is None or (type(v) is str and len(v) <= NAME) else BAD  # noqa: E731
-OT = lambda v: v if v is None or (type(v) is str and len(v) <= TEXT) else BAD  # noqa: E731
-OI32 = lambda v: v if v is None or (type(v) is int and INT32[0] <= v <= INT32[1]) else BAD  # noqa: E731
-OU64 = lambda v: v if v is None or (type(v) is int and UINT64[0] <= v <= UINT64[1]) else BAD  # noqa: E731
-OB, OID = _null(_bool), _null(_id)
+OS, OT, OI32, OU64, OB, OID = _null(S), _null(T), _null(_int(*INT32)), _null(_int(*UINT64)), _null(_bool), _null(_id)
 
 
 def _env(v: Any) -> Any:
@@ -246,14 +256,6 @@ def _env(v: Any) -> Any:
 
 ENV = _env
 INTS = _list(_int(*INT32))
-# the checks _checker writes in line, as tests of v (each what the check itself accepts)
-_INLINE = {OS: f"v is None or (type(v) is str and len(v) <= {NAME})",
-           OT: f"v is None or (type(v) is str and len(v) <= {TEXT})",
-           OI32: f"v is None or (type(v) is int and {INT32[0]} <= v <= {INT32[1]})",
-           OU64: f"v is None or (type(v) is int and {UINT64[0]} <= v <= {UINT64[1]})",
-           OB: "v is None or type(v) is bool", _bool: "type(v) is bool",
-           S: f"type(v) is str and len(v) <= {NAME}", T: f"type(v) is str and len(v) <= {TEXT}",
-           PID: f"type(v) is int and 0 <= v <= {(1 << 31) - 1}"}
 
 # Every field a reader uses, per kind: (check, what a refused value costs). "drop": the field is
 # treated as absent; "skip": the line is skipped ("bad <field>"); "need": skipped also when absent.
