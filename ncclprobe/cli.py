@@ -35,7 +35,7 @@ def _print(result, as_json: bool, code: int | None = None) -> None:
     sys.stdout.flush()
 
 
-ANSWERING = ("report", "inspect", "demo")  # in a terminal these end with the one-line answer and the exit status
+ANSWERING = ("run", "report", "inspect", "demo")  # in a terminal these end with the one-line answer and the exit status
 
 
 def _unexaminable(exc, command: str, as_json: bool):
@@ -229,7 +229,7 @@ def run(sets, defaults, enforces, pins, log_dir, append, no_preload, no_plugins,
         result, quiet = exc.result(), False  # --quiet leaves out the report, never the error
     code = result.exit_code(strict)
     if not quiet:
-        _print(result, as_json)  # a closed stdout (`>&-`, `| head`, a hung-up terminal) keeps CMD's code
+        _print(result, as_json, code)  # a closed stdout (`>&-`, `| head`, a hung-up terminal) keeps CMD's code
     sys.exit(code)
 
 

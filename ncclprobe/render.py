@@ -121,7 +121,9 @@ def answer_line(result: Result, code: int) -> str:
     counts = ", ".join(f"{levels.count(s)} {s}{'s' if levels.count(s) != 1 else ''}" for s in ("error", "warning", "info")
                        if s in levels)
     what = f"{len(levels)} cause{'s' if len(levels) != 1 else ''} ({counts})" if levels else "no findings"
-    return f"Answer: {what} · exit {code}"
+    cmd = result.data.get("returncode")
+    whose = f" (CMD {result.data.get('exit_status')})" if cmd not in (None, 0) and code else ""
+    return f"Answer: {what} · exit {code}{whose}"
 
 
 def render_text(result: Result, stream: TextIO | None = None, width: int | None = None,

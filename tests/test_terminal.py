@@ -459,6 +459,20 @@ def test_run_keeps_cmds_code_when_its_reader_is_gone(tmp_path):
     assert code == 7 and not any(b in err for b in BROKEN), err
 
 
+@pytest.mark.parametrize("status,tail", [(0, ""), (3, " (CMD exited with code 3)")])
+def test_run_in_a_terminal_ends_with_the_answer_and_whose_exit_it_is(status, tail, tmp_path):
+    """As report, inspect and demo do: the last line is the one-line answer and the exit status; when CMD's
+    own failure decides that status, the line says so. Piped, no such line."""
+    args = ["run", "--dir", tmp_path / "logs", "--", "sh", "-c", f"exit {status}"]
+    code, out = in_terminal(ncclprobe(*args), 80, _env())
+    last = [line for line in SGR.sub("", out).splitlines() if line.strip()][-1]
+    assert code == status and re.fullmatch(rf"Answer: (no findings|\d+ causes? \(.*\)) · exit {status}"
+                                            + re.escape(tail), last), out[-2000:]
+    args[2] = tmp_path / "piped"
+    piped = subprocess.run(ncclprobe(*args), capture_output=True, text=True, timeout=120, env=_env())
+    assert piped.returncode == status and "Answer:" not in piped.stdout
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
 def test_a_write_error_other_than_a_closed_pipe_is_said_once_and_keeps_the_exit_code():
     """stdout on a full disk (/dev/full: every write fails with ENOSPC): one line on stderr, the rest dropped,
