@@ -19,7 +19,9 @@ def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
     if not dirs and not nccl_logs:
         raise Unexaminable("give a log directory or --nccl-log FILE", "nothing to read")
     events.check_sources(dirs, nccl_logs)
-    log = events.stream_dirs(dirs, fold=True)  # may be empty: NCCL logs alone still tell what NCCL read and ran
+    # one host after another (memory holds one host's events at a time); may be empty: NCCL logs alone still
+    # tell what NCCL read and ran
+    log = events.stream_dirs(dirs, fold=True, by_host=True)
     if log.refused:
         raise Unexaminable(log.refused, "bad log directory",
                            {"hint": "the probes write at most NCCLPROBE_MAX_FILES files per host: report the "
@@ -30,6 +32,9 @@ def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
     debug = list(nccl_logs) or log.nccl_debug
     with Aside(nccllog_model.parse, debug, worth=_bytes(debug) >= ASIDE_BYTES) as parsing:
         m = model_mod.build(log, run_id)
+        if log.split_hosts:  # a host's events in files named for another: its order is all hosts' time order
+            log = events.stream_dirs(dirs, fold=True)
+            m = model_mod.build(log, run_id)
         m.dirs = list(log.dirs)
         if debug:
             nccllog_model.merge(m, debug, parsing.result())

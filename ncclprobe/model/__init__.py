@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
+from sys import intern
 from typing import Any
 
 from ncclprobe.model.watched import WATCHED_NAMES, WATCHED_PREFIXES
@@ -547,7 +548,7 @@ def _env(obj: Any) -> dict[str, str] | None:
         if v is not None:
             k = k if type(k) is str else str(k)
             if k in WATCHED_NAMES or k.startswith(WATCHED_PREFIXES):  # is_watched, inline (every env of a log)
-                out[k] = v if type(v) is str else str(v)
+                out[intern(k)] = intern(v if type(v) is str else str(v))  # one copy of each, not one a line
     return out
 
 

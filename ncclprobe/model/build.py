@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable
+from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 from dataclasses import fields as _fields
@@ -44,6 +45,7 @@ class _Build:
             except (OSError, ValueError):
                 self.home[here] = INIT_PIDNS
         self.alias: dict[tuple[str, int, int], tuple[str, int]] = {}
+        self.placed: _Placed | None = None  # a log read one host after another (build)
 
     def route(self, host: str, pid: int, e: dict[str, Any]) -> tuple[tuple[str, int], dict[str, Any]]:
         """The key of the process a line is of, by its identity (witnesses/events.py): the pid as the
@@ -77,6 +79,8 @@ class _Build:
         q = self.m.processes.pop((space_of(host, ns), inner), None)
         if q is None:
             return
+        if self.placed is not None:
+            self.placed.popped()
         old = (q.host, q.pid)
         q.ppid = self.alias.get((host, ns, q.ppid), (host, None))[1] if q.ppid is not None else None
         q.forked_from = self.alias.get((host, ns, q.forked_from), (host, None))[1] if q.forked_from else None
@@ -518,8 +522,11 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
     m = Model(runs=list(log.runs), files=len(log.files))
     b = _Build(m)
     watches: dict[tuple[str, int], dict[str, Any]] = {}
-    for e in log.events:
+    placed = b.placed = _Placed(m) if log.by_host else None
+    for seq, e in enumerate(log.events):
         host, pid, kind, t = e.get("host", "?"), e["pid"], e["ev"], float(e["t"])
+        if placed is not None:
+            placed.now(e, seq)
         if e.get("dropped"):  # lines this writer lost before this one
             m.reading.dropped[(host, pid)] = m.reading.dropped.get((host, pid), 0) + e["dropped"]
         if kind == "watch_summary":  # its pid is run's, no process of the job
@@ -534,6 +541,8 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
         handler = HANDLERS.get(kind)
         if handler is not None:
             handler(b, proc, e, t)
+    if placed is not None:
+        placed.restore()
     _cmd_of_runs(m)
     if run_id is not None:
         _only_run(m, run_id, watches)
@@ -547,6 +556,58 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
     m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
     _label_simulated(m)
     return m
+
+
+class _Placed:
+    """Of a log read one host after another (EventLog.by_host), where each thing the model keeps in one order
+    for all hosts (processes, communicators, sightings, watches) came in, as the event that added it would lie in
+    the time order of all hosts' events: (t, host, pid, its place in its host's order). restore() puts them in
+    that order, the order a build in time order gives them: a model and its report alike, whichever way the
+    log was read. now() before each event compares four lengths; only what grew is looked at."""
+
+    def __init__(self, m: Model):
+        self.m, self.e, self.seq = m, None, 0
+        self.np = self.nc = self.ns = self.nw = 0  # the lengths as the events before the last one left them
+        self.procs: dict[tuple, tuple] = {}
+        self.items: dict[int, tuple] = {}  # id() of a communicator or sighting -> its key (both kept in m)
+        self.watch: dict[str, tuple] = {}
+
+    def now(self, e: dict[str, Any], seq: int) -> None:
+        """What the last event added is its; e is the event now."""
+        m = self.m
+        if len(m.processes) != self.np or len(m.comms) != self.nc or len(m.sightings) != self.ns or \
+                len(m.watch) != self.nw:
+            self.took()
+        self.e, self.seq = e, seq
+
+    def took(self) -> None:
+        m, e = self.m, self.e
+        key = (e["t"], e.get("host", "?"), e["pid"], self.seq)
+        if len(m.processes) > self.np:
+            for k in islice(reversed(m.processes), len(m.processes) - self.np):
+                self.procs[k] = key
+        for c in m.comms[self.nc:]:
+            self.items[id(c)] = key
+        for s in m.sightings[self.ns:]:
+            self.items[id(s)] = key
+        for host in islice(reversed(m.watch), len(m.watch) - self.nw):
+            self.watch[host] = key
+        self.np, self.nc, self.ns, self.nw = len(m.processes), len(m.comms), len(m.sightings), len(m.watch)
+
+    def popped(self) -> None:
+        """A process was taken out (_Build.join): what comes in after it is new all the same."""
+        self.np -= 1
+
+    def restore(self) -> None:
+        m = self.m
+        if self.e is not None:
+            self.took()
+        procs, items, watch = self.procs.__getitem__, self.items, self.watch.__getitem__
+        m.processes = dict(sorted(m.processes.items(), key=lambda kv: procs(kv[0])))
+        m.comms.sort(key=lambda c: items[id(c)])
+        m.sightings.sort(key=lambda s: items[id(s)])
+        m.watch = dict(sorted(m.watch.items(), key=lambda kv: watch(kv[0])))
+        m._indexed = (None, 0)
 
 
 def _missed_children(m: Model, host: str, w: dict[str, Any], watchers: set[int]) -> None:

@@ -124,7 +124,8 @@ Files are read by witnesses/jsonlines.py: bounded chunks, holes and NUL runs ste
 FILE_CAP bytes of data and FILE_LINES lines each (what was not read is a note), never a symlink or a
 FIFO. stream_dirs lists the directories without materialising them, reads at most FILES_MAX files (more are refused whole: the
 model keeps a process per file) and merges them in time order: small files read whole (at most WHOLE_BUDGET bytes of
-them), the others streamed, so memory is bounded by that budget and by what the model keeps.
+them), the others streamed, so memory is bounded by that budget and by what the model keeps. `report` reads them one
+writing host after another (by_host): then the budget is a host's, and memory holds one host's events at a time.
 """
 from __future__ import annotations
 
@@ -361,6 +362,8 @@ class EventLog:
     unknown: Counter = field(default_factory=Counter)   # unknown kind -> lines
     dropped: Counter = field(default_factory=Counter)   # "kind.field" -> values refused, line kept
     resorted: list[str] = field(default_factory=list)   # files not in time order, sorted whole
+    by_host: bool = False  # one host's events after another's, each host's in time order (stream_dirs)
+    split_hosts: set[str] = field(default_factory=set)  # by_host: hosts whose events more than one writer named
     runs: list[dict[str, Any]] = field(default_factory=list)  # each run's metadata, in start order
     dirs: list[str] = field(default_factory=list)
 
@@ -585,16 +588,28 @@ def _getenv_line(raw: bytes) -> dict[str, Any] | None:
             "lib": lib}
 
 
+_TEXTS: dict[bytes, str] = {}
+TEXTS_MAX = 1 << 16
+
+
+def _text(raw: bytes) -> str:
+    """raw as text, one string for each spelling (a fleet's getenv lines repeat the same few hosts, names,
+    values and library paths tens of thousands of times: the model keeps one copy of each, not one a line);
+    past TEXTS_MAX spellings, new ones are decoded each time."""
+    text = _TEXTS.get(raw)
+    if text is None:
+        text = raw.decode("utf-8", "surrogateescape")
+        if len(_TEXTS) < TEXTS_MAX:
+            _TEXTS[raw] = text
+    return text
+
+
 def _getenv_fields(m: re.Match) -> tuple | None:
     """(t, pid, host, var, value, lib) of a _GETENV match, checked as FIELDS would; None: out of bounds."""
     ts, ps, host, var, value, lib = m.groups()
     t = float(ts) if b"." in ts or b"e" in ts or b"E" in ts else int(ts)  # json.loads' type
     pid = int(ps)
-    host, var = host.decode("utf-8", "surrogateescape"), var.decode("utf-8", "surrogateescape")
-    if value is not None:
-        value = value.decode("utf-8", "surrogateescape")
-    if lib is not None:
-        lib = lib.decode("utf-8", "surrogateescape")
+    host, var, value, lib = _text(host), _text(var), value if value is None else _text(value), lib if lib is None else _text(lib)
     if not (0 <= t <= 1e12 and pid < 1 << 31 and len(host) <= 255 and len(var) <= NAME  # (0 <= nan, inf: False)
             and (value is None or len(value) <= TEXT) and (lib is None or len(lib) <= TEXT)):
         return None
@@ -667,8 +682,8 @@ def _in_order(path: Path, file_cap: int, file_lines: int) -> bool:
 
 WHOLE_MAX = 1 << 20      # a file this small is read once, whole (a fleet's: tens of KiB each; _small_files) ...
 WHOLE_BUDGET = 256 << 20  # ... while the files so read hold at most this many bytes in all (a job of 2,000 hosts x 8
-#                          ranks; memory: about 5x that where the model keeps none of their events, less as it
-#                          takes them: a 1,024-host job peaks at the same 0.5 GiB as with a quarter of this)
+#                          ranks in time order; memory: about 5x that where the model keeps none of their events).
+#                          Read one host after another (by_host), the budget is each host's
 
 
 def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
@@ -833,13 +848,15 @@ def _event_files(d: Path, log: EventLog, seen: set, cap: int, metas: list[str],
     return paths
 
 
-def stream_dirs(dirs, fold: bool = False) -> EventLog:
+def stream_dirs(dirs, fold: bool = False, by_host: bool = False) -> EventLog:
     """Every *.jsonl file of each directory (several hosts' directories may be given), merged in time
     order as an iterator: events, skipped and dropped are complete once it has been consumed. More than
     NCCLPROBE_REPORT_MAX_FILES (FILES_MAX) files in all are not read: log.refused says so. fold: a run
-    of plain nccl_getenv lines is one event with "reads" (_folded; model.build takes either)."""
+    of plain nccl_getenv lines is one event with "reads" (_folded; model.build takes either). by_host: the
+    files of one writing host (by name, `<host>-<pid>.jsonl`) merged, then the next host's (_host_major)."""
     log = EventLog(file_cap=_knob("NCCLPROBE_REPORT_MAX_FILE_BYTES", jsonlines.FILE_CAP),
-                   file_lines=_knob("NCCLPROBE_REPORT_MAX_FILE_LINES", jsonlines.FILE_LINES), fold=fold)
+                   file_lines=_knob("NCCLPROBE_REPORT_MAX_FILE_LINES", jsonlines.FILE_LINES), fold=fold,
+                   by_host=by_host)
     paths: list[Path] = []
     seen: set = set()
     sizes: dict[Path, int] = {}
@@ -869,10 +886,45 @@ def stream_dirs(dirs, fold: bool = False) -> EventLog:
         log.files += map(str, found)
         _read_runs(d, metas, log)
     log.runs.sort(key=lambda r: r.get("started", 0))
-    whole = _read_whole(paths, sizes)
-    log.events = heapq.merge(_small_files([p for p, w in zip(paths, whole) if w], log),
-                             *(_file_events(p, log) for p, w in zip(paths, whole) if not w), key=_sort_key)
+    log.events = _host_major(paths, sizes, log) if by_host else _merged(paths, sizes, log)
     return log
+
+
+def _merged(paths: list[Path], sizes: dict[Path, int], log: EventLog) -> Iterator[dict[str, Any]]:
+    """The events of paths in time order: small files read whole (_small_files), the others streamed."""
+    whole = _read_whole(paths, sizes)
+    small = _small_files([p for p, w in zip(paths, whole) if w], log)
+    if all(whole):
+        return small
+    return heapq.merge(small, *(_file_events(p, log) for p, w in zip(paths, whole) if not w), key=_sort_key)
+
+
+def _host_major(paths: list[Path], sizes: dict[Path, int], log: EventLog) -> Iterator[dict[str, Any]]:
+    """The events of each writing host's files (as their names give it; other names: one group) in time order,
+    one host after another in the order they are listed: memory holds one host's events at a time, not the
+    fleet's, and the model builds one host's part at a time. Each host's events keep the order a merge of all
+    would give them, which is all model.build needs (hosts share no state but the order of what they add, and
+    build puts that back). A host whose events lie in the files of more than one name (a hand-made or renamed
+    file) is in log.split_hosts: such a log is read again in time order (commands/report.load)."""
+    groups: dict[str | None, list[Path]] = {}
+    for p in paths:
+        groups.setdefault(_writer(p.name), []).append(p)
+    owner: dict[str, str | None] = {}
+    for name, group in groups.items():
+        last = None
+        for e in _merged(group, sizes, log):
+            host = e["host"]
+            if host != last:
+                if owner.setdefault(host, name) != name:
+                    log.split_hosts.add(host)
+                last = host
+            yield e
+
+
+def _writer(name: str) -> str | None:
+    """The host a probe's event file is named for (`<host>-<pid>.jsonl`), or None for another name."""
+    host, _, pid = name[:-6].rpartition("-")
+    return host if host and pid.isdigit() else None
 
 
 def read_dirs(dirs) -> EventLog:
