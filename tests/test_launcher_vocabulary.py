@@ -385,7 +385,8 @@ def check(o: Outcome, kind: str | None, launcher: str | None = None, says: tuple
     """kind None: a healthy control (no error at all, exit 0). Else: exactly the workers that lack the
     value are flagged, in one finding whose edge has this kind and launcher, and whose hint says `says`."""
     if kind is None:
-        assert not o.bad and [f for f in o.doc["findings"] if f["severity"] == "error"] == [] and o.rc == 0, o.why()
+        assert not o.bad and [f for f in o.doc["findings"] if f["severity"] == "error"] == [], o.why()
+        assert o.rc == 0 or ended_before_the_kernels_read(o), o.why()
         return
     assert o.bad and flagged(o.doc) == o.bad, o.why()
     [f] = errors_on_var(o.doc)
@@ -395,6 +396,16 @@ def check(o: Outcome, kind: str | None, launcher: str | None = None, says: tuple
         assert f["edge"]["parent"] in o.writers, o.why()
     elif parent == "ppid":
         assert {f["edge"]["parent"]} == {o.records[p]["ppid"] for p in o.bad}, o.why()
+
+
+def ended_before_the_kernels_read(o: Outcome) -> bool:
+    """A healthy control's exit 3, truthful: NOT CHECKED on processes alone that the kernel said exec'd and that
+    ended before its read of them (a launcher script's `rm` of its job file lives a millisecond), none a worker.
+    Whether such a process is caught depends on the machine's timing; that it is said, and only it, does not."""
+    unread = set(((o.doc.get("verdict") or {}).get("unchecked") or {}).get("unread") or [])
+    gone = {pid for w in (o.doc.get("watch") or {}).values() if w.get("mode") == "kernel"
+            for pid in w.get("missed_pids") or []}
+    return o.rc == 3 and bool(unread) and unread <= gone and not unread & set(o.records)
 
 
 def script(work: Path, name: str, text: str) -> str:

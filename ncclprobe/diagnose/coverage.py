@@ -136,10 +136,13 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     if checked and not unread and not missed:
         return None
     if checked and not unread:  # some were checked; others ran that no witness read: not checked on them
+        keep = "keep the probes in the environment each call gives (PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)"
+        kernel = bool(m.watch) and all(w.get("mode") == "kernel" for w in m.watch.values())
         return Unchecked(f"not checked: {missed}",
-                         "follow the tree through the kernel's process events (run as root or with CAP_NET_ADMIN: "
-                         "each process is read at its exec), or keep the probes in the environment each call gives "
-                         "(PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)", unread=unseen, partial=True)
+                         f"{keep}: the kernel's process events already had each read at its exec, and these ended "
+                         "first" if kernel else "follow the tree through the kernel's process events (run as root or "
+                         f"with CAP_NET_ADMIN: each process is read at its exec), or {keep}", unread=unseen,
+                         partial=True)
     if checked:  # some were checked; these are known to have run, and not read
         pids = sorted(p.pid for p in unread)
         sites = sorted({p.started_by.site for p in unread})
