@@ -5,7 +5,10 @@ again in time order."""
 from __future__ import annotations
 
 import io
+import json
+import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,6 +58,8 @@ def _both(dirs, monkeypatch) -> tuple[tuple[str, str], tuple[str, str]]:
 
 @pytest.mark.parametrize("layout", ["demo", "per_host", "shared", "replicas"])
 def test_one_host_after_another_gives_the_report_of_time_order(layout, fleets, monkeypatch):
+    log = events.stream_dirs([str(d) for d in fleets[layout]], by_host=True)
+    assert len(list(log.events)) > 50 and not log.split_hosts  # (a split would be read again in time order)
     by_host, in_time = _both(fleets[layout], monkeypatch)
     assert by_host == in_time
     assert '"findings": [' in by_host[0] and len(by_host[1].splitlines()) > 10
@@ -119,3 +124,102 @@ def test_a_shared_directory_without_the_probes_names_is_one_group(tmp_path, monk
     assert got == list(events.stream_dirs([str(d)]).events) and not log.split_hosts
     by_host, in_time = _both([d], monkeypatch)
     assert by_host == in_time
+
+
+def _real_run(tmp: Path) -> Path:
+    """A real `ncclprobe run` of a small tree (a shell, Python that starts a child, short-lived processes): its
+    log has run's watch (summaries, sightings of /proc, exits), the boot probe's starts and spawn edges."""
+    d = tmp / "run"
+    code = "import subprocess; subprocess.run(['true']); subprocess.run(['sh', '-c', 'sleep 0.05'])"
+    r = subprocess.run([sys.executable, "-m", "ncclprobe", "run", "--dir", str(d), "--", "sh", "-c",
+                        f"{sys.executable} -c \"{code}\"; sleep 0.3; true"],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "NCCLPROBE_WATCH_S": "0.1"})
+    assert r.returncode in (0, 1, 3), r.stderr
+    return d
+
+
+def _as_host(src: Path, out: Path, host: str, shift: float) -> None:
+    """src's files as host's: each line's host and file names rewritten, times shifted (hosts interleave)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name.endswith(".jsonl"):
+            lines = []
+            for line in f.read_text().splitlines():
+                e = json.loads(line)
+                e["host"], e["t"] = host, e["t"] + shift
+                lines.append(json.dumps(e, separators=(",", ":")))
+            (out / f"{host}-{f.name.rsplit('-', 1)[1]}").write_text("\n".join(lines) + "\n")
+        elif f.name.startswith("run-") and f.name.endswith(".json"):
+            run = json.loads(f.read_text())
+            run["host"] = host
+            (out / f.name.replace(f.name.split("-")[1], host, 1)).write_text(json.dumps(run))
+
+
+@pytest.fixture(scope="module")
+def watched_fleet(tmp_path_factory):
+    """Four hosts made of one real run, in two directories, one host's files in both; two files with a NUL
+    hole and a torn line (notes and skip reasons)."""
+    tmp = tmp_path_factory.mktemp("watched")
+    src = _real_run(tmp)
+    a, b = tmp / "a", tmp / "b"
+    for i, host in enumerate(["h0", "h1", "h2", "h3"]):
+        _as_host(src, a if i < 2 else b, host, i * 1e-4)
+    holed = []
+    for host in ("h0", "h1"):  # each in both directories: still one writer, no split; read order differs
+        first, last = sorted(a.glob(f"{host}-*.jsonl"))[0], sorted(a.glob(f"{host}-*.jsonl"))[-1]
+        first.rename(b / first.name)
+        holed += [b / first.name, last]
+    for f in holed:
+        with open(f, "ab") as fh:
+            fh.write(b"\0" * 64 + b'{"ev":"proc_seen","t":\n')
+    return [a, b]
+
+
+def _processes(m) -> list:
+    """Every process's state, sets as sorted lists (their iteration order is no part of the model)."""
+    def plain(v):
+        return sorted(map(repr, v)) if isinstance(v, (set, frozenset)) else repr(v)
+    return [(k, {n: plain(v) for n, v in sorted(vars(p).items())}) for k, p in m.processes.items()]
+
+
+@pytest.mark.parametrize("budget", [None, 1])
+def test_a_watched_fleet_in_two_directories_reads_the_same_both_ways(watched_fleet, budget, monkeypatch):
+    """With run's watch, notes and skip reasons, a host in two directories; budget 1: every file streamed, as
+    when a fleet's small files pass WHOLE_BUDGET (then which files are read whole is decided once, for both)."""
+    if budget is not None:
+        monkeypatch.setattr(events, "WHOLE_BUDGET", budget)
+    dirs = [str(d) for d in watched_fleet]
+    log = events.stream_dirs(dirs, fold=True, by_host=True)
+    a, b = model_mod.build(log), model_mod.build(events.stream_dirs(dirs, fold=True))
+    assert not log.split_hosts and len(a.watch) == 4 and len(a.sightings) > 4 and a.reading.notes
+    assert list(a.watch) == list(b.watch) and [(s.host, s.pid, s.t) for s in a.sightings] == \
+        [(s.host, s.pid, s.t) for s in b.sightings]
+    assert _processes(a) == _processes(b)
+    assert (a.skipped, a.reading.notes) == (b.skipped, b.reading.notes) and a.skipped.get("not JSON") == 4
+    assert len(a.reading.notes) == 4
+    by_host, in_time = _both(watched_fleet, monkeypatch)
+    assert by_host == in_time
+
+
+def test_equal_times_in_two_files_of_a_host_keep_one_order_whatever_the_budget(watched_fleet, tmp_path, monkeypatch):
+    """A process's start record and a /proc sighting of it at the same time, in two files of one host (the
+    heap merge puts a file read whole before one streamed where times are equal): which files are read whole
+    is decided once, over all files, so both reads put them in one order, at every budget."""
+    src = sorted(watched_fleet[0].glob("h0-*.jsonl")) + sorted(watched_fleet[1].glob("h0-*.jsonl"))
+    evs = [json.loads(line) for f in src for line in f.read_text().splitlines() if line.startswith("{") and
+           line.rstrip().endswith("}")]
+    start = next(e for e in evs if e["ev"] == "process_start")
+    seen = next(e for e in evs if e["ev"] == "proc_seen" and e["pid"] == start["pid"])
+    seen.update(t=start["t"], exe="/usr/bin/other", argv=["other"])  # another program: the order decides its image
+    d = tmp_path / "logs"
+    d.mkdir()
+    filler = d / "a0-1.jsonl"  # another host first, to spend the budget
+    filler.write_text(json.dumps({**seen, "host": "a0", "pid": 1}) + "\n")
+    for name, e in (("h0-1", start), ("h0-2", seen)):
+        (d / f"{name}.jsonl").write_text(json.dumps(e) + "\n")
+    sizes = [f.stat().st_size for f in sorted(d.iterdir())]
+    for budget in sorted({1} | {sum(sizes[i] for i in range(3) if k >> i & 1) for k in range(1, 8)}):
+        monkeypatch.setattr(events, "WHOLE_BUDGET", budget)
+        a = model_mod.build(events.stream_dirs([str(d)], by_host=True))
+        b = model_mod.build(events.stream_dirs([str(d)]))
+        assert _processes(a) == _processes(b), budget

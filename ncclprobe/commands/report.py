@@ -33,6 +33,7 @@ def load(dirs, nccl_logs=(), run_id: str | None = None) -> Model:
     with Aside(nccllog_model.parse, debug, worth=_bytes(debug) >= ASIDE_BYTES) as parsing:
         m = model_mod.build(log, run_id)
         if log.split_hosts:  # a host's events in files named for another: its order is all hosts' time order
+            m = None  # (not two models at once)
             log = events.stream_dirs(dirs, fold=True)
             m = model_mod.build(log, run_id)
         m.dirs = list(log.dirs)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import operator
 from dataclasses import dataclass, field
-from sys import intern
 from typing import Any
 
 from ncclprobe.model.watched import WATCHED_NAMES, WATCHED_PREFIXES
@@ -538,17 +537,19 @@ def _during(runs, t: float | None, only: bool = False) -> dict[str, Any] | None:
     return None
 
 
-def _env(obj: Any) -> dict[str, str] | None:
+def _env(obj: Any, strings=None) -> dict[str, str] | None:
     """A watched-variable map from an event; anything outside the watched set is dropped, whatever
-    wrote the file (the probes never log it, a foreign or hand-made file might)."""
+    wrote the file (the probes never log it, a foreign or hand-made file might). strings: the read's
+    events.Strings, whose copy of each name and value the map keeps (one a log, not one a line)."""
     if not isinstance(obj, dict):
         return None
     out = {}
+    one = strings.one if strings is not None else str
     for k, v in obj.items():
         if v is not None:
             k = k if type(k) is str else str(k)
             if k in WATCHED_NAMES or k.startswith(WATCHED_PREFIXES):  # is_watched, inline (every env of a log)
-                out[intern(k)] = intern(v if type(v) is str else str(v))  # one copy of each, not one a line
+                out[one(k)] = one(v if type(v) is str else str(v))
     return out
 
 

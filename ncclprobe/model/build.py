@@ -46,6 +46,7 @@ class _Build:
                 self.home[here] = INIT_PIDNS
         self.alias: dict[tuple[str, int, int], tuple[str, int]] = {}
         self.placed: _Placed | None = None  # a log read one host after another (build)
+        self.strings = None  # the read's events.Strings (build): one copy of each name and value
 
     def route(self, host: str, pid: int, e: dict[str, Any]) -> tuple[tuple[str, int], dict[str, Any]]:
         """The key of the process a line is of, by its identity (witnesses/events.py): the pid as the
@@ -178,8 +179,8 @@ def _process_start(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) ->
             proc.images.append(proc.argv)
     proc.argv = argv
     proc.exe = e.get("exe")
-    proc.start_env = _env(e.get("env"))
-    proc.exec_env = _env(e.get("exec_env"))
+    proc.start_env = _env(e.get("env"), b.strings)
+    proc.exec_env = _env(e.get("exec_env"), b.strings)
     proc.exec_env_differs = e.get("exec_env_differs")
     proc.forked_from = e.get("forked_from")
     proc.t_start = t
@@ -324,7 +325,7 @@ def _live_env(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None
     execs = e.get("execs") or 0
     if proc.live_readings and proc.live_readings[-1].execs != execs:
         _forget_live(proc)
-    env = _env(e.get("env"))
+    env = _env(e.get("env"), b.strings)
     if env is None:
         proc.live_reason = None if proc.live_readings else str(e.get("reason") or "not read")
         return
@@ -374,7 +375,7 @@ def _comm_init(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> Non
     c = CommView(host, pid, t, api=e.get("api"), comm=_id(e.get("comm")), call=e.get("call"),
                  rank=e.get("rank"), nranks=e.get("nranks"), parent=_id(e.get("parent")),
                  color=e.get("color"), key=e.get("key"), uid=_id(e.get("uid")), config=e.get("config"),
-                 env=_env(e.get("env")), env_source="preload", rc=e.get("rc"), lib=e.get("lib"),
+                 env=_env(e.get("env"), b.strings), env_source="preload", rc=e.get("rc"), lib=e.get("lib"),
                  version=e.get("version"), simulated=bool(e.get("simulated")), ms=e.get("ms"),
                  dev=e.get("dev"))
     c.seen_by.add("preload")
@@ -391,7 +392,7 @@ def _comm_plugin_init(b: _Build, proc: ProcessView, e: dict[str, Any], t: float)
     host, pid, call = proc.host, proc.pid, e.get("call")
     c = b.by_call.get((host, pid, call)) if call is not None else None
     if c is None or c.comm_hash is not None:
-        c = CommView(host, pid, t, env=_env(e.get("env")), env_source="profiler")
+        c = CommView(host, pid, t, env=_env(e.get("env"), b.strings), env_source="profiler")
         b.m.comms.append(c)
     c.seen_by.add("profiler")
     c.comm_hash = _id(e.get("comm_hash"))
@@ -404,7 +405,7 @@ def _comm_plugin_init(b: _Build, proc: ProcessView, e: dict[str, Any], t: float)
     if e.get("lib"):
         proc.libs.add(e["lib"])
     if c.env is None:
-        c.env, c.env_source = _env(e.get("env")), "profiler"
+        c.env, c.env_source = _env(e.get("env"), b.strings), "profiler"
     if c.comm_hash:
         b.by_hash[(host, pid, c.comm_hash)] = c
 
@@ -443,7 +444,7 @@ def _spawn(b: _Build, proc: ProcessView, e: dict[str, Any], t: float) -> None:
         return
     argv = redact_argv(e["argv"]) if isinstance(e.get("argv"), list) else None
     edge = SpawnEdge(proc.host, proc.pid, child, e.get("call"), e.get("where"), argv, e.get("exe"),
-                     e.get("env_given"), _env(e.get("env")), e.get("env_count"), is_exec, t, {e["src"]})
+                     e.get("env_given"), _env(e.get("env"), b.strings), e.get("env_count"), is_exec, t, {e["src"]})
     for known in proc.spawned:  # the same call seen by the boot probe and the native one: one edge
         if known.child == child and known.exec == is_exec and abs(known.t - t) <= SPAWN_SAME_S and (
                 child is not None or known.exe == edge.exe):
@@ -523,6 +524,7 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
     b = _Build(m)
     watches: dict[tuple[str, int], dict[str, Any]] = {}
     placed = b.placed = _Placed(m) if log.by_host else None
+    b.strings = log.strings
     for seq, e in enumerate(log.events):
         host, pid, kind, t = e.get("host", "?"), e["pid"], e["ev"], float(e["t"])
         if placed is not None:
@@ -552,8 +554,12 @@ def build(log: EventLog, run_id: str | None = None) -> Model:
         w["missed_started"], w["missed_started_pids"] = len(unseen), unseen
         _missed_children(m, host, w, {pid for h, pid in watches if h == host})
     # a stream's counts are complete only once it has been consumed
-    m.skipped = {**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()}, **log.skipped_files}
-    m.reading.skipped_files, m.reading.notes = dict(log.skipped_files), list(log.notes)
+    # in an order of their own, not the order the files were read in (one host after another, or all at once)
+    m.skipped = dict(sorted({**log.skipped, **{f"unknown event {k}": v for k, v in log.unknown.items()},
+                             **log.skipped_files}.items()))
+    listed = {f: i for i, f in enumerate(log.files)}  # (a file skipped as it was listed: -1, first)
+    m.reading.skipped_files = dict(sorted(log.skipped_files.items()))
+    m.reading.notes = sorted(log.notes, key=lambda n: listed.get(n["path"], -1))
     _label_simulated(m)
     return m
 
@@ -563,7 +569,9 @@ class _Placed:
     for all hosts (processes, communicators, sightings, watches) came in, as the event that added it would lie in
     the time order of all hosts' events: (t, host, pid, its place in its host's order). restore() puts them in
     that order, the order a build in time order gives them: a model and its report alike, whichever way the
-    log was read. now() before each event compares four lengths; only what grew is looked at."""
+    log was read. now() before each event compares four lengths; only what grew is looked at. (reading.budget
+    and reading.dropped keep the order they came in: every reader sorts them. build orders the notes and skip
+    reasons itself.)"""
 
     def __init__(self, m: Model):
         self.m, self.e, self.seq = m, None, 0

@@ -125,7 +125,7 @@ FILE_CAP bytes of data and FILE_LINES lines each (what was not read is a note), 
 FIFO. stream_dirs lists the directories without materialising them, reads at most FILES_MAX files (more are refused whole: the
 model keeps a process per file) and merges them in time order: small files read whole (at most WHOLE_BUDGET bytes of
 them), the others streamed, so memory is bounded by that budget and by what the model keeps. `report` reads them one
-writing host after another (by_host): then the budget is a host's, and memory holds one host's events at a time.
+writing host after another (by_host): memory then holds one host's events at a time.
 """
 from __future__ import annotations
 
@@ -347,6 +347,37 @@ RUN_FIELDS = {"run_id": (lambda v: v if is_run_id(v) else BAD, "drop"),
               "live_s": (_null(_num(0, 3600)), "drop"), "pidns": (_int(1, UINT64[1]), "drop")}
 
 
+class Strings:
+    """One string for each spelling, for one read of the logs and the model built from it: a fleet's lines repeat
+    the same few hosts, names, values and library paths tens of thousands of times, and the model keeps one
+    copy of each, not one a line. Only short spellings (SHORT bytes or characters) are kept, at most MAX of
+    them; others are made each time."""
+    SHORT = 256
+    MAX = 1 << 16
+
+    def __init__(self) -> None:
+        self.texts: dict[bytes, str] = {}
+        self.strs: dict[str, str] = {}
+
+    def text(self, raw: bytes) -> str:
+        """raw (UTF-8, as the probes write it) as text."""
+        text = self.texts.get(raw)
+        if text is None:
+            text = raw.decode("utf-8", "surrogateescape")
+            if len(raw) <= self.SHORT and len(self.texts) < self.MAX:
+                self.texts[raw] = text
+        return text
+
+    def one(self, text: str) -> str:
+        """The pool's copy of text."""
+        got = self.strs.get(text)
+        if got is None:
+            got = text
+            if len(text) <= self.SHORT and len(self.strs) < self.MAX:
+                self.strs[text] = text
+        return got
+
+
 @dataclass
 class EventLog:
     events: Iterable[dict[str, Any]] = field(default_factory=list)  # time order; an iterator from stream_dirs
@@ -364,6 +395,7 @@ class EventLog:
     resorted: list[str] = field(default_factory=list)   # files not in time order, sorted whole
     by_host: bool = False  # one host's events after another's, each host's in time order (stream_dirs)
     split_hosts: set[str] = field(default_factory=set)  # by_host: hosts whose events more than one writer named
+    strings: Strings = field(default_factory=Strings)  # this read's strings, one copy each (the model's too)
     runs: list[dict[str, Any]] = field(default_factory=list)  # each run's metadata, in start order
     dirs: list[str] = field(default_factory=list)
 
@@ -504,7 +536,7 @@ def _folded(raws: Iterable[bytes], log: EventLog) -> Iterator[dict[str, Any]]:
     run: dict[str, Any] | None = None
     for raw in raws:
         if raw.startswith(b'{"ev":"nccl_getenv",') and (m := _GETENV.fullmatch(raw)) is not None and \
-                (read := _getenv_fields(m)) is not None:
+                (read := _getenv_fields(m, log.strings)) is not None:
             t, pid, host = read[0], read[1], read[2]
             if run is not None and run["pid"] == pid and run["host"] == host and t >= run["reads"][-1][0]:
                 run["reads"].append((t, *read[3:]))
@@ -532,7 +564,7 @@ def _skip_file(log: EventLog, path: str, why: str) -> None:
 
 def _event(raw: bytes, log: EventLog) -> dict[str, Any] | None:
     """One line's checked event; None (counted in log.skipped or log.unknown) where there is none."""
-    if raw.startswith(b'{"ev":"nccl_getenv",') and (ev := _getenv_line(raw)) is not None:
+    if raw.startswith(b'{"ev":"nccl_getenv",') and (ev := _getenv_line(raw, log.strings)) is not None:
         return ev
     obj, reason = _parse(raw)
     if not reason and not isinstance(obj, dict):
@@ -576,11 +608,11 @@ _GETENV = re.compile(rb'\{"ev":"nccl_getenv","t":(-?(?:0|[1-9][0-9]{0,30})(?:\.[
                      rb'","value":(?:null|"' + _S + rb'"),"lib":(?:null|"' + _S + rb'")\}[ \t\r\n]*')
 
 
-def _getenv_line(raw: bytes) -> dict[str, Any] | None:
+def _getenv_line(raw: bytes, strings: Strings) -> dict[str, Any] | None:
     """An nccl_getenv line (70+ a worker) as the envplugin writes it, read without json.loads or checked(): the
     event _event would give; None where the line is any other (a field more, an escape): _event parses it."""
     m = _GETENV.fullmatch(raw)
-    read = _getenv_fields(m) if m is not None else None
+    read = _getenv_fields(m, strings) if m is not None else None
     if read is None:
         return None
     t, pid, host, var, value, lib = read
@@ -588,30 +620,19 @@ def _getenv_line(raw: bytes) -> dict[str, Any] | None:
             "lib": lib}
 
 
-_TEXTS: dict[bytes, str] = {}
-TEXTS_MAX = 1 << 16
-
-
-def _text(raw: bytes) -> str:
-    """raw as text, one string for each spelling (a fleet's getenv lines repeat the same few hosts, names,
-    values and library paths tens of thousands of times: the model keeps one copy of each, not one a line);
-    past TEXTS_MAX spellings, new ones are decoded each time."""
-    text = _TEXTS.get(raw)
-    if text is None:
-        text = raw.decode("utf-8", "surrogateescape")
-        if len(_TEXTS) < TEXTS_MAX:
-            _TEXTS[raw] = text
-    return text
-
-
-def _getenv_fields(m: re.Match) -> tuple | None:
+def _getenv_fields(m: re.Match, strings: Strings) -> tuple | None:
     """(t, pid, host, var, value, lib) of a _GETENV match, checked as FIELDS would; None: out of bounds."""
     ts, ps, host, var, value, lib = m.groups()
     t = float(ts) if b"." in ts or b"e" in ts or b"E" in ts else int(ts)  # json.loads' type
     pid = int(ps)
-    host, var, value, lib = _text(host), _text(var), value if value is None else _text(value), lib if lib is None else _text(lib)
-    if not (0 <= t <= 1e12 and pid < 1 << 31 and len(host) <= 255 and len(var) <= NAME  # (0 <= nan, inf: False)
-            and (value is None or len(value) <= TEXT) and (lib is None or len(lib) <= TEXT)):
+    if not (0 <= t <= 1e12 and pid < 1 << 31 and len(host) <= 255 * 4 and len(var) <= NAME * 4
+            and (value is None or len(value) <= TEXT * 4) and (lib is None or len(lib) <= TEXT * 4)):
+        return None  # (0 <= nan, inf: False; a character is at most 4 bytes: no decode of what cannot fit)
+    text = strings.text
+    host, var = text(host), text(var)
+    value, lib = value if value is None else text(value), lib if lib is None else text(lib)
+    if not (len(host) <= 255 and len(var) <= NAME and (value is None or len(value) <= TEXT)
+            and (lib is None or len(lib) <= TEXT)):
         return None
     return t, pid, host, var, value, lib
 
@@ -682,8 +703,8 @@ def _in_order(path: Path, file_cap: int, file_lines: int) -> bool:
 
 WHOLE_MAX = 1 << 20      # a file this small is read once, whole (a fleet's: tens of KiB each; _small_files) ...
 WHOLE_BUDGET = 256 << 20  # ... while the files so read hold at most this many bytes in all (a job of 2,000 hosts x 8
-#                          ranks in time order; memory: about 5x that where the model keeps none of their events).
-#                          Read one host after another (by_host), the budget is each host's
+#                          ranks; memory: about 5x that where the model keeps none of their events, read in time
+#                          order; one host's share at a time, read one host after another: by_host)
 
 
 def _file_events(path: Path, log: EventLog) -> Iterator[dict[str, Any]]:
@@ -886,20 +907,21 @@ def stream_dirs(dirs, fold: bool = False, by_host: bool = False) -> EventLog:
         log.files += map(str, found)
         _read_runs(d, metas, log)
     log.runs.sort(key=lambda r: r.get("started", 0))
-    log.events = _host_major(paths, sizes, log) if by_host else _merged(paths, sizes, log)
+    whole = dict(zip(paths, _read_whole(paths, sizes)))  # decided once: it decides the order of equal keys
+    log.events = _host_major(paths, whole, log) if by_host else _merged(paths, whole, log)
     return log
 
 
-def _merged(paths: list[Path], sizes: dict[Path, int], log: EventLog) -> Iterator[dict[str, Any]]:
-    """The events of paths in time order: small files read whole (_small_files), the others streamed."""
-    whole = _read_whole(paths, sizes)
-    small = _small_files([p for p, w in zip(paths, whole) if w], log)
-    if all(whole):
+def _merged(paths: list[Path], whole: dict[Path, bool], log: EventLog) -> Iterator[dict[str, Any]]:
+    """The events of paths in time order: small files read whole (_small_files), the others streamed after
+    them (heapq.merge puts an earlier input first where keys are equal)."""
+    small = _small_files([p for p in paths if whole[p]], log)
+    if all(whole[p] for p in paths):
         return small
-    return heapq.merge(small, *(_file_events(p, log) for p, w in zip(paths, whole) if not w), key=_sort_key)
+    return heapq.merge(small, *(_file_events(p, log) for p in paths if not whole[p]), key=_sort_key)
 
 
-def _host_major(paths: list[Path], sizes: dict[Path, int], log: EventLog) -> Iterator[dict[str, Any]]:
+def _host_major(paths: list[Path], whole: dict[Path, bool], log: EventLog) -> Iterator[dict[str, Any]]:
     """The events of each writing host's files (as their names give it; other names: one group) in time order,
     one host after another in the order they are listed: memory holds one host's events at a time, not the
     fleet's, and the model builds one host's part at a time. Each host's events keep the order a merge of all
@@ -912,7 +934,7 @@ def _host_major(paths: list[Path], sizes: dict[Path, int], log: EventLog) -> Ite
     owner: dict[str, str | None] = {}
     for name, group in groups.items():
         last = None
-        for e in _merged(group, sizes, log):
+        for e in _merged(group, whole, log):
             host = e["host"]
             if host != last:
                 if owner.setdefault(host, name) != name:
