@@ -28,8 +28,8 @@ from typing import Any
 from ncclprobe.diagnose.visibility import LIVE_VIEW, NOT_SHOWN
 from ncclprobe.model.images import runs_forkserver
 from ncclprobe.diagnose.findings import Finding, at
-from ncclprobe.model import (LIVE_NATIVE, LIVE_WHERE, LIVE_WHERES, LiveReading, LiveWrite, Model, ProcessView,
-                             SpawnEdge)
+from ncclprobe.model import (FORK_GONE, LIVE_NATIVE, LIVE_WHERE, LIVE_WHERES, LiveReading, LiveWrite, Model,
+                             ProcessView, SpawnEdge)
 from ncclprobe.model import launchers, wiring
 from ncclprobe.model.launchers import FILTERS
 from ncclprobe.model.tuning import NOT_READ_BY_NCCL
@@ -495,7 +495,7 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
             # every process on the way lacked it: the launcher nearest the worker says where to give it
             return Edge("not_in_root", var, x, [x], via=k.via(x), launcher=_launcher(k, "not_in_root", path, given),
                         witnesses=tl.witnesses + (("run",) if given is not None else ()))
-        ptl = k.timeline(parent)
+        parent, ptl = _past_forks(k, parent)
         if ptl is None:
             return Edge("unseen", var, parent, [x], via=k.via(x))
         s = start_of(x)
@@ -524,6 +524,19 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
                         written_after=getattr(w, "after", None))
         x, below = parent, x
     return Edge("unseen", var, x, [below or x])
+
+
+def _past_forks(k: Knowledge, parent: ProcessView) -> tuple[ProcessView, Any]:
+    """parent and its timeline; where no witness read parent, a fork child gone before a second look that exec'd
+    nothing (a daemon's double fork: tmux's server), its own parent's: it ran that program with that environment."""
+    ptl, seen = k.timeline(parent), set()
+    while ptl is None and parent.proc_env_reason == FORK_GONE and not parent.images and parent.key not in seen:
+        seen.add(parent.key)
+        above = k.m.parent(parent)
+        if above is None:
+            break
+        parent, ptl = above, k.timeline(above)
+    return parent, ptl
 
 
 def _get(env: dict[str, str] | None, var: str) -> str | None:
