@@ -3,7 +3,9 @@
 The logs are benchmarks/fleetgen.py's: one job of --hosts hosts × 8 ranks (real demo lines rewritten),
 one directory per host. Prints the baseline, the report's time (load, rules, rendering) and their
 ratio; with --scale N also the report of N hosts and its time against the first. Each time is the
-least of --repeat runs (3), the baseline's as the report's: this machine's noise only ever adds.
+least of --repeat runs (3), the baseline's as the report's: this machine's noise only ever adds. The
+runs take turns (baseline, report, the larger report; again), so that a slow stretch of the machine
+falls on each of them alike, not on the one that ran in it.
 Each run is timed in a process of its own, as `ncclprobe report` runs (after a report of two hosts,
 so that imports and first calls are not timed): in one long-lived process every run after the first
 finds the heap the earlier ones left (and the larger fleet's generation), which no report a user
@@ -77,21 +79,26 @@ def main(argv=None) -> int:
         dirs = fleetgen.job(Path(tmp) / "a", a.hosts)
         report_time(dirs[:2])  # imports, once
         lines = sum(f.read_bytes().count(b"\n") for d in dirs for f in Path(d).glob("*.jsonl"))
-        base = min(baseline(dirs)[0] if here else fresh("json", dirs) for _ in range(max(1, a.repeat)))
+        big = fleetgen.job(Path(tmp) / "b", a.scale) if a.scale else None
         if a.profile:
             import cProfile
             import pstats
             prof = cProfile.Profile()
             prof.enable()
-        t = min(report_time(dirs) if here else fresh("report", dirs) for _ in range(1 if a.profile else max(1, a.repeat)))
-        if a.profile:
+            report_time(dirs)
             prof.disable()
             pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+        bases, times, bigs = [], [], []
+        for _ in range(max(1, a.repeat)):  # in turn: each timing sees the same stretches of this machine's noise
+            bases.append(baseline(dirs)[0] if here else fresh("json", dirs))
+            times.append(report_time(dirs) if here else fresh("report", dirs))
+            if big is not None:
+                bigs.append(report_time(big) if here else fresh("report", big))
+        base, t = min(bases), min(times)
         print(f"{a.hosts} hosts × 8 ranks: {lines} lines; json.loads {base:.2f} s; report {t:.2f} s; "
               f"ratio {t / base:.2f} (budget 5; {'one process' if here else 'a process a run'})")
-        if a.scale:
-            big = fleetgen.job(Path(tmp) / "b", a.scale)
-            t2 = min(report_time(big) if here else fresh("report", big) for _ in range(max(1, a.repeat)))
+        if big is not None:
+            t2 = min(bigs)
             print(f"{a.scale} hosts: report {t2:.2f} s; {t2 / t:.2f}× the {a.hosts}-host time "
                   f"(hosts ×{a.scale / a.hosts:g}; budget 4.5×)")
     return 0
