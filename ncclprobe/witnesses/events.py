@@ -360,10 +360,10 @@ class Strings:
         self.strs: dict[str, str] = {}
 
     def text(self, raw: bytes) -> str:
-        """raw (UTF-8, as the probes write it) as text."""
+        """raw (UTF-8, as the probes write it) as text: the pool's copy (one()), found by its bytes."""
         text = self.texts.get(raw)
         if text is None:
-            text = raw.decode("utf-8", "surrogateescape")
+            text = self.one(raw.decode("utf-8", "surrogateescape"))
             if len(raw) <= self.SHORT and len(self.texts) < self.MAX:
                 self.texts[raw] = text
         return text

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from ncclprobe.model import catalog, tuning
 
-from ncclprobe.witnesses import nccllog
+from ncclprobe.witnesses import events, nccllog
 from ncclprobe.model import CollStat, CommView, Model, NcclRead, ProcessView, comm_id
 from ncclprobe.model.tuning import canonical
 
@@ -151,10 +151,10 @@ class Attribution:
         """After finish(): what only the reading needed (the open windows, the live and pending ones, each
         variable's first sighting) let go, so that what merge() takes is all there is to hand over (a
         fleet's parse comes back from another process: 2.9 -> 2.0 MiB at 256 hosts)."""
-        one: dict[str, str] = {}  # equal strings made one object: a pickle holds each once (values repeat per rank)
+        pool = events.Strings()  # equal strings made one object: a pickle holds each once (values repeat per rank)
 
         def same(text):
-            return text if text is None else one.setdefault(text, text)
+            return text if text is None else pool.one(text)
         for p in self.procs.values():
             p.first, p.live, p.tuners, p.window, p.pending_env = {}, {}, {}, {}, {}
             p.calls.clear()
