@@ -9,6 +9,7 @@ Ground truth: the worker writes its pid."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,7 +62,9 @@ def _missed_or_named(out, doc: dict, worker: int, parents: set[int]) -> bool:
     assert w["mode"] == "scan" and un and un["reason"].startswith("not checked: "), (w, un)
     assert out.returncode == 3, (out.stdout, out.stderr)
     if worker in un["unread"]:
-        assert "/proc showed them only as they ended, or as fork children before an exec" in un["reason"], un
+        assert "whose environment no witness read, and that ran no probe: " in un["reason"], un
+        how = rf"pids? [0-9, ]*\b{worker}\b[0-9, ]* \((/proc showed|known to run's watch alone)"
+        assert re.search(how, un["reason"]), un
         return False
     assert w["missed_children"] >= 1 and w["missed_parents"] and set(w["missed_parents"]) <= parents, w
     assert "reaped between two scans" in un["reason"], un

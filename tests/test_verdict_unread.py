@@ -44,6 +44,12 @@ def test_a_worker_no_witness_read_holds_the_value_unread(tmp_path):
     (g,) = row(d)["groups"]
     assert g["value"] == "?" and g["culprit"] == "no witness read it" and g["pids"] == [101], g
     assert line(text).split(None, 1)[1] == "?: 1 process (pid 101); no witness read it", text
+    # and NOT CHECKED says how it was missed, with what would read it next time
+    un = d["verdict"]["unchecked"]
+    assert un["reason"] == ("not checked: 1 process of the tree known to have run whose environment no witness read, "
+                            "and that ran no probe: pid 101 (/proc showed it only as it ended)"), un
+    assert un["unread"] == [101] and "the kernel's process events" in un["hint"], un
+    assert "pid 101 (/proc showed it only as it ended)" in " ".join(text.split()), text
 
 
 def test_unread_beside_read_workers(tmp_path):

@@ -76,12 +76,25 @@ def unseen_execs(m: Model) -> list:
     return sorted(out, key=lambda p: (p.host, p.pid))
 
 
-def _unseen_pids(m: Model, k) -> list[int]:
-    """The pids known to have run that no witness read: seen only as they ended, or known to run's watch alone
-    (reaped, first seen as zombies, exec'd and gone before the kernel's read; a parent's record of the call that
-    started one is _unread's)."""
+# how a process known to have run was missed by every witness (_unseen), said of one and of several
+_HOW = {
+    "ended": ("/proc showed it only as it ended", "/proc showed them only as they ended"),
+    "execve": ("/proc showed it only inside its execve", "/proc showed them only inside their execve"),
+    "fork": ("a fork child, gone before /proc saw it exec", "fork children, gone before /proc saw them exec"),
+    "wrapper": ("an exec wrapper whose program no witness saw", "exec wrappers whose programs no witness saw"),
+    "watch": ("known to run's watch alone: first seen as a zombie, reaped, or exec'd and gone before the kernel's "
+              "read",) * 2,
+}
+
+
+def _unseen(m: Model, k) -> dict[int, str]:
+    """The pids known to have run that no witness read, each with how (a key of _HOW): seen only as they ended,
+    or known to run's watch alone (reaped, first seen as zombies, exec'd and gone before the kernel's read; a
+    parent's record of the call that started one is _unread's)."""
     procs = {(p.node, p.pid): p for p in m.processes.values()}
-    pids = {p.pid for p in m.processes.values() if _gone_unread(k, p)} | {p.pid for p in unseen_execs(m)}
+    how = {p.pid: "fork" if p.proc_env_reason == FORK_GONE else "execve" if p.proc_env_reason == "inside execve"
+           else "ended" for p in m.processes.values() if _gone_unread(k, p)}
+    how |= {p.pid: "wrapper" for p in unseen_execs(m)}
     parents = {(p.node, p.ppid) for p in m.processes.values()}
     for host, w in m.watch.items():
         for pid in w.get("missed_pids") or []:
@@ -89,20 +102,24 @@ def _unseen_pids(m: Model, k) -> list[int]:
                 continue  # for a process seen as it ended (_gone_unread): a script's $(…) subshell, say
             p = procs.get((host, pid))
             if p is None or not edge_only(p) and k.timeline(p) is None:
-                pids.add(pid)
-    return sorted(pids)
+                how.setdefault(pid, "watch")
+    return dict(sorted(how.items()))
 
 
-def _missed(m: Model, pids: list[int]) -> str:
-    """What ran that no witness read, in words: those pids, the children run's watch counted, the lines the
-    probes could not write (empty: nothing)."""
+def _missed(m: Model, unseen: dict[int, str]) -> str:
+    """What ran that no witness read, in words: those pids and how each was missed, the children run's watch
+    counted, the lines the probes could not write (empty: nothing)."""
     parts = []
-    if pids:
-        parts.append(f"{len(pids)} process(es) of the tree known to have run ({', '.join(map(str, pids[:8]))}"
-                     f"{'…' if len(pids) > 8 else ''}) whose environment no witness read: /proc showed them only as "
-                     "they ended, or as fork children before an exec, or as an exec wrapper whose program no "
-                     "witness saw, or the kernel said they exec'd and they were gone before its read, and they ran "
-                     "no probe")
+    if unseen:
+        groups = []
+        for key, (one, several) in _HOW.items():
+            pids = [pid for pid, how in unseen.items() if how == key]
+            if pids:
+                listed = ", ".join(map(str, pids[:8])) + ("…" if len(pids) > 8 else "")
+                groups.append(f"pid {listed} ({one})" if len(pids) == 1 else f"pids {listed} ({several})")
+        n = len(unseen)
+        parts.append(f"{n} process{'es' if n != 1 else ''} of the tree known to have run whose environment no "
+                     f"witness read, and that ran no probe: {'; '.join(groups)}")
     children = sum(int(w.get("missed_children") or 0) for w in m.watch.values())
     if children:
         parents = sorted({pid for w in m.watch.values() for pid in w.get("missed_parents") or []})
@@ -131,18 +148,12 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
 
     checked = any(map(read, endpoints))  # (one checked process is enough to know: not every endpoint is asked)
     unread, names = _unread(k, endpoints, expect)
-    unseen = _unseen_pids(m, k)
-    missed = _missed(m, unseen)
+    how = _unseen(m, k)
+    unseen, missed = list(how), _missed(m, how)
     if checked and not unread and not missed:
         return None
     if checked and not unread:  # some were checked; others ran that no witness read: not checked on them
-        keep = "keep the probes in the environment each call gives (PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)"
-        kernel = bool(m.watch) and all(w.get("mode") == "kernel" for w in m.watch.values())
-        return Unchecked(f"not checked: {missed}",
-                         f"{keep}: the kernel's process events already had each read at its exec, and these ended "
-                         "first" if kernel else "follow the tree through the kernel's process events (run as root or "
-                         f"with CAP_NET_ADMIN: each process is read at its exec), or {keep}", unread=unseen,
-                         partial=True)
+        return Unchecked(f"not checked: {missed}", _to_see_them(m), unread=unseen, partial=True)
     if checked:  # some were checked; these are known to have run, and not read
         pids = sorted(p.pid for p in unread)
         sites = sorted({p.started_by.site for p in unread})
@@ -165,7 +176,19 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     if not endpoints:
         return Unchecked("not checked: the tree holds no process the expectation applies to",
                          "inspect the workers' PIDs, or run the job under `ncclprobe run -- CMD`")
+    if missed and {p.pid for p in endpoints} <= set(unseen):  # each worker is one of those: say how it was missed
+        return Unchecked(f"not checked: {missed}", _to_see_them(m), unread=unseen)
     return Unchecked("not checked: no witness could read the environment of any worker "
                      f"({len(endpoints)} process(es))",
                      "see them from inside: `ncclprobe run -- CMD` (the boot probe records each Python process), "
                      "or read their memory: `ncclprobe inspect --live PID`", unread=sorted(p.pid for p in endpoints))
+
+
+def _to_see_them(m: Model) -> str:
+    """How to read, next time, what ran and no witness read (_missed): the kernel's process events read each
+    process at its exec; where they did already, what ended first is seen only from inside."""
+    keep = "keep the probes in the environment each call gives (PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)"
+    if m.watch and all(w.get("mode") == "kernel" for w in m.watch.values()):
+        return f"{keep}: the kernel's process events already had each read at its exec, and these ended first"
+    return ("follow the tree through the kernel's process events (run as root or with CAP_NET_ADMIN: each process "
+            f"is read at its exec), or {keep}")
