@@ -195,7 +195,11 @@ def wrap(text: str, width: int) -> list[str]:
 
 
 def _para(text, width: int, style: str = "") -> list[RichText]:
-    return [RichText(line, style=style) for line in wrap(clean(text), width)]
+    """text wrapped to width; an indented paragraph keeps its indent on every line."""
+    text = clean(text)
+    body = text.lstrip(" ")
+    indent = " " * (len(text) - len(body)) if len(text) - len(body) < width // 2 else ""
+    return [RichText(indent + line if line else line, style=style) for line in wrap(body, width - len(indent))]
 
 
 def _grid(rows, width: int, indent: int = 0) -> list[RichText]:

@@ -199,6 +199,18 @@ def test_words_are_never_cut(width, color):
     assert not trailing_spaces(_drawn(width, color))
 
 
+def test_an_indented_paragraph_keeps_its_indent_on_every_line():
+    out = io.StringIO()
+    hint = f"  to check it: read {PATH} with the kernel's process events, or keep the probes in each call's environment"
+    render.render_text(Result("report", doc=[Text(hint), Text("flush " * 20)]), out, width=40, color=False)
+    lines = out.getvalue().splitlines()
+    first = lines.index("  to check it: read")
+    ours = lines[first:lines.index("flush flush flush flush flush flush")]
+    assert len(ours) > 3 and all(x.startswith("  ") and not x.startswith("   ") for x in ours), lines
+    assert " ".join(x.strip() for x in ours) == hint.strip()  # nothing lost, nothing cut
+    assert all(len(x) <= 40 for x in ours if PATH not in x) and not trailing_spaces(out.getvalue())
+
+
 ROWS = [[NAME, "per process", "whether split children share the parent's resources"],
         ["NCCL_PROTO", "per communicator", "protocol of every collective"],
         ["NCCL_ALGO", "per communicator", "algorithm of every collective"]]

@@ -72,10 +72,10 @@ Findings (1 cause)
 [WARNING] P2P_LEVEL_LIMITS: 4 GPU pair(s) will not use P2P under NCCL default (PXB): NCCL moves
 their data through host memory (SHM) instead
     pairs: GPU0-GPU2 (SYS is beyond the P2P level), GPU0-GPU3 (SYS is beyond the P2P level),
-GPU1-GPU2 (SYS is beyond the P2P level), GPU1-GPU3 (SYS is beyond the P2P level)
+    GPU1-GPU2 (SYS is beyond the P2P level), GPU1-GPU3 (SYS is beyond the P2P level)
     hint: measure NCCL_P2P_LEVEL=SYS before adopting it: `ncclprobe bench --config
-p2psys:NCCL_P2P_LEVEL=SYS` (CPUs make poor PCI switches, NVIDIA/nccl#1603); AMD CPUs with at most 2
-GPUs get P2P across PHB/SYS anyway
+    p2psys:NCCL_P2P_LEVEL=SYS` (CPUs make poor PCI switches, NVIDIA/nccl#1603); AMD CPUs with at
+    most 2 GPUs get P2P across PHB/SYS anyway
 """
 
 GOLDEN_LOST = """\
@@ -160,13 +160,13 @@ Findings (2 causes)
 NVLink: LL128 relies on 128-byte stores arriving in order, which PCIe does not guarantee
     pairs: GPU0-GPU1 (NODE)
     hint: drop LL128 from NCCL_PROTO (e.g. NCCL_PROTO=LL,Simple); if it must stay, validate every
-result (`ncclprobe bench --check`), since NCCL's docs warn it can corrupt data
+    result (`ncclprobe bench --check`), since NCCL's docs warn it can corrupt data
 [WARNING] P2P_LEVEL_LIMITS: 1 GPU pair(s) will not use P2P under NCCL default (PXB): NCCL moves
 their data through host memory (SHM) instead
     pairs: GPU0-GPU1 (NODE is beyond the P2P level)
     hint: measure NCCL_P2P_LEVEL=SYS before adopting it: `ncclprobe bench --config
-p2psys:NCCL_P2P_LEVEL=SYS` (CPUs make poor PCI switches, NVIDIA/nccl#1603); AMD CPUs with at most 2
-GPUs get P2P across PHB/SYS anyway
+    p2psys:NCCL_P2P_LEVEL=SYS` (CPUs make poor PCI switches, NVIDIA/nccl#1603); AMD CPUs with at
+    most 2 GPUs get P2P across PHB/SYS anyway
 """
 
 
