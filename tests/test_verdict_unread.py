@@ -83,3 +83,14 @@ def test_examples_env_i_fail_as_typed_lists_its_worker(tmp_path):
     workers = {q["pid"] for q in d["processes"] if any(a.endswith("_worker.py") for a in q["argv"] or [])}
     assert workers and workers <= {pid for g in r["groups"] for pid in g["pids"]}, (workers, r)
     assert p.returncode == 1, p.stderr
+
+
+def test_no_worker_read_names_those_seen_only_as_they_ended_beside_the_unreadable(tmp_path):
+    d, text = report(tmp_path, seen(100, 1, ["bash", "job.sh"], {"NCCL_PROTO": "LL"}),
+                     seen(101, 100, ["python3", "w.py"], None, "permission", 0.5),
+                     seen(102, 100, ["python3", "w.py"], None, "vanished", 0.5))
+    un = d["verdict"]["unchecked"]
+    assert un["reason"].startswith("not checked: no witness could read the environment of any worker (2 process(es))")
+    assert un["reason"].endswith("; and 1 process of the tree known to have run whose environment no witness read, "
+                                 "and that ran no probe: pid 102 (/proc showed it only as it ended)"), un
+    assert un["unread"] == [101, 102] and "NOT CHECKED: no witness could read" in text, (un, text)

@@ -179,9 +179,10 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     if missed and {p.pid for p in endpoints} <= set(unseen):  # each worker is one of those: say how it was missed
         return Unchecked(f"not checked: {missed}", _to_see_them(m), unread=unseen)
     return Unchecked("not checked: no witness could read the environment of any worker "
-                     f"({len(endpoints)} process(es))",
+                     f"({len(endpoints)} process(es))" + (f"; and {missed}" if missed else ""),
                      "see them from inside: `ncclprobe run -- CMD` (the boot probe records each Python process), "
-                     "or read their memory: `ncclprobe inspect --live PID`", unread=sorted(p.pid for p in endpoints))
+                     "or read their memory: `ncclprobe inspect --live PID`",
+                     unread=sorted({*(p.pid for p in endpoints), *unseen}))
 
 
 def _to_see_them(m: Model) -> str:
