@@ -5,7 +5,7 @@ events), leaves no record and is never read, but the process that reaped it has 
 its own count (witnesses/reaping.py): the watch counts at least one child missed and the verdict says NOT CHECKED
 first, exit 3 with --expect. Should a scan catch the worker after all (a busy machine delays the watch), it is read,
 and named: ENV_MISSING, exit 1; seen only as it ended, it is named unread: exit 3. Never "No findings", never 0.
-Ground truth: the worker writes its pid."""
+Ground truth: the worker writes its pid; NOT CHECKED names it with how it was missed."""
 from __future__ import annotations
 
 import json
@@ -63,7 +63,7 @@ def _missed_or_named(out, doc: dict, worker: int, parents: set[int]) -> bool:
     assert out.returncode == 3, (out.stdout, out.stderr)
     if worker in un["unread"]:
         assert "whose environment no witness read, and that ran no probe: " in un["reason"], un
-        how = rf"pids? [0-9, ]*\b{worker}\b[0-9, ]* \((/proc showed|known to run's watch alone)"
+        how = rf"pids? [0-9, ]*\b{worker}\b[0-9, ]* \((/proc showed|a fork child|known to run's watch alone)"
         assert re.search(how, un["reason"]), un
         return False
     assert w["missed_children"] >= 1 and w["missed_parents"] and set(w["missed_parents"]) <= parents, w
