@@ -364,3 +364,19 @@ def test_the_roots_own_fork_before_its_exec_is_no_process_of_the_tree(reader):
             os.waitpid(child, os.WNOHANG)
         except ChildProcessError:
             pass
+
+
+def test_the_watch_line_counts_execs_apart_from_processes(tmp_path):
+    """`env python3 …` is one process that exec'd twice: the kernel's reads are counted as execs, never as a
+    share of the processes seen (it said '1 process(es) seen, 2 of them read at their exec')."""
+    from ncclprobe.views.report import watch_line
+    w = {"mode": "kernel", "seen": 1, "kernel_reads": 2, "scans": 2, "interval_s": 0.5}
+    line = watch_line(w)
+    assert line.startswith("/proc watch: 1 process(es) seen, 2 exec(s) read as they happened (the kernel's "), line
+    assert "of them" not in line
+    out = subprocess.run([*NCCLPROBE, "run", "--json", "--dir", str(tmp_path / "logs"), "--", "env",
+                          sys.executable, "-S", "-c", "pass"], capture_output=True, text=True, timeout=120)
+    (w,) = json.loads(out.stdout)["watch"].values()
+    assert out.returncode == 0 and w["seen"] >= 1, out.stderr
+    if w["mode"] == "kernel":  # (root, or CAP_NET_ADMIN): env's exec and python's, of one pid
+        assert w["kernel_reads"] >= 2 and f"{w['kernel_reads']} exec(s) read as they happened" in watch_line(w), w

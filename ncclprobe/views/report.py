@@ -257,7 +257,8 @@ def watch_line(w: dict[str, Any], host: str | None = None) -> str:
     kernel = w.get("mode") == "kernel"
     runs = f" ({w['runs']} runs)" if (w.get("runs") or 1) > 1 else ""
     text = (f"/proc watch{' on ' + host if host else ''}{runs}: {w.get('seen', 0)} process(es) seen"
-            + (f", {w.get('kernel_reads', 0)} of them read at their exec (the kernel's process events)" if kernel else "")
+            + (f", {w.get('kernel_reads', 0)} exec(s) read as they happened (the kernel's process events)" if kernel
+               else "")
             + f" and {w.get('scans', 0)} scan(s) every {w.get('interval_s')} s")
     text += (f"; {missed} short-lived process(es) known to have run that no read caught (their boot probe, their "
              "parent's record of the call that started them, the kernel or run's reaping saw them)" if missed
