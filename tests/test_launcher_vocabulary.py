@@ -568,6 +568,11 @@ def test_env_i_as_the_command_names_itself(tmp_path, variant):
     named = ["NCCL_PROTO=LL"] if variant == "ok" else []
     o = drive(tmp_path, ["env", "-i", f"PATH={os.environ['PATH']}", *named, *WORKER], 1, env=LL)
     check(o, None) if variant == "ok" else check(o, "curated_env", "env -i", ("name NCCL_PROTO=LL after `env -i`",))
+    if variant == "fail":  # the verdict's culprit and the finding name the wrapper, in the line it was given
+        (row,) = [r for r in o.doc["verdict"]["variables"] if r["var"] == VAR]
+        assert [g["culprit"] for g in row["groups"]] == ["dropped by `env -i` in CMD's command line"], o.why()
+        [f] = errors_on_var(o.doc)
+        assert "and `env -i` in CMD's command line started them" in f["message"], o.why()
 
 
 

@@ -969,6 +969,11 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         msg = (f"{sp.site} started `{started}` with {sp.env_text()}: {missing} not passed"
                f" ({pid_text}: {lost}; {pdesc} had {them}{via_inter})")
         culprit = f"curated env from {program(parent.argv) if parent else '?'}"
+    elif kind == "curated_env" and edge.launcher in FILTERS:  # `env -i python3 w.py`, exec'd: its line, no script
+        line = f"a command {program(parent.argv)} ran" if parent else "CMD's command line"
+        msg = (f"{pid_text}: {lost}; {pdesc} had {them}, and `{edge.launcher}` in {line} started them{via_inter} "
+               "with an environment of its own")
+        culprit = f"dropped by `{edge.launcher}` in {line}"
     elif kind == "curated_env":
         msg = (f"{pid_text}: {lost}; {pdesc} had {them} when it started them{via_inter}, with an environment of "
                "its own")
