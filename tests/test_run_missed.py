@@ -63,7 +63,7 @@ def _missed_or_named(out, doc: dict, worker: int, parents: set[int]) -> bool:
     assert out.returncode == 3, (out.stdout, out.stderr)
     if worker in un["unread"]:
         assert "whose environment no witness read, and that ran no probe: " in un["reason"], un
-        how = rf"pids? [0-9, ]*\b{worker}\b[0-9, ]* \((/proc showed|a fork child|known to run's watch alone)"
+        how = rf"pids? [0-9, ]*\b{worker}\b[0-9, …]* \((/proc showed|seen once as fork|known to run's watch alone)"
         assert re.search(how, un["reason"]), un
         return False
     assert w["missed_children"] >= 1 and w["missed_parents"] and set(w["missed_parents"]) <= parents, w

@@ -94,3 +94,19 @@ def test_no_worker_read_names_those_seen_only_as_they_ended_beside_the_unreadabl
     assert un["reason"].endswith("; and 1 process of the tree known to have run whose environment no witness read, "
                                  "and that ran no probe: pid 102 (/proc showed it only as it ended)"), un
     assert un["unread"] == [101, 102] and "NOT CHECKED: no witness could read" in text, (un, text)
+
+
+def test_a_pid_on_two_hosts_is_two_processes_and_each_keeps_how_it_was_missed(tmp_path):
+    """host a's pid 101 could not be read (permission), host b's pid 101 was seen only as it ended: two processes,
+    the second named with its host, and the first not taken for it."""
+    def on(host: str, e: dict) -> dict:
+        return {**e, "host": host}
+    d, text = report(tmp_path, on("a", seen(100, 1, ["bash", "job.sh"], {"NCCL_PROTO": "LL"})),
+                     on("a", seen(101, 100, ["python3", "w.py"], None, "permission", 0.5)),
+                     on("b", seen(100, 1, ["bash", "job.sh"], {"NCCL_PROTO": "LL"})),
+                     on("b", seen(101, 100, ["python3", "w.py"], None, "vanished", 0.5)))
+    un = d["verdict"]["unchecked"]
+    assert un["reason"].startswith("not checked: no witness could read the environment of any worker (2 process(es))")
+    assert un["reason"].endswith("; and 1 process of the tree known to have run whose environment no witness read, "
+                                 "and that ran no probe: pid b:101 (/proc showed it only as it ended)"), un
+    assert "ncclprobe inspect --live PID" in un["hint"], un

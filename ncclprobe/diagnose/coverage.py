@@ -80,21 +80,25 @@ def unseen_execs(m: Model) -> list:
 _HOW = {
     "ended": ("/proc showed it only as it ended", "/proc showed them only as they ended"),
     "execve": ("/proc showed it only inside its execve", "/proc showed them only inside their execve"),
-    "fork": ("a fork child, gone before /proc saw it exec", "fork children, gone before /proc saw them exec"),
+    "fork": ("seen once as a fork child or inside its execve, gone before a second look",
+             "seen once as fork children or inside their execve, gone before a second look"),
+    "unread": ("/proc showed it, but its environment was not read", "/proc showed them, but their environments "
+               "were not read"),
     "wrapper": ("an exec wrapper whose program no witness saw", "exec wrappers whose programs no witness saw"),
-    "watch": ("known to run's watch alone: first seen as a zombie, reaped, or exec'd and gone before the kernel's "
-              "read",) * 2,
+    "watch": ("known to run's watch alone: no scan saw it running (first seen as a zombie, reaped by run, CMD gone "
+              "before the first scan) or it exec'd and was gone before the kernel's read",) * 2,
 }
+_REASON_HOW = {FORK_GONE: "fork", "inside execve": "execve", "not read": "unread"}
 
 
-def _unseen(m: Model, k) -> dict[int, str]:
-    """The pids known to have run that no witness read, each with how (a key of _HOW): seen only as they ended,
-    or known to run's watch alone (reaped, first seen as zombies, exec'd and gone before the kernel's read; a
-    parent's record of the call that started one is _unread's)."""
+def _unseen(m: Model, k) -> dict[tuple[str, int], str]:
+    """The processes known to have run that no witness read, (host, pid) each with how (a key of _HOW): seen
+    only as they ended, or known to run's watch alone (reaped, first seen as zombies, exec'd and gone before the
+    kernel's read; a parent's record of the call that started one is _unread's)."""
     procs = {(p.node, p.pid): p for p in m.processes.values()}
-    how = {p.pid: "fork" if p.proc_env_reason == FORK_GONE else "execve" if p.proc_env_reason == "inside execve"
-           else "ended" for p in m.processes.values() if _gone_unread(k, p)}
-    how |= {p.pid: "wrapper" for p in unseen_execs(m)}
+    how = {(p.host, p.pid): _REASON_HOW.get(p.proc_env_reason, "ended")
+           for p in m.processes.values() if _gone_unread(k, p)}
+    how |= {(p.host, p.pid): "wrapper" for p in unseen_execs(m)}
     parents = {(p.node, p.ppid) for p in m.processes.values()}
     for host, w in m.watch.items():
         for pid in w.get("missed_pids") or []:
@@ -102,20 +106,21 @@ def _unseen(m: Model, k) -> dict[int, str]:
                 continue  # for a process seen as it ended (_gone_unread): a script's $(…) subshell, say
             p = procs.get((host, pid))
             if p is None or not edge_only(p) and k.timeline(p) is None:
-                how.setdefault(pid, "watch")
+                how.setdefault((host, pid), "watch")
     return dict(sorted(how.items()))
 
 
-def _missed(m: Model, unseen: dict[int, str]) -> str:
-    """What ran that no witness read, in words: those pids and how each was missed, the children run's watch
-    counted, the lines the probes could not write (empty: nothing)."""
+def _missed(m: Model, unseen: dict[tuple[str, int], str]) -> str:
+    """What ran that no witness read, in words: those processes and how each was missed (host:pid where they ran
+    on more than one host), the children run's watch counted, the lines the probes could not write (empty:
+    nothing)."""
     parts = []
     if unseen:
-        groups = []
+        groups, hosts = [], len({p.node for p in m.processes.values()} | {host for host, _ in unseen}) > 1
         for key, (one, several) in _HOW.items():
-            pids = [pid for pid, how in unseen.items() if how == key]
+            pids = [f"{host}:{pid}" if hosts else str(pid) for (host, pid), how in unseen.items() if how == key]
             if pids:
-                listed = ", ".join(map(str, pids[:8])) + ("…" if len(pids) > 8 else "")
+                listed = ", ".join(pids[:8]) + ("…" if len(pids) > 8 else "")
                 groups.append(f"pid {listed} ({one})" if len(pids) == 1 else f"pids {listed} ({several})")
         n = len(unseen)
         parts.append(f"{n} process{'es' if n != 1 else ''} of the tree known to have run whose environment no "
@@ -149,7 +154,7 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     checked = any(map(read, endpoints))  # (one checked process is enough to know: not every endpoint is asked)
     unread, names = _unread(k, endpoints, expect)
     how = _unseen(m, k)
-    unseen, missed = list(how), _missed(m, how)
+    unseen, missed = sorted({pid for _, pid in how}), _missed(m, how)
     if checked and not unread and not missed:
         return None
     if checked and not unread:  # some were checked; others ran that no witness read: not checked on them
@@ -176,7 +181,7 @@ def unchecked(m: Model, expect: dict[str, str], k=None) -> Unchecked | None:
     if not endpoints:
         return Unchecked("not checked: the tree holds no process the expectation applies to",
                          "inspect the workers' PIDs, or run the job under `ncclprobe run -- CMD`")
-    if missed and {p.pid for p in endpoints} <= set(unseen):  # each worker is one of those: say how it was missed
+    if missed and {(p.host, p.pid) for p in endpoints} <= set(how):  # each worker is one of those: say how
         return Unchecked(f"not checked: {missed}", _to_see_them(m), unread=unseen)
     return Unchecked("not checked: no witness could read the environment of any worker "
                      f"({len(endpoints)} process(es))" + (f"; and {missed}" if missed else ""),
@@ -189,7 +194,10 @@ def _to_see_them(m: Model) -> str:
     """How to read, next time, what ran and no witness read (_missed): the kernel's process events read each
     process at its exec; where they did already, what ended first is seen only from inside."""
     keep = "keep the probes in the environment each call gives (PYTHONPATH, NCCLPROBE_DIR, LD_PRELOAD)"
-    if m.watch and all(w.get("mode") == "kernel" for w in m.watch.values()):
+    if not m.watch:  # (seen by a /proc read of inspect's, say)
+        return (f"run the job under `ncclprobe run -- CMD` (its watch reads each process at its exec where the "
+                f"kernel's process events allow), and {keep}")
+    if all(w.get("mode") == "kernel" for w in m.watch.values()):
         return f"{keep}: the kernel's process events already had each read at its exec, and these ended first"
     return ("follow the tree through the kernel's process events (run as root or with CAP_NET_ADMIN: each process "
             f"is read at its exec), or {keep}")
