@@ -31,6 +31,7 @@ import pytest
 from fakeproc import FakeProc
 from ncclprobe import diagnose, model
 from ncclprobe.commands.inspection import inspect_processes
+from ncclprobe.diagnose.propagation import program
 from ncclprobe.model import launchers
 from ncclprobe.witnesses.events import EventLog
 from test_launchers import _end_session, _records, _witnessed, errors_on_var, flagged, summary
@@ -297,6 +298,35 @@ def test_env_i_of_an_ancestor_is_not_the_launcher_of_an_edge_below_it():
     assert "env -i" not in f.hint
 
 
+def _lost_by(first: list[str], then: list[str] | None = None, parent: list[str] | None = None) -> list:
+    """pid 11, started by pid 10 (`python3 a.py`, or `parent`: two images, its last holding NCCL_PROTO=LL) as
+    `first`, exec'ing `then`, without NCCL_PROTO."""
+    up = parent or ["python3", "a.py"]
+    events = [seen(10, 1, 1.0, up, LL, 0.9), seen(11, 10, 1.3, first, {}, 1.25)]
+    if parent:
+        events.insert(1, seen(10, 1, 1.1, ["bash", "job.sh"], LL, 0.9))
+    return log_rules(events + ([seen(11, 10, 1.4, then, {}, 1.25)] if then else []))
+
+
+@pytest.mark.parametrize("first,then,parent,launcher,says", [
+    (["env", "-i", "python3", "w.py"], ["python3", "w.py"], None, "env -i",
+     "and `env -i` in the command a.py ran started them"),
+    # b.py exec'd env -i, but what b.py held before, no read kept: its parent may have dropped it
+    (["python3", "b.py"], ["env", "-i", "python3", "w.py"], None, "env -i", "had it when it started them"),
+    (["env", "--unset=NCCL_PROTO", "python3", "w.py"], ["python3", "w.py"], None, "env -u",
+     "and `env -u` in the command a.py ran started them"),
+    # env -u of another name, or sudo in the parent's own past (it had the value when it started the worker): the
+    # worker's parent curated its environment, no wrapper did
+    (["env", "-u", "FOO", "python3", "w.py"], ["python3", "w.py"], None, None, "had it when it started them"),
+    (["python3", "w.py"], None, ["sudo", "bash", "job.sh"], "sudo", "had it when it started them"),
+])
+def test_a_filtering_wrapper_is_the_culprit_only_where_the_worker_ran_it(first, then, parent, launcher, says):
+    [f] = _lost_by(first, then, parent)
+    assert (f.edge["kind"], f.edge["launcher"]) == ("curated_env", launcher) and says in f.message, f.message
+    if launcher is None:
+        assert "env -u" not in f.hint and "env -u" not in f.message, f.hint
+
+
 # ------------------------------------------------------------------------------------ real trees
 @dataclass
 class Outcome:
@@ -561,18 +591,25 @@ def test_the_multiprocessing_start_methods_name_themselves(tmp_path, example, la
     check(o, "set_after_start", launcher, (says,), parent="writer")
 
 
-@pytest.mark.parametrize("variant", ["fail", "ok"])
+@pytest.mark.parametrize("variant", ["fail", "ok", "exec"])
 def test_env_i_as_the_command_names_itself(tmp_path, variant):
     """`run -- env -i … python3 w.py`: env's image lives for an exec only, but it is the command run
-    was given (examples/env_i has it inside a script, where only a witness of that exec can tell)."""
+    was given (examples/env_i has it inside a script, where only a witness of that exec can tell); `exec`:
+    CMD is a python that execs it."""
     named = ["NCCL_PROTO=LL"] if variant == "ok" else []
-    o = drive(tmp_path, ["env", "-i", f"PATH={os.environ['PATH']}", *named, *WORKER], 1, env=LL)
-    check(o, None) if variant == "ok" else check(o, "curated_env", "env -i", ("name NCCL_PROTO=LL after `env -i`",))
-    if variant == "fail":  # the verdict's culprit and the finding name the wrapper, in the line it was given
-        (row,) = [r for r in o.doc["verdict"]["variables"] if r["var"] == VAR]
-        assert [g["culprit"] for g in row["groups"]] == ["dropped by `env -i` in CMD's command line"], o.why()
-        [f] = errors_on_var(o.doc)
-        assert "and `env -i` in CMD's command line started them" in f["message"], o.why()
+    argv = ["env", "-i", f"PATH={os.environ['PATH']}", *named, *WORKER]
+    if variant == "exec":
+        argv = [PY, "-S", "-c", "import os, sys; os.execvp('env', sys.argv[1:])", *argv]
+    o = drive(tmp_path, argv, 1, env=LL)
+    if variant == "ok":
+        return check(o, None)
+    check(o, "curated_env", "env -i", ("name NCCL_PROTO=LL after `env -i`",))
+    # the verdict's culprit and the finding name the wrapper, and where it was
+    where = "in CMD's command line" if variant == "fail" else f"exec'd by {program(argv[:4])}"  # (python -c)
+    (row,) = [r for r in o.doc["verdict"]["variables"] if r["var"] == VAR]
+    assert [g["culprit"] for g in row["groups"]] == [f"dropped by `env -i` {where}"], o.why()
+    [f] = errors_on_var(o.doc)
+    assert f"and `env -i` {where} started them" in f["message"], o.why()
 
 
 

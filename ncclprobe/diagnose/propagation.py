@@ -475,7 +475,7 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
                         parent_pid=by)
         caller = _exec_caller(k, x, sp, var, target)  # the record of the exec, where no script line names it
         if caller is not None:
-            return Edge("curated_env", var, caller, [x], via="exec", launcher=_launcher(k, "curated_env", [x]),
+            return Edge("curated_env", var, caller, [x], via="exec", launcher=_launcher(k, "curated_env", [x], var=var),
                         witnesses=tl.witnesses + ("edge",), spawn=sp)
         if pit is not None:
             by = pit.get("started_by", pit["shell"])
@@ -489,11 +489,12 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
         if parent is None:
             given = m.given_for(x)
             if given is not None and x.ppid == given.get("pid") and _get(given["env"], var) == target:
-                return Edge("curated_env", var, None, [x], via="exec", launcher=_launcher(k, "curated_env", [x], given),
-                            witnesses=tl.witnesses + ("run",),
+                return Edge("curated_env", var, None, [x], via="exec",
+                            launcher=_launcher(k, "curated_env", [x], given, var), witnesses=tl.witnesses + ("run",),
                             parent_label="ncclprobe run (the environment it gave CMD)")
             # every process on the way lacked it: the launcher nearest the worker says where to give it
-            return Edge("not_in_root", var, x, [x], via=k.via(x), launcher=_launcher(k, "not_in_root", path, given),
+            return Edge("not_in_root", var, x, [x], via=k.via(x),
+                        launcher=_launcher(k, "not_in_root", path, given, var),
                         witnesses=tl.witnesses + (("run",) if given is not None else ()))
         parent, ptl = _past_forks(k, parent)
         if ptl is None:
@@ -515,12 +516,12 @@ def locate(k: Knowledge, e: ProcessView, var: str, target: str | None, t: float 
             if wrap is not None and wrap["kind"] in FILTERS:
                 return Edge(kind, var, parent, [x], wrap.get("where"), via=k.via(x), launcher=wrap["kind"],
                             witnesses=ptl.witnesses + tl.witnesses, pitfall=wrap, spawn=spawn)
-            return Edge(kind, var, parent, [x], via=k.via(x), launcher=_launcher(k, kind, [x]),
+            return Edge(kind, var, parent, [x], via=k.via(x), launcher=_launcher(k, kind, [x], var=var),
                         witnesses=ptl.witnesses + tl.witnesses, spawn=spawn)
         if late:  # ... and got it only after x had started
             w = late[0]
             return Edge("set_after_start", var, parent, [x], w.where, w.t, w.old, w.new, k.via(x),
-                        launcher=_launcher(k, "set_after_start", [x]), witnesses=ptl.witnesses + tl.witnesses,
+                        launcher=_launcher(k, "set_after_start", [x], var=var), witnesses=ptl.witnesses + tl.witnesses,
                         written_after=getattr(w, "after", None))
         x, below = parent, x
     return Edge("unseen", var, x, [below or x])
@@ -561,13 +562,16 @@ def _pitfall(m: Model, x: ProcessView, e: ProcessView, var: str) -> dict[str, An
 
 
 # ------------------------------------------------------------------------------ launchers, hints
-def _launcher(k: Knowledge, kind: str, path: list[ProcessView], given: dict | None = None) -> str | None:
-    """The launcher around an edge (model/launchers.py's table): from the images of path (the edge's
+def _launcher(k: Knowledge, kind: str, path: list[ProcessView], given: dict | None = None,
+              var: str | None = None) -> str | None:
+    """The launcher around an edge of var (model/launchers.py's table): from the images of path (the edge's
     child, or for the root's edge every process from the worker up) and their ancestors, nearest
     first, then the command `run` was given (the root's first image); the shell, where the parent is
-    one and nothing else is recognised."""
+    one and nothing else is recognised. An `env -u` that unsets other names is no launcher of var's edge."""
     chain = _ancestry(k.m, path)
     levels, fixed = _levels(k, chain, given)
+    if var is not None:
+        levels = [[im for im in level if not _unsets_others(im[0], var)] for level in levels]
     if kind == "not_in_root":  # above the root: only a launcher that says where to give it is named
         chosen, _ = launchers.nearest(levels, kind, fixed, anywhere=True)
         return chosen.name if chosen else None
@@ -664,6 +668,50 @@ def _hint(edge: Edge, items: dict[str, tuple]) -> str:
     # not_in_root
     return (f"export {value} in the environment that starts pid {edge.parent.pid if edge.parent else '?'} "
             f"({program(edge.parent.argv) if edge.parent else '?'}), or use `ncclprobe run --set {value} -- CMD`")
+
+
+def _filtered_in(m: Model, edge: Edge, parent: ProcessView | None) -> str | None:
+    """Where the filtering wrapper that names a curated edge (`env -i`, `env -u VAR`, sudo, su) was in each child's
+    own images, in words: in CMD's command line, in the command its parent ran, or exec'd by an earlier image of
+    CMD (which had run's environment); None where a child did not run it (a launcher further up is no culprit of
+    this edge), where `env -u` unset other variables than this one, or where a child started by a parent exec'd
+    it later (whether the image before it still held the variable, no read kept)."""
+    if edge.launcher not in FILTERS or not edge.children:
+        return None
+    lines = set()
+    for x in edge.children:
+        images = [a for a in (*x.images, x.argv) if a]
+        given = m.given_for(x) if parent is None else None
+        if given and x.ppid == given.get("pid") and given.get("command") and images[:1] != [given["command"]]:
+            images.insert(0, list(given["command"]))  # CMD as run started it (its exec of env no read may have seen)
+        i = next((i for i, a in enumerate(images) if (la := launchers.identify(a)) and la.name == edge.launcher
+                  and not _unsets_others(a, edge.var)), None)
+        if i is None or i and parent is not None:  # (what the images before it held, no read kept: run gave CMD its
+            return None  # own environment, a parent whatever it did)
+        lines.add(f"exec'd by {program(images[i - 1])}" if i else
+                  f"in the command {program(parent.argv)} ran" if parent else "in CMD's command line")
+    return lines.pop() if len(lines) == 1 else None
+
+
+def _unsets_others(argv: list[str] | None, var: str) -> bool:
+    """An `env -u NAME …` command line whose names leave var alone."""
+    la = launchers.identify(argv) if argv else None
+    return la is not None and la.name == "env -u" and var not in _unset_by_env(argv)
+
+
+def _unset_by_env(argv: list[str]) -> set[str]:
+    """The names `env -u NAME` / `--unset=NAME` in one env command line removes."""
+    names, args = set(), iter(argv[1:])
+    for a in args:
+        if a in ("-u", "--unset"):
+            names.add(next(args, ""))
+        elif a.startswith("--unset="):
+            names.add(a.split("=", 1)[1])
+        elif a.startswith("-u") and not a.startswith("--"):
+            names.add(a[2:])
+        elif not a.startswith("-"):
+            break
+    return names
 
 
 def program(argv: list[str] | None) -> str:
@@ -969,11 +1017,10 @@ def _finding(m: Model, g: dict[str, Any], expect: dict[str, str]) -> Finding:
         msg = (f"{sp.site} started `{started}` with {sp.env_text()}: {missing} not passed"
                f" ({pid_text}: {lost}; {pdesc} had {them}{via_inter})")
         culprit = f"curated env from {program(parent.argv) if parent else '?'}"
-    elif kind == "curated_env" and edge.launcher in FILTERS:  # `env -i python3 w.py`, exec'd: its line, no script
-        line = f"a command {program(parent.argv)} ran" if parent else "CMD's command line"
-        msg = (f"{pid_text}: {lost}; {pdesc} had {them}, and `{edge.launcher}` in {line} started them{via_inter} "
+    elif kind == "curated_env" and (line := _filtered_in(m, edge, parent)) is not None:  # `env -i python3 w.py`
+        msg = (f"{pid_text}: {lost}; {pdesc} had {them}, and `{edge.launcher}` {line} started them{via_inter} "
                "with an environment of its own")
-        culprit = f"dropped by `{edge.launcher}` in {line}"
+        culprit = f"dropped by `{edge.launcher}` {line}"
     elif kind == "curated_env":
         msg = (f"{pid_text}: {lost}; {pdesc} had {them} when it started them{via_inter}, with an environment of "
                "its own")
