@@ -198,7 +198,9 @@ def _para(text, width: int, style: str = "") -> list[RichText]:
     """text wrapped to width; an indented paragraph keeps its indent on every line."""
     text = clean(text)
     body = text.lstrip(" ")
-    indent = " " * (len(text) - len(body)) if len(text) - len(body) < width // 2 else ""
+    if len(text) - len(body) >= width // 2:  # too deep to hang the rest under: only the first line is indented
+        return [RichText(line, style=style) for line in wrap(text, width)]
+    indent = text[:len(text) - len(body)]
     return [RichText(indent + line if line else line, style=style) for line in wrap(body, width - len(indent))]
 
 
