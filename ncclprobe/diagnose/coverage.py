@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ncclprobe.model import FORK_GONE, Model
+from ncclprobe.model import FORK_GONE, SPACE_MARK, Model
 from ncclprobe.model.images import EXEC_WRAPPERS, wraps_a_program
 from ncclprobe.model.launchers import client_of
 
@@ -116,7 +116,8 @@ def _missed(m: Model, unseen: dict[tuple[str, int], str]) -> str:
     nothing)."""
     parts = []
     if unseen:
-        groups, hosts = [], len({p.node for p in m.processes.values()} | {host for host, _ in unseen}) > 1
+        nodes = {p.node for p in m.processes.values()} | {host.split(SPACE_MARK)[0] for host, _ in unseen}
+        groups, hosts = [], len(nodes) > 1
         for key, (one, several) in _HOW.items():
             pids = [f"{host}:{pid}" if hosts else str(pid) for (host, pid), how in unseen.items() if how == key]
             if pids:
