@@ -261,6 +261,26 @@ def test_environ_walk_survives_a_thread_racing_setenv_and_unsetenv(built, tmp_pa
     assert len(inits) == 20000 and all(isinstance(e["env"], dict) for e in inits)
 
 
+def test_the_probe_reads_its_own_settings_without_getenv(built, tmp_path):
+    """The probe's settings (NCCLPROBE_DIR, _MAX_LINE, _MAX_FILES, _MAX_BYTES, _FLUSH_S, _GPU_TIMING) are read
+    through its own environ walk, not glibc's getenv: a host thread racing setenv()/unsetenv() crashed getenv's
+    walk in the probe's first read (np_log_setup), 3 runs in 1,500 of a host that races from its start. A spy
+    preloaded ahead of the probe counts every getenv of a NCCLPROBE_ name: none, in each of the probe's roles,
+    and the settings still hold (the log is where NCCLPROBE_DIR says, and no line is over NCCLPROBE_MAX_LINE)."""
+    spy, log, out = ps.build_getenv_spy(tmp_path), private_dir(tmp_path / "log"), tmp_path / "spy.txt"
+    env = host_env(built, log, NCCLPROBE_MAX_LINE="1024", NCCL_SOCKET_IFNAME="lo" * 600, NCCLPROBE_FLUSH_S="1",
+                   NCCLPROBE_MAX_FILES="64", SPY_OUT=str(out))
+    env["LD_PRELOAD"] = f"{spy} {env['LD_PRELOAD']}"
+    r = ps.run([built["host"], "envrace", 5, 0], env, timeout=120)
+    assert (r.returncode, r.stdout.split()) == (0, ["inits=5"]), (r.returncode, r.stderr[-2000:])
+    assert out.read_text() == "probe_getenv=0\n"
+    files = list(log.iterdir())
+    assert files and all(len(line) <= 1024 for f in files for line in f.read_bytes().splitlines())
+    evs = ps.read(log).events
+    assert sum(e["ev"] == "comm_init" for e in evs) == 5 and any(e["ev"] == "nccl_getenv" for e in evs), \
+        {e["ev"] for e in evs}
+
+
 # ---- bounded output -----------------------------------------------------------------------------------
 
 def test_every_line_keeps_within_the_line_cap_and_says_it_was_cut(built, tmp_path):

@@ -351,6 +351,56 @@ static size_t read_batch(pid_t pid, char** env, size_t i, const char** ptrs, cha
   return n;
 }
 
+/* The bytes at s up to their NUL into buf (cap bytes at most, NUL-terminated), a page at a time: their
+ * length, cap where no NUL came within cap bytes, or -1 where a page was not readable. */
+static ssize_t read_span(pid_t pid, const char* s, char* buf, size_t cap) {
+  size_t off = 0;
+  while (off < cap) {
+    size_t want = page_room(s + off);
+    if (want > cap - off) want = cap - off;
+    if (!read_chunk(pid, s + off, buf + off, want)) return -1;
+    const char* nul = memchr(buf + off, 0, want);
+    if (nul) return nul - buf;
+    off += want;
+  }
+  buf[cap - 1] = 0;
+  return (ssize_t)cap;
+}
+
+ssize_t np_env_value(const char* name, char* out, size_t cap) {
+  size_t nl = strlen(name);
+  if (!cap || nl + 1 >= NP_ENV_HEAD) return -1;
+  pid_t pid = getpid();
+  char** env = __atomic_load_n(&environ, __ATOMIC_ACQUIRE);
+  const char* ptrs[NP_ENV_BATCH];
+  char heads[NP_ENV_BATCH][NP_ENV_HEAD], whole[NP_ENV_HEAD];
+  size_t hlen[NP_ENV_BATCH];
+  for (size_t i = 0, walks = 1; env;) {
+    int end;
+    size_t n = read_batch(pid, env, i, ptrs, heads, hlen, &end);
+    char** now = __atomic_load_n(&environ, __ATOMIC_ACQUIRE);
+    if (now != env) { /* moved under the walk (np_jb_env says why): again on the new array */
+      if (walks++ == NP_ENV_WALKS || !now) return -1;
+      env = now;
+      i = 0;
+      continue;
+    }
+    for (size_t k = 0; k < n; k++) {
+      size_t hl = hlen[k] < nl + 1 ? hlen[k] : nl + 1;
+      if (!hl || memcmp(heads[k], name, hl < nl ? hl : nl) != 0) continue;
+      const char* head = heads[k];
+      if (hl < nl + 1) { /* its page ended within the name: the name read again, across the page */
+        if (read_span(pid, ptrs[k], whole, nl + 2) < (ssize_t)nl + 1) continue;
+        head = whole;
+      }
+      if (memcmp(head, name, nl) == 0 && head[nl] == '=') return read_span(pid, ptrs[k] + nl + 1, out, cap);
+    }
+    if (end) break;
+    i += n;
+  }
+  return -1;
+}
+
 /* Whether the entry whose first hl bytes are head may be watched: its name is, or more of it must be
  * read to know (the page ended before the '=' within the longest watched name). */
 static int maybe_watched(const char* head, size_t hl) {

@@ -57,8 +57,9 @@ static int g_over_files; /* the file is the first past the file budget */
 
 /* A decimal knob of at least `min`; unset or anything else: the default (issue 21's policy). */
 static unsigned long long knob(const char* name, unsigned long long dflt, unsigned long long min) {
-  const char* s = getenv(name);
-  if (!s || *s < '0' || *s > '9') return dflt;
+  char s[32];
+  ssize_t got = np_env_value(name, s, sizeof s); /* (not getenv: a host thread may race it, probe.h) */
+  if (got < 0 || got >= (ssize_t)sizeof s || *s < '0' || *s > '9') return dflt;
   char* end;
   int saved = errno;
   errno = 0;
@@ -416,17 +417,18 @@ int np_file_refused(void) { return g_refused; }
 static char g_dir_at_load[PATH_MAX];
 
 __attribute__((constructor)) static void keep_dir(void) {
-  const char* dir = getenv("NCCLPROBE_DIR");
-  size_t l = dir ? strlen(dir) : 0;
-  if (l > 0 && l < sizeof g_dir_at_load) memcpy(g_dir_at_load, dir, l + 1);
+  ssize_t l = np_env_value("NCCLPROBE_DIR", g_dir_at_load, sizeof g_dir_at_load);
+  if (l <= 0 || l >= (ssize_t)sizeof g_dir_at_load) g_dir_at_load[0] = 0; /* unset, empty or longer than a path */
 }
 
 int np_file_child_write(const char* line, size_t n) {
   struct stat st;
   int dfd = g_dirfd, own = 0;
   if (!same_file(dfd, g_ddev, g_dino, &st)) {
-    const char* dir = g_refused ? NULL : getenv("NCCLPROBE_DIR");
-    if ((!dir || !*dir) && !g_refused && g_dir_at_load[0]) dir = g_dir_at_load;
+    char now[PATH_MAX];
+    ssize_t got = g_refused ? -1 : np_env_value("NCCLPROBE_DIR", now, sizeof now);
+    const char* dir = got > 0 && got < (ssize_t)sizeof now ? now : NULL;
+    if (!dir && !g_refused && g_dir_at_load[0] && got < (ssize_t)sizeof now) dir = g_dir_at_load;
     if (!dir || !*dir || (dfd = open(dir, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)) < 0) return 0;
     own = 1;
     char real[PATH_MAX], link[32] = "/proc/self/fd/";

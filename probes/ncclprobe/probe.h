@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "../include/nccl_abi.h"
 
@@ -68,6 +69,11 @@ int np_watched(const char* name, size_t n);
  * are cut; any of these marks the line `"truncated":true`. */
 #define NP_ENV_RESERVE 3072
 void np_jb_env(np_jb* jb);
+/* The probe's own reads of its settings (NCCLPROBE_*), in place of getenv(): the same walk as np_jb_env's,
+ * which a host thread's racing setenv()/unsetenv() cannot crash (glibc's getenv can: a probe must not add such
+ * a read to a host that races its environment). The value of name into out (cap bytes, NUL-terminated):
+ * its length; cap where it is longer (out holds its start); -1 where name is unset or not readable. */
+ssize_t np_env_value(const char* name, char* out, size_t cap);
 
 /* ---------------------------------------------------------------- events (writer.c)
  * Host threads build a line and queue it; one writer thread per process writes it (writer.c says

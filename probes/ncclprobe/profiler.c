@@ -151,14 +151,14 @@ static __thread const char* tl_dtype_p; /* the element size of the last datatype
 static __thread uint64_t tl_dtype_size;
 static struct tag g_group_handle = {H_STATIC}; /* v4's group handle (NCCL 2.27 needs one) */
 
-static void read_config(void) {
-  const char* s = getenv("NCCLPROBE_FLUSH_S");
+static void read_config(void) { /* (not getenv: a host thread may race it, probe.h) */
+  char s[64], t[4];
+  ssize_t got = np_env_value("NCCLPROBE_FLUSH_S", s, sizeof s);
   char* end = NULL;
-  double v = s && *s ? strtod(s, &end) : -1;
-  if (!s || !*s || !end || *end || !(v >= 0) || v > 1e6) v = 5.0;
+  double v = got > 0 && got < (ssize_t)sizeof s ? strtod(s, &end) : -1;
+  if (got <= 0 || got >= (ssize_t)sizeof s || !end || *end || !(v >= 0) || v > 1e6) v = 5.0;
   g_flush_ns = (uint64_t)(v * 1e9);
-  const char* t = getenv("NCCLPROBE_GPU_TIMING");
-  g_timing = t && t[0] == '1' && !t[1];
+  g_timing = np_env_value("NCCLPROBE_GPU_TIMING", t, sizeof t) == 1 && t[0] == '1';
 }
 
 static uint64_t wall_ns(void) { /* vDSO: tens of ns; the coarse clock's 4 ms would blur a short window */

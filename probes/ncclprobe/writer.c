@@ -289,8 +289,9 @@ static void start_over(pid_t pid) {
 /* Asks the writer to open the file, and waits a bounded time for the answer. */
 static int request_open(pid_t pid) {
   pthread_once(&g_setup_once, np_log_setup);
-  const char* dir = getenv("NCCLPROBE_DIR"); /* on the host's thread, as NCCL's own getenv calls */
-  if (dir && !*dir) dir = NULL;
+  char now[sizeof g_dir + 1]; /* on the host's thread, as NCCL's own reads; not getenv (probe.h says why) */
+  ssize_t got = np_env_value("NCCLPROBE_DIR", now, sizeof now);
+  const char* dir = got > 0 ? now : NULL;
   int start = 0;
   pthread_mutex_lock(&g_qlock);
   if (state() == ST_UNKNOWN) {
@@ -298,8 +299,10 @@ static int request_open(pid_t pid) {
       set_state(ST_SILENT); /* NCCLPROBE_DIR unset: silent, and no thread is started */
     } else {
       /* unset: only a directory kept from before; longer than any path: refused by the writer */
-      g_dir_long = dir && strlen(dir) >= sizeof g_dir;
-      snprintf(g_dir, sizeof g_dir, "%s", dir ? dir : "");
+      g_dir_long = dir && (size_t)got >= sizeof g_dir;
+      size_t l = !dir ? 0 : g_dir_long ? sizeof g_dir - 1 : (size_t)got; /* (its start, where too long) */
+      memcpy(g_dir, now, l);
+      g_dir[l] = 0;
       __atomic_store_n(&g_open_since, np_now_ns(), __ATOMIC_RELEASE);
       set_state(ST_OPENING);
       start = __atomic_load_n(&g_writer, __ATOMIC_ACQUIRE) != pid;

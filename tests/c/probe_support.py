@@ -134,6 +134,11 @@ def build_sim_nccl(out_dir: Path) -> Path:
     return out
 
 
+def build_getenv_spy(out_dir: Path) -> Path:
+    """getenv_spy.so: preloaded ahead of the probe, it counts the probe's getenv() reads of its own settings."""
+    return cc(Path(out_dir) / "getenv_spy.so", [HERE / "getenv_spy.c"], "-ldl", shared=True)
+
+
 def build_hostile_host(out_dir: Path, nccl_dir: Path | None = None) -> Path:
     """hostile_host linked against the libnccl.so.2 in nccl_dir; by default the simulated NCCL, built in
     out_dir/sim."""
