@@ -32,7 +32,11 @@ static ncclProfiler_v5_t* prof;
 static int prof_mask;
 
 static void open_profiler(void) {
+#ifdef FAKE_NO_GETENV
+  const char* path = NULL; /* reads no variable at all (its first comm init raced the host's setenv) */
+#else
   const char* path = getenv("NCCL_PROFILER_PLUGIN");
+#endif
   if (!path || !*path) return;
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL); /* as src/plugin/plugin_open.cc does */
   if (h) prof = (ncclProfiler_v5_t*)dlsym(h, "ncclProfiler_v5");
