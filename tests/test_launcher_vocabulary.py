@@ -31,7 +31,6 @@ import pytest
 from fakeproc import FakeProc
 from ncclprobe import diagnose, model
 from ncclprobe.commands.inspection import inspect_processes
-from ncclprobe.diagnose.propagation import program
 from ncclprobe.model import launchers
 from ncclprobe.witnesses.events import EventLog
 from test_launchers import _end_session, _records, _witnessed, errors_on_var, flagged, summary
@@ -591,26 +590,36 @@ def test_the_multiprocessing_start_methods_name_themselves(tmp_path, example, la
     check(o, "set_after_start", launcher, (says,), parent="writer")
 
 
-@pytest.mark.parametrize("variant", ["fail", "ok", "exec"])
+@pytest.mark.parametrize("variant", ["fail", "ok"])
 def test_env_i_as_the_command_names_itself(tmp_path, variant):
     """`run -- env -i … python3 w.py`: env's image lives for an exec only, but it is the command run
-    was given (examples/env_i has it inside a script, where only a witness of that exec can tell); `exec`:
-    CMD is a python that execs it."""
+    was given (examples/env_i has it inside a script, where only a witness of that exec can tell)."""
     named = ["NCCL_PROTO=LL"] if variant == "ok" else []
-    argv = ["env", "-i", f"PATH={os.environ['PATH']}", *named, *WORKER]
-    if variant == "exec":
-        argv = [PY, "-S", "-c", "import os, sys; os.execvp('env', sys.argv[1:])", *argv]
-    o = drive(tmp_path, argv, 1, env=LL)
+    o = drive(tmp_path, ["env", "-i", f"PATH={os.environ['PATH']}", *named, *WORKER], 1, env=LL)
     if variant == "ok":
         return check(o, None)
     check(o, "curated_env", "env -i", ("name NCCL_PROTO=LL after `env -i`",))
     # the verdict's culprit and the finding name the wrapper, and where it was
-    where = "in CMD's command line" if variant == "fail" else f"exec'd by {program(argv[:4])}"  # (python -c)
     (row,) = [r for r in o.doc["verdict"]["variables"] if r["var"] == VAR]
-    assert [g["culprit"] for g in row["groups"]] == [f"dropped by `env -i` {where}"], o.why()
+    assert [g["culprit"] for g in row["groups"]] == ["dropped by `env -i` in CMD's command line"], o.why()
     [f] = errors_on_var(o.doc)
-    assert f"and `env -i` {where} started them" in f["message"], o.why()
+    assert "and `env -i` in CMD's command line started them" in f["message"], o.why()
 
+
+@pytest.mark.parametrize("command,images,where", [
+    (["env", "-i", "python3", "w.py"], [], "in CMD's command line"),
+    # CMD exec'd the wrapper (a read caught its image: whether one does is the machine's timing): CMD had run's
+    # environment, so the wrapper it exec'd is where the value went
+    (["python3", "launch.py"], [["python3", "launch.py"], ["env", "-i", "python3", "w.py"]], "exec'd by launch.py"),
+])
+def test_the_wrapper_cmd_ran_is_named_where_it_was(command, images, where):
+    run = {"given_env": dict(LL), "command": command, "run_pid": 1, "started": 1.0, "ended": 9.0, "host": H}
+    events = [seen(10, 1, 1.3 + i / 10, argv, LL if not i else {}, 1.25) for i, argv in enumerate(images)]
+    events.append(seen(10, 1, 1.6, ["python3", "w.py"], {}, 1.25))
+    m = model.build(EventLog(events=events, runs=[run]))
+    [f] = [f for f in diagnose.rules(m, EXPECT) if f.severity == "error"]
+    assert (f.edge["kind"], f.edge["launcher"], f.edge["parent"]) == ("curated_env", "env -i", None), f.edge
+    assert f"had it, and `env -i` {where} started them" in f.message, f.message
 
 
 @pytest.mark.parametrize("variant", ["fail", "ok"])
