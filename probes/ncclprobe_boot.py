@@ -332,6 +332,8 @@ def _open_log(pid, t0):
         except FileNotFoundError:  # made by the first process only: in the rest
             _rest()
             dfd = _make_dir(_dir)
+            if time.monotonic() - t0 > _STALL_S:  # each step that may sleep in the filesystem, then no further
+                return -1
         st = os.fstat(dfd)
         if st.st_uid != os.geteuid():
             raise PermissionError("it belongs to another user")
@@ -347,6 +349,8 @@ def _open_log(pid, t0):
             # file of ours counts as the budget reached (log.c counts alike).
             fd = os.open(host + ".files", _COUNT_FLAGS, 0o600, dir_fd=dfd)
             try:
+                if time.monotonic() - t0 > _STALL_S:  # its creation stalled: not its write too
+                    return -1
                 st = os.fstat(fd)
                 if st.st_mode & 0o170077 != 0o100000 or st.st_uid != os.geteuid():
                     n = _max_files + 2

@@ -18,6 +18,7 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -230,15 +231,18 @@ STALLED_HOST = STALLED_HOST.replace("import os, sys, time", "import os, select, 
                                     "    return select.select([sys.stdin], [], [], 0.1)[0]")
 
 
-@pytest.mark.parametrize("frozen_at", ["start", "write"])
+@pytest.mark.parametrize("frozen_at", ["start", "write", "start, stopped"])
 def test_a_frozen_log_filesystem_stalls_the_host_once_then_never(tmp_path, loopfs, frozen_at):
     """Frozen before the interpreter starts (its log file cannot be created) or while it runs: the host
     sleeps once, until the test thaws the filesystem and freezes it again at once. From then on its
     500 os.environ writes and 20 forks go on while the filesystem stays frozen, and once it is thawed
-    the next line written says how many were dropped."""
+    the next line written says how many were dropped. "start, stopped": the host is stopped (SIGSTOP) while
+    it sleeps, so the thaw lets its stalled step return and no more; the filesystem is frozen again before it
+    goes on. The step after it is the probe's own choice: a loaded machine gave the same order now and then
+    (the file budget's count was created, then written: a second stall)."""
     log = loopfs.mnt / "log"
     log.mkdir(mode=0o700)
-    if frozen_at == "start":
+    if frozen_at.startswith("start"):
         loopfs.freeze()
     host = Host(STALLED_HOST, wired(tmp_path, log), loopfs)
     try:
@@ -247,9 +251,16 @@ def test_a_frozen_log_filesystem_stalls_the_host_once_then_never(tmp_path, loopf
             loopfs.freeze()
         host.send("go")
         host.asleep_in_the_filesystem(STALL_S)  # the interpreter's start, or its first os.environ write
-        host.thawed_out()
-        loopfs.freeze()  # the filesystem stalls again: the probe must not touch it now
-        if frozen_at == "start":
+        if frozen_at == "start, stopped":
+            os.kill(host.pid, signal.SIGSTOP)  # taken as the stalled step returns to Python
+            loopfs.thaw()
+            wait_for(lambda: host.state() == "T", BOUND_S, "the host stopped once its step returned")
+            loopfs.freeze()
+            os.kill(host.pid, signal.SIGCONT)
+        else:
+            host.thawed_out()
+            loopfs.freeze()  # the filesystem stalls again: the probe must not touch it now
+        if frozen_at.startswith("start"):
             assert host.said(BOUND_S) == "started"
         said = host.said(BOUND_S)
         assert said is not None and said.startswith("looped"), f"the host stalled again ({host.state()})"
@@ -265,7 +276,7 @@ def test_a_frozen_log_filesystem_stalls_the_host_once_then_never(tmp_path, loopf
     assert rc == 0 and err == "", err
     first = dropped[0]
     assert first["ev"] == "env_write" and first["new"].startswith("after-")
-    assert first["dropped"] >= 499 + (frozen_at == "start")  # the start record too, when it could not be made
+    assert first["dropped"] >= 499 + frozen_at.startswith("start")  # the start record too, when it could not be made
     values = [e.get("new") for e in lines_of(log, host.pid)]
     assert not [v for v in values if v and v.startswith("loop-") and v != "loop-0"]  # dropped, not written later
     assert not [p for p in kids if (log / f"{HOST}-{p}.jsonl").exists()]  # the children never touched it
