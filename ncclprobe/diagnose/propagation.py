@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ncclprobe.diagnose.visibility import LIVE_VIEW, NOT_SHOWN
-from ncclprobe.model.images import runs_forkserver
+from ncclprobe.model.images import option_values, runs_forkserver, unwrap
 from ncclprobe.diagnose.findings import Finding, at
 from ncclprobe.model import (FORK_GONE, LIVE_NATIVE, LIVE_WHERE, LIVE_WHERES, LiveReading, LiveWrite, Model,
                              ProcessView, SpawnEdge)
@@ -696,22 +696,8 @@ def _filtered_in(m: Model, edge: Edge, parent: ProcessView | None) -> str | None
 def _unsets_others(argv: list[str] | None, var: str) -> bool:
     """An `env -u NAME …` command line whose names leave var alone."""
     la = launchers.identify(argv) if argv else None
-    return la is not None and la.name == "env -u" and var not in _unset_by_env(argv)
-
-
-def _unset_by_env(argv: list[str]) -> set[str]:
-    """The names `env -u NAME` / `--unset=NAME` in one env command line removes."""
-    names, args = set(), iter(argv[1:])
-    for a in args:
-        if a in ("-u", "--unset"):
-            names.add(next(args, ""))
-        elif a.startswith("--unset="):
-            names.add(a.split("=", 1)[1])
-        elif a.startswith("-u") and not a.startswith("--"):
-            names.add(a[2:])
-        elif not a.startswith("-"):
-            break
-    return names
+    return la is not None and la.name == "env -u" and var not in option_values(unwrap("env", argv[1:])[0], "-u",
+                                                                                "--unset")
 
 
 def program(argv: list[str] | None) -> str:

@@ -64,6 +64,20 @@ def unwrap(wrapper: str, words: list[str]) -> tuple[list[str], list[tuple[str, s
     return options, given, list(words)
 
 
+def option_values(options, short: str, long: str) -> list[str]:
+    """The values of a wrapper's option (`-u A`, `-uA`, `--unset A`, `--unset=A`) among its options (unwrap's
+    first), in order."""
+    out, it = [], iter(options)
+    for o in it:
+        if o in (short, long):
+            out.append(next(it, ""))
+        elif o.startswith(long + "="):
+            out.append(o.split("=", 1)[1])
+        elif o.startswith(short) and not o.startswith("--") and len(o) > len(short):
+            out.append(o[len(short):])
+    return [v for v in out if v]
+
+
 def wraps_a_program(argv) -> bool:
     """Whether an exec wrapper's command line names a program to exec (`env -i A=1 python3 w.py`: yes; `env`
     alone, which prints the environment: no)."""

@@ -20,7 +20,7 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ncclprobe.model.images import ASSIGN, WRAPPER_OPTION_ARGS, unwrap
+from ncclprobe.model.images import ASSIGN, WRAPPER_OPTION_ARGS, option_values, unwrap
 from ncclprobe.model.watched import REDACTED
 from ncclprobe.witnesses.shellsyntax import lex
 
@@ -238,19 +238,6 @@ class PrefixPitfall:
 
 
 
-def _option(options, short: str, long: str) -> list[str]:
-    """The values of a wrapper's option (`-u A`, `-uA`, `--unset A`, `--unset=A`), in order."""
-    out, it = [], iter(options)
-    for o in it:
-        if o in (short, long):
-            out.append(next(it, ""))
-        elif o.startswith(long + "="):
-            out.append(o.split("=", 1)[1])
-        elif o.startswith(short) and not o.startswith("--") and len(o) > len(short):
-            out.append(o[len(short):])
-    return [v for v in out if v]
-
-
 def _flag(options, letter: str, *longs: str) -> bool:
     return any(o in longs or (o.startswith("-") and not o.startswith("--") and letter in o[1:2]) for o in options)
 
@@ -302,15 +289,15 @@ def filtering(cmd: SimpleCommand) -> list[tuple[str, str, tuple[str, ...]]]:
         if prog == "env":
             if "-" in options or _flag(options, "i", "--ignore-environment"):
                 out.append(("env -i", "*", later))
-            out += [("env -u", name, ()) for name in _option(options, "-u", "--unset") if name not in later]
+            out += [("env -u", name, ()) for name in option_values(options, "-u", "--unset") if name not in later]
         elif prog == "sudo":
             reset, env_keep = sudo_policy()
             if _flag(options, "E", "--preserve-env") or not reset:
                 continue
-            kept = tuple(n for v in _option(options, "--preserve-env", "--preserve-env") for n in v.split(","))
+            kept = tuple(n for v in option_values(options, "--preserve-env", "--preserve-env") for n in v.split(","))
             out.append(("sudo", "*", kept + later + env_keep))
         elif prog in ("su", "runuser") and ("-" in options or _flag(options, "l", "--login")):
-            kept = tuple(n for v in _option(options, "-w", "--whitelist-environment") for n in v.split(","))
+            kept = tuple(n for v in option_values(options, "-w", "--whitelist-environment") for n in v.split(","))
             out.append(("su", "*", kept + ("TERM",)))
     return out
 
